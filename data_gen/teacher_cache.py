@@ -1,0 +1,56 @@
+"""Cache the teacher's top-k log-probabilities per corpus shard, once, resumably.
+
+The teacher forward is about half the cost of distillation on a CPU; caching lets later
+epochs (and later sessions) train the student without running the teacher again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sprinter_train.io import load_npz, save_npz
+
+
+def teacher_path(cache_dir: Path, corpus_shard: Path, top_k: int) -> Path:
+    return Path(cache_dir) / f"{corpus_shard.stem}-top{top_k}.npz"
+
+
+@torch.no_grad()
+def teacher_topk(
+    model: torch.nn.Module, tokens: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k log-softmax values and ids at every position of a batch of sequences."""
+    logits = model(input_ids=tokens).logits.float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    values, indices = logprobs.topk(top_k, dim=-1)
+    return values, indices
+
+
+def ensure_teacher_shard(
+    model: torch.nn.Module,
+    corpus_shard: Path,
+    cache_dir: Path,
+    top_k: int,
+    batch_size: int,
+    device: torch.device,
+) -> dict[str, np.ndarray]:
+    """Return the cached teacher shard, computing and writing it first if missing or corrupt."""
+    path = teacher_path(cache_dir, corpus_shard, top_k)
+    cached = load_npz(path)
+    if cached is not None:
+        return cached
+    tokens = load_npz(corpus_shard)
+    if tokens is None:
+        raise FileNotFoundError(f"corpus shard {corpus_shard} is missing or corrupt")
+    ids = torch.from_numpy(tokens["tokens"].astype(np.int64))
+    values, indices = [], []
+    for start in range(0, len(ids), batch_size):
+        v, i = teacher_topk(model, ids[start : start + batch_size].to(device), top_k)
+        values.append(v.to(torch.float16).cpu().numpy())
+        indices.append(i.cpu().numpy().astype(np.int32))
+    shard = {"logprobs": np.concatenate(values), "indices": np.concatenate(indices)}
+    save_npz(path, **shard)
+    return shard

@@ -1,0 +1,1 @@
+"""Prompt and text sources: offline packages first, hub datasets when reachable."""

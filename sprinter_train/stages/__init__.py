@@ -1,0 +1,1 @@
+"""One module per stage, each exposing run(cfg) -> dict of metrics."""

@@ -1,0 +1,178 @@
+"""stage=distill: build or continue a small draft (or companion) and export it.
+
+python -m sprinter_train stage=distill distill.max_minutes=60             # the draft
+python -m sprinter_train stage=distill distill=companion                  # the SV companion
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from data_gen.distill_corpus import build_corpus, token_frequencies
+from sprinter_train.distill.trainer import heldout_alpha, load_checkpoint, train
+from sprinter_train.io import atomic_write, load_npz, write_json
+from sprinter_train.models import student as student_module
+from sprinter_train.models.loading import REPO_ROOT, load_model
+from sprinter_train.models.student import SprinterDraftConfig, SprinterDraftForCausalLM
+from sprinter_train.models.student_init import build_student
+from sprinter_train.plots import plot_curve
+from sprinter_train.runtime import resolve_device, set_threads
+
+log = logging.getLogger(__name__)
+
+
+def _path(value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else Path.cwd() / path
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    dcfg: dict[str, Any] = OmegaConf.to_container(cfg.distill, resolve=True)
+    set_threads(cfg.get("num_threads"))
+    device = resolve_device(cfg.device)
+    teacher = load_model(
+        OmegaConf.to_container(cfg.models.target),
+        "target",
+        device,
+        torch.float32,
+        cfg.models.get("cache_dir"),
+    )
+    work = _path(dcfg["work_dir"])
+    ccfg = dcfg["corpus"]
+    corpus = build_corpus(
+        teacher.tokenizer,
+        work / "corpus",
+        ccfg["seq_len"],
+        ccfg["shard_sequences"],
+        ccfg["max_tokens"],
+        seed=cfg.data.seed,
+        max_user_chars=ccfg["max_user_chars"],
+    )
+    heldout_paths = build_corpus(
+        teacher.tokenizer,
+        work / "heldout",
+        ccfg["seq_len"],
+        dcfg["eval_sequences"],
+        ccfg["seq_len"] * dcfg["eval_sequences"],
+        seed=cfg.data.seed,
+        split="test",
+        max_user_chars=ccfg["max_user_chars"],
+    )
+    heldout = torch.from_numpy(load_npz(heldout_paths[0])["tokens"].astype(np.int64)).to(device)
+
+    role_dir = work / dcfg["role"]
+    checkpoint = role_dir / "state.pt"
+    resume = load_checkpoint(checkpoint)
+    if resume is not None:
+        student = SprinterDraftForCausalLM(SprinterDraftConfig(**resume["student_config"]))
+        student.load_state_dict(resume["student"])
+    else:
+        head_ids = None
+        if dcfg["student"].get("head_vocab"):
+            counts = token_frequencies(corpus, teacher.model.config.vocab_size)
+            order = np.argsort(-counts, kind="stable")[: int(dcfg["student"]["head_vocab"])]
+            head_ids = torch.from_numpy(np.sort(order)).long()
+        student = build_student(teacher.model, head_ids, dcfg["student"], seed=dcfg["seed"])
+        log.info(
+            "new student: %.1fM parameters, held-out alpha before training %.3f",
+            sum(p.numel() for p in student.parameters()) / 1e6,
+            heldout_alpha(student, teacher.model, heldout),
+        )
+    student.to(device)
+    if dcfg["student"].get("freeze_embedding"):
+        student.model.embed_tokens.requires_grad_(False)
+    state = train(
+        student, teacher.model, corpus, work / "teacher", checkpoint, dcfg, heldout, device, resume
+    )
+    out = (
+        _path(dcfg["output_dir"])
+        if Path(dcfg["output_dir"]).is_absolute()
+        else REPO_ROOT / dcfg["output_dir"]
+    )
+    if dcfg.get("export", True):
+        export(student, teacher, out, dcfg, state.__dict__, cfg)
+    plot_curve(state.curve, role_dir / "curve.png", title=f"distillation of the {dcfg['role']}")
+    last_alpha = next(
+        (p["heldout_alpha_t1"] for p in reversed(state.curve) if "heldout_alpha_t1" in p), None
+    )
+    return {
+        "tokens": state.tokens,
+        "minutes": state.seconds / 60,
+        "heldout_alpha_t1": last_alpha,
+        "output_dir": str(out),
+    }
+
+
+def export(student, teacher, out: Path, dcfg: dict, state: dict, cfg: DictConfig) -> None:
+    """Write a `from_pretrained` directory (fp16 safetensors, tokenizer, modeling code, card)."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    half = SprinterDraftForCausalLM(student.config)
+    half.load_state_dict(student.state_dict())
+    half.config.auto_map = {
+        "AutoConfig": "student.SprinterDraftConfig",
+        "AutoModelForCausalLM": "student.SprinterDraftForCausalLM",
+    }
+    half.to(torch.float16).save_pretrained(tmp, safe_serialization=True)
+    teacher.tokenizer.save_pretrained(tmp)
+    shutil.copy(student_module.__file__, tmp / "student.py")
+    write_json(tmp / "training_state.json", {"recipe": dcfg, "state": state})
+    plot_curve(
+        state["curve"], tmp / "training_curve.png", title=f"distillation of the {dcfg['role']}"
+    )
+    atomic_write(tmp / "README.md", lambda p: p.write_text(model_card(dcfg, state, cfg)))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    log.info("exported %s to %s", dcfg["role"], out)
+
+
+def model_card(dcfg: dict, state: dict, cfg: DictConfig) -> str:
+    curve = state["curve"]
+    evals = [p for p in curve if "heldout_alpha_t1" in p]
+    rows = "\n".join(
+        f"| {p['tokens']:,} | {p['minutes']:.1f} | {p['loss']:.3f} | {p['heldout_alpha_t1']:.3f} |"
+        for p in evals
+    )
+    student = dcfg["student"]
+    return f"""# SmolLM2 {dcfg["role"]} for speculative decoding (sprinter_train)
+
+A small student of **{cfg.models.target.path}** ({cfg.models.target.get("gguf_file") or ""})
+with the same tokenizer, distilled for speculative decoding on CPU.
+Load it with `AutoModelForCausalLM.from_pretrained(dir)` after `import sprinter_train`,
+or with `trust_remote_code=True` without the package.
+
+## Recipe
+- init: `{student["init"]}`, target layers {student.get("init_layers")}, embedding rank
+  {student.get("embed_rank")}, head restricted to the {student.get("head_vocab")} most frequent
+  ShareGPT tokens (q = 0 outside them)
+- loss: {dcfg["loss"]["ce_weight"]} x forward KL on the teacher's top-{dcfg["teacher"]["top_k"]}
+  + {dcfg["loss"]["tv_weight"]} x (1 - sum min(p, q)) over the same top-k
+- data: ShareGPT V3 (train split by conversation id, seed {cfg.data.seed}), sequences of
+  {dcfg["corpus"]["seq_len"]} chat-formatted tokens
+- optimiser: AdamW lr {dcfg["optim"]["lr"]}, {dcfg["optim"]["batch_sequences"]} sequences per step
+- command: `python -m sprinter_train stage=distill distill={dcfg["name"]}` (resumes from
+  `{dcfg["work_dir"]}/{dcfg["role"]}/state.pt`)
+
+## Training so far
+- tokens seen: {state["tokens"]:,}; training time: {state["seconds"] / 60:.1f} min on
+  {torch.get_num_threads()} CPU threads (teacher forwards included); written
+  {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+| tokens | minutes | loss | held-out alpha (T=1) |
+|---:|---:|---:|---:|
+{rows}
+
+The end-to-end figures (alpha at the bench's sampling settings and at T=1, latency ratio c,
+implied speedup) are measured by `python -m sprinter_train stage=draft_eval` and written to
+`artifacts/<experiment>/draft_eval.json`.
+"""

@@ -1,0 +1,188 @@
+"""stage=draft_eval: how good is the draft for speculative decoding on this machine?
+
+python -m sprinter_train stage=draft_eval experiment=<name> [models=...]
+
+Reports alpha (mean sum_x min(p, q)) on held-out ShareGPT assistant text, greedy agreement,
+the latency ratio c, the cost of verifying gamma + 1 tokens, and the implied SD speedup.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from sprinter_train.data.sharegpt import assistant_turns, iter_conversations
+from sprinter_train.data.split import split_of
+from sprinter_train.io import write_json
+from sprinter_train.metrics import acceptance_alpha, implied_speedup
+from sprinter_train.models.cache import crop_cache
+from sprinter_train.models.loading import check_tokenizers_agree, load_model
+from sprinter_train.runtime import resolve_device, resolve_dtype, set_threads, synchronize
+from sprinter_train.sampling import SamplingConfig, warp_probs
+
+log = logging.getLogger(__name__)
+
+
+def heldout_exchanges(tokenizer, n: int, seq_len: int, seed: int) -> list[tuple[list[int], int]]:
+    """(token ids, index of the first assistant token) for test-split ShareGPT exchanges."""
+    out: list[tuple[list[int], int]] = []
+    for conversation in iter_conversations():
+        if split_of(str(conversation["id"]).split("_")[0], seed) != "test":
+            continue
+        user, reply = next(assistant_turns(conversation), (None, None))
+        if reply is None:
+            continue
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": user[:1000]}], add_generation_prompt=True, tokenize=False
+        )
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        reply_ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
+        prompt_ids = prompt_ids[-(seq_len // 2) :]
+        ids = (prompt_ids + reply_ids)[:seq_len]
+        if len(ids) - len(prompt_ids) >= 8:
+            out.append((ids, len(prompt_ids)))
+        if len(out) >= n:
+            break
+    return out
+
+
+@torch.no_grad()
+def measure_alpha(
+    draft, target, exchanges, settings: dict[str, SamplingConfig], device
+) -> dict[str, Any]:
+    """Teacher-forced alpha and greedy agreement at every assistant position."""
+    sums = {name: 0.0 for name in settings}
+    agree, count = 0.0, 0
+    for ids, start in exchanges:
+        x = torch.tensor([ids], device=device)
+        # logits at position t-1 predict token t: assistant tokens are start..len-1
+        p_logits = target(input_ids=x).logits[0, start - 1 : -1].float()
+        q_logits = draft(input_ids=x).logits[0, start - 1 : -1].float()
+        for name, sampling in settings.items():
+            sums[name] += float(
+                acceptance_alpha(
+                    warp_probs(p_logits, sampling), warp_probs(q_logits, sampling)
+                ).sum()
+            )
+        agree += float((p_logits.argmax(-1) == q_logits.argmax(-1)).sum())
+        count += p_logits.shape[0]
+    return {
+        "alpha": {k: v / count for k, v in sums.items()},
+        "greedy_agreement": agree / count,
+        "positions": count,
+    }
+
+
+@torch.no_grad()
+def measure_latency(
+    draft, target, gammas: list[int], reps: int, context: int, device
+) -> dict[str, Any]:
+    """Median KV-cached step times, measured in interleaved rounds so machine noise hits all alike."""
+    vocab = min(draft.config.vocab_size, target.config.vocab_size)
+    prefix = torch.randint(0, vocab, (1, context), device=device, generator=None)
+    caches = {}
+    for name, model in (("draft", draft), ("target", target)):
+        caches[name] = model(input_ids=prefix, use_cache=True).past_key_values
+    sizes = sorted({1, *[g + 1 for g in gammas]})
+    times: dict[str, list[float]] = {"draft": [], **{f"target_{n}": [] for n in sizes}}
+
+    def timed(model, cache, n_new: int) -> float:
+        ids = torch.randint(0, vocab, (1, n_new), device=device)
+        synchronize(device)
+        start = time.perf_counter()
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        crop_cache(cache, context)
+        return elapsed
+
+    for _ in range(3):  # warm-up
+        timed(draft, caches["draft"], 1)
+        timed(target, caches["target"], 1)
+    for _ in range(reps):
+        times["draft"].append(timed(draft, caches["draft"], 1))
+        for n in sizes:
+            times[f"target_{n}"].append(timed(target, caches["target"], n))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    step = med["target_1"]
+    return {
+        "draft_step_ms": med["draft"] * 1e3,
+        "target_step_ms": step * 1e3,
+        "target_forward_ms": {n: med[f"target_{n}"] * 1e3 for n in sizes},
+        "c": med["draft"] / step,
+        "verify_cost": {g: med[f"target_{g + 1}"] / step for g in gammas},
+    }
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    ecfg = cfg.draft_eval
+    set_threads(cfg.get("num_threads"))
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    specs = OmegaConf.to_container(cfg.models, resolve=True)
+    target = load_model(specs["target"], "target", device, dtype, specs.get("cache_dir"))
+    draft = load_model(specs["draft"], "draft", device, dtype, specs.get("cache_dir"))
+    check_tokenizers_agree([target, draft])
+
+    default = SamplingConfig.from_cfg(cfg.sampling)
+    settings = {
+        "default": default,
+        **{f"T={t:g}": SamplingConfig(temperature=float(t)) for t in ecfg.temperatures},
+    }
+    exchanges = heldout_exchanges(target.tokenizer, ecfg.num_sequences, ecfg.seq_len, cfg.data.seed)
+    quality = measure_alpha(draft.model, target.model, exchanges, settings, device)
+    gammas = [int(g) for g in ecfg.gammas]
+    latency = measure_latency(
+        draft.model, target.model, gammas, ecfg.latency_reps, ecfg.context_tokens, device
+    )
+    alpha = quality["alpha"]["default"]
+    speedup = {
+        g: implied_speedup(alpha, g, latency["c"], latency["verify_cost"][g]) for g in gammas
+    }
+    best = max(speedup, key=speedup.get)
+    result = {
+        "draft": draft.name,
+        "target": target.name,
+        "sampling": OmegaConf.to_container(cfg.sampling),
+        "alpha": alpha,
+        "alpha_by_setting": quality["alpha"],
+        "greedy_agreement": quality["greedy_agreement"],
+        "positions": quality["positions"],
+        "sequences": len(exchanges),
+        **latency,
+        "implied_speedup": speedup,
+        "best_gamma": best,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+    }
+    out = Path(cfg.experiment_dir) / "draft_eval.json"
+    write_json(out, result)
+    print(format_table(result))
+    log.info("wrote %s", out)
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"draft {result['draft']}  vs  target {result['target']}",
+        "alpha: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in result["alpha_by_setting"].items())
+        + f"  (default = {result['sampling']})",
+        f"greedy agreement {result['greedy_agreement']:.3f} over {result['positions']} positions",
+        f"step: draft {result['draft_step_ms']:.2f} ms, target {result['target_step_ms']:.2f} ms, "
+        f"c = {result['c']:.3f}",
+        "gamma | verify cost | implied speedup",
+    ]
+    for g, s in result["implied_speedup"].items():
+        lines.append(f"{g:>5} | {result['verify_cost'][g]:>11.2f} | {s:>6.3f}")
+    lines.append(
+        f"best gamma {result['best_gamma']}: implied speedup "
+        f"{result['implied_speedup'][result['best_gamma']]:.3f}"
+    )
+    return "\n".join(lines)

