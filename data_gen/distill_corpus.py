@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from sprinter_train.data.sharegpt import assistant_turns, iter_conversations
+from sprinter_train.data.sharegpt import assistant_turns, conversation_key, iter_conversations
 from sprinter_train.data.split import split_of
 from sprinter_train.io import load_npz, read_json, save_npz, write_json
 
@@ -33,10 +33,11 @@ def exchange_text(
 
 
 def iter_token_stream(
-    tokenizer: PreTrainedTokenizerBase, split: str, seed: int, max_user_chars: int
+    tokenizer: PreTrainedTokenizerBase, split: str, fractions: dict[str, float], max_user_chars: int
 ) -> Iterator[list[int]]:
+    """Token ids of every exchange in `split` (fractions: seed, val_fraction, test_fraction)."""
     for conversation in iter_conversations():
-        if split_of(str(conversation["id"]).split("_")[0], seed) != split:
+        if split_of(conversation_key(conversation), **fractions) != split:
             continue
         for user, reply in assistant_turns(conversation):
             text = exchange_text(tokenizer, user, reply, max_user_chars)
@@ -49,7 +50,7 @@ def build_corpus(
     seq_len: int,
     shard_sequences: int,
     max_tokens: int,
-    seed: int = 0,
+    split_cfg: dict[str, float] | None = None,
     split: str = "train",
     max_user_chars: int = 1000,
 ) -> list[Path]:
@@ -57,10 +58,11 @@ def build_corpus(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta_path = out_dir / "corpus.json"
+    fractions = split_settings(split_cfg or {})
     meta = {
         "seq_len": seq_len,
         "shard_sequences": shard_sequences,
-        "seed": seed,
+        **fractions,
         "split": split,
         "max_user_chars": max_user_chars,
         "vocab": len(tokenizer),
@@ -80,7 +82,7 @@ def build_corpus(
     dtype = np.uint16 if len(tokenizer) <= 65535 else np.int32
     buffer: list[int] = []
     shard = 0
-    for ids in iter_token_stream(tokenizer, split, seed, max_user_chars):
+    for ids in iter_token_stream(tokenizer, split, fractions, max_user_chars):
         buffer.extend(ids)
         while len(buffer) >= shard_tokens and shard < n_shards:
             block = np.asarray(buffer[:shard_tokens], dtype=dtype).reshape(shard_sequences, seq_len)
@@ -95,6 +97,15 @@ def build_corpus(
         paths = paths[:shard]
     write_json(meta_path, {**meta, "shards": len(paths)})
     return paths
+
+
+def split_settings(data_cfg) -> dict[str, float]:
+    """The arguments of `split_of` from a data config, so every stage splits the same way."""
+    return {
+        "seed": int(data_cfg.get("seed", 0)),
+        "val_fraction": float(data_cfg.get("val_fraction", 0.1)),
+        "test_fraction": float(data_cfg.get("test_fraction", 0.1)),
+    }
 
 
 def token_frequencies(paths: list[Path], vocab_size: int) -> np.ndarray:

@@ -18,8 +18,5 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
 
 def implied_speedup(alpha: float, gamma: int, c: float, verify_cost: float) -> float:
     """Leviathan et al.: expected tokens per round (1 - a^(g+1))/(1 - a) over round cost g*c + v_g."""
-    if alpha >= 1.0:
-        tokens = gamma + 1.0
-    else:
-        tokens = (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    tokens = gamma + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
     return tokens / (gamma * c + verify_cost)

@@ -64,6 +64,15 @@ def iter_conversations(path: Path | None = None, limit: int | None = None) -> It
                 yield obj
 
 
+def conversation_key(conversation: dict) -> str:
+    """ShareGPT id without its `_<n>` chunk suffix ("QWJhYvA_0" -> "QWJhYvA").
+
+    Long conversations are split into chunks X_0, X_1, ...; every split decision uses this key
+    so all chunks of one conversation land in the same split (no held-out leakage).
+    """
+    return str(conversation["id"]).split("_")[0]
+
+
 def first_user_turn(conversation: dict) -> str | None:
     """The first human message, the prompt the papers use."""
     for turn in conversation["conversations"]:

@@ -53,7 +53,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         ccfg["seq_len"],
         ccfg["shard_sequences"],
         ccfg["max_tokens"],
-        seed=cfg.data.seed,
+        split_cfg=cfg.data,
         max_user_chars=ccfg["max_user_chars"],
     )
     heldout_paths = build_corpus(
@@ -62,7 +62,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         ccfg["seq_len"],
         dcfg["eval_sequences"],
         ccfg["seq_len"] * dcfg["eval_sequences"],
-        seed=cfg.data.seed,
+        split_cfg=cfg.data,
         split="test",
         max_user_chars=ccfg["max_user_chars"],
     )

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.data.sharegpt import assistant_turns, iter_conversations
+from data_gen.distill_corpus import split_settings
+from sprinter_train.data.sharegpt import assistant_turns, conversation_key, iter_conversations
 from sprinter_train.data.split import split_of
 from sprinter_train.io import write_json
 from sprinter_train.metrics import acceptance_alpha, implied_speedup
@@ -29,11 +30,11 @@ from sprinter_train.sampling import SamplingConfig, warp_probs
 log = logging.getLogger(__name__)
 
 
-def heldout_exchanges(tokenizer, n: int, seq_len: int, seed: int) -> list[tuple[list[int], int]]:
+def heldout_exchanges(tokenizer, n: int, seq_len: int, data_cfg) -> list[tuple[list[int], int]]:
     """(token ids, index of the first assistant token) for test-split ShareGPT exchanges."""
     out: list[tuple[list[int], int]] = []
     for conversation in iter_conversations():
-        if split_of(str(conversation["id"]).split("_")[0], seed) != "test":
+        if split_of(conversation_key(conversation), **split_settings(data_cfg)) != "test":
             continue
         user, reply = next(assistant_turns(conversation), (None, None))
         if reply is None:
@@ -135,7 +136,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "default": default,
         **{f"T={t:g}": SamplingConfig(temperature=float(t)) for t in ecfg.temperatures},
     }
-    exchanges = heldout_exchanges(target.tokenizer, ecfg.num_sequences, ecfg.seq_len, cfg.data.seed)
+    exchanges = heldout_exchanges(target.tokenizer, ecfg.num_sequences, ecfg.seq_len, cfg.data)
     quality = measure_alpha(draft.model, target.model, exchanges, settings, device)
     gammas = [int(g) for g in ecfg.gammas]
     latency = measure_latency(
