@@ -1,0 +1,69 @@
+"""Stages run through the registry on tiny models, as a user would run them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from sprinter_train.__main__ import run_stage
+from sprinter_train.metrics import implied_speedup
+
+TINY_DISTILL = [
+    "models=tiny_random",
+    "distill.student.init_layers=[0,2]",
+    "distill.student.head_vocab=64",
+    "distill.student.embed_rank=16",
+    "distill.corpus.seq_len=32",
+    "distill.corpus.shard_sequences=8",
+    "distill.corpus.max_tokens=1024",
+    "distill.eval_sequences=4",
+    "distill.eval_every_shards=2",
+    "distill.teacher.top_k=8",
+    "distill.optim.batch_sequences=4",
+]
+
+
+def test_distill_stage_exports_a_loadable_draft_and_resumes(compose_cfg, tmp_path: Path) -> None:
+    out = tmp_path / "draft"
+    common = [*TINY_DISTILL, f"distill.output_dir={out}", "distill.passes_per_shard=2"]
+    first = run_stage(compose_cfg("stage=distill", "distill.max_tokens=768", *common))
+    assert first["tokens"] == 768
+    draft = AutoModelForCausalLM.from_pretrained(out)
+    assert type(draft).__name__ == "SprinterDraftForCausalLM"
+    q = torch.softmax(draft(input_ids=torch.tensor([[5, 6, 7]])).logits.float(), -1)
+    assert int((q[0, -1] > 0).sum()) == 64
+    assert "## Recipe" in (out / "README.md").read_text()
+    assert (out / "training_curve.png").stat().st_size > 0
+    second = run_stage(compose_cfg("stage=distill", "distill.max_tokens=1280", *common))
+    assert second["tokens"] == 1280  # continued from 768, not restarted
+    state = json.loads((out / "training_state.json").read_text())["state"]
+    assert [p["tokens"] for p in state["curve"]] == [256, 512, 768, 1024, 1280]
+
+
+def test_draft_eval_writes_the_documented_keys(compose_cfg, tmp_path: Path) -> None:
+    cfg = compose_cfg(
+        "stage=draft_eval", "models=tiny_random", "experiment=tiny", "draft_eval.num_sequences=3",
+        "draft_eval.seq_len=48", "draft_eval.latency_reps=3", "draft_eval.gammas=[1,2,3]",
+        "draft_eval.context_tokens=16",
+    )
+    result = run_stage(cfg)
+    saved = json.loads((Path(cfg.experiment_dir) / "draft_eval.json").read_text())
+    for key in ("alpha", "greedy_agreement", "c", "verify_cost", "implied_speedup", "best_gamma"):
+        assert key in saved
+    assert 0 < saved["alpha"] < 1 and 0 <= saved["greedy_agreement"] <= 1
+    assert set(saved["alpha_by_setting"]) == {"default", "T=1"}
+    assert saved["c"] > 0 and saved["positions"] > 0
+    for gamma in (1, 2, 3):
+        expected = implied_speedup(result["alpha"], gamma, result["c"], result["verify_cost"][gamma])
+        assert saved["implied_speedup"][str(gamma)] == pytest.approx(expected)
+    assert saved["best_gamma"] == max(result["implied_speedup"], key=result["implied_speedup"].get)
+
+
+def test_a_tokenizer_mismatch_stops_draft_eval_before_any_work(compose_cfg) -> None:
+    cfg = compose_cfg("stage=draft_eval", "models=tiny_random", "+models.draft.tokenizer.shift=7")
+    with pytest.raises(RuntimeError, match="disagree"):
+        run_stage(cfg)
