@@ -67,6 +67,8 @@ def build_corpus(
         "max_user_chars": max_user_chars,
         "vocab": len(tokenizer),
     }
+    shard_tokens = seq_len * shard_sequences
+    n_shards = max(1, max_tokens // shard_tokens)
     if meta_path.exists():
         old = read_json(meta_path)
         if {k: old.get(k) for k in meta} != meta:
@@ -74,8 +76,8 @@ def build_corpus(
                 f"{out_dir} holds a corpus built with other settings ({old}); "
                 "use another distill.work_dir or delete it"
             )
-    shard_tokens = seq_len * shard_sequences
-    n_shards = max(1, max_tokens // shard_tokens)
+        # a finished build records how many shards the source gave; no need to re-read it
+        n_shards = min(n_shards, int(old.get("shards", n_shards)))
     paths = [out_dir / f"{split}-{i:05d}.npz" for i in range(n_shards)]
     if all(load_npz(p) is not None for p in paths):
         return paths

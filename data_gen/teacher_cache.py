@@ -54,3 +54,26 @@ def ensure_teacher_shard(
     shard = {"logprobs": np.concatenate(values), "indices": np.concatenate(indices)}
     save_npz(path, **shard)
     return shard
+
+
+def produce_teacher_shards(
+    spec: dict,
+    cache_root: str | None,
+    corpus: list[Path],
+    cache_dir: Path,
+    top_k: int,
+    batch_size: int,
+    threads: int,
+) -> None:
+    """Worker process: fill the teacher cache for `corpus` in order, skipping finished shards.
+
+    On a small CPU two single-threaded processes (teacher here, student in the trainer) get
+    about twice the work done of one two-threaded process, so the teacher runs ahead here.
+    """
+    from sprinter_train.models.loading import load_model
+
+    torch.set_num_threads(threads)
+    device = torch.device("cpu")
+    teacher = load_model(spec, "target", device, torch.float32, cache_root).model
+    for shard in corpus:
+        ensure_teacher_shard(teacher, shard, cache_dir, top_k, batch_size, device)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from data_gen.teacher_cache import ensure_teacher_shard
+from data_gen.teacher_cache import ensure_teacher_shard, teacher_path
 from sprinter_train.distill.losses import distill_loss, slot_map
 from sprinter_train.io import atomic_write, load_npz
 from sprinter_train.metrics import acceptance_alpha
@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 class DistillState:
     """Where training stands; saved with the weights."""
 
-    visits: int = 0  # shard visits completed (each shard is visited passes_per_shard times in a row)
+    visits: int = (
+        0  # shard visits completed (each shard is visited passes_per_shard times in a row)
+    )
     steps: int = 0
     tokens: int = 0
     seconds: float = 0.0
@@ -77,6 +79,12 @@ def heldout_alpha(student, teacher, tokens: torch.Tensor, batch: int = 8) -> flo
     return total / max(count, 1)
 
 
+def wait_for_shard(path: Path, producer: Any, poll_seconds: float = 0.5) -> None:
+    """Block until the producer process has written `path`; if it died, the caller computes it."""
+    while not path.exists() and producer.is_alive():
+        time.sleep(poll_seconds)
+
+
 def lr_at(step: int, base_lr: float, warmup: int) -> float:
     return base_lr * min(1.0, (step + 1) / max(1, warmup))
 
@@ -91,6 +99,7 @@ def train(
     heldout: torch.Tensor,
     device: torch.device,
     resume: dict[str, Any] | None,
+    producer: Any | None = None,
 ) -> DistillState:
     """Train until `max_minutes` of this run or `max_tokens` in total, whichever comes first."""
     optim_cfg, loss_cfg = cfg["optim"], cfg["loss"]
@@ -118,6 +127,8 @@ def train(
         shard_path = corpus[(state.visits // passes) % len(corpus)]
         started = time.monotonic()
         tokens = load_npz(shard_path)["tokens"].astype(np.int64)
+        if producer is not None:
+            wait_for_shard(teacher_path(teacher_dir, shard_path, top_k), producer)
         teacher_shard = ensure_teacher_shard(
             teacher, shard_path, teacher_dir, top_k, cfg["teacher"]["batch_size"], device
         )

@@ -7,6 +7,7 @@ python -m sprinter_train stage=distill distill=companion                  # the 
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import shutil
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from data_gen.distill_corpus import build_corpus, token_frequencies
+from data_gen.teacher_cache import produce_teacher_shards
 from sprinter_train.distill.trainer import heldout_alpha, load_checkpoint, train
 from sprinter_train.io import atomic_write, load_npz, write_json
 from sprinter_train.models import student as student_module
@@ -89,9 +91,24 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     student.to(device)
     if dcfg["student"].get("freeze_embedding"):
         student.model.embed_tokens.requires_grad_(False)
-    state = train(
-        student, teacher.model, corpus, work / "teacher", checkpoint, dcfg, heldout, device, resume
-    )
+    producer = start_teacher_producer(cfg, dcfg, corpus, work / "teacher", resume, device)
+    try:
+        state = train(
+            student,
+            teacher.model,
+            corpus,
+            work / "teacher",
+            checkpoint,
+            dcfg,
+            heldout,
+            device,
+            resume,
+            producer,
+        )
+    finally:
+        if producer is not None:
+            producer.terminate()
+            producer.join()
     out = (
         _path(dcfg["output_dir"])
         if Path(dcfg["output_dir"]).is_absolute()
@@ -109,6 +126,33 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "heldout_alpha_t1": last_alpha,
         "output_dir": str(out),
     }
+
+
+def start_teacher_producer(cfg, dcfg, corpus, teacher_dir, resume, device):
+    """On CPU, run the teacher in its own single-threaded process ahead of the student."""
+    tcfg = dcfg["teacher"]
+    if not tcfg.get("background") or device.type != "cpu":
+        return None
+    torch.set_num_threads(int(dcfg.get("train_threads") or torch.get_num_threads()))
+    passes = int(dcfg.get("passes_per_shard", 1))
+    first = (resume["state"]["visits"] // passes) % len(corpus) if resume else 0
+    ordered = corpus[first:] + corpus[:first]
+    context = mp.get_context("spawn")
+    producer = context.Process(
+        target=produce_teacher_shards,
+        args=(
+            OmegaConf.to_container(cfg.models.target, resolve=True),
+            cfg.models.get("cache_dir"),
+            ordered,
+            teacher_dir,
+            int(tcfg["top_k"]),
+            int(tcfg["batch_size"]),
+            int(tcfg.get("threads", 1)),
+        ),
+        daemon=True,
+    )
+    producer.start()
+    return producer
 
 
 def export(student, teacher, out: Path, dcfg: dict, state: dict, cfg: DictConfig) -> None:
