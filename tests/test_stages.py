@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.metrics import implied_speedup
+from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 TINY_DISTILL = [
     "models=tiny_random",
@@ -46,8 +47,13 @@ def test_distill_stage_exports_a_loadable_draft_and_resumes(compose_cfg, tmp_pat
 
 def test_draft_eval_writes_the_documented_keys(compose_cfg, tmp_path: Path) -> None:
     cfg = compose_cfg(
-        "stage=draft_eval", "models=tiny_random", "experiment=tiny", "draft_eval.num_sequences=3",
-        "draft_eval.seq_len=48", "draft_eval.latency_reps=3", "draft_eval.gammas=[1,2,3]",
+        "stage=draft_eval",
+        "models=tiny_random",
+        "experiment=tiny",
+        "draft_eval.num_sequences=3",
+        "draft_eval.seq_len=48",
+        "draft_eval.latency_reps=3",
+        "draft_eval.gammas=[1,2,3]",
         "draft_eval.context_tokens=16",
     )
     result = run_stage(cfg)
@@ -58,7 +64,9 @@ def test_draft_eval_writes_the_documented_keys(compose_cfg, tmp_path: Path) -> N
     assert set(saved["alpha_by_setting"]) == {"default", "T=1"}
     assert saved["c"] > 0 and saved["positions"] > 0
     for gamma in (1, 2, 3):
-        expected = implied_speedup(result["alpha"], gamma, result["c"], result["verify_cost"][gamma])
+        expected = implied_speedup(
+            result["alpha"], gamma, result["c"], result["verify_cost"][gamma]
+        )
         assert saved["implied_speedup"][str(gamma)] == pytest.approx(expected)
     assert saved["best_gamma"] == max(result["implied_speedup"], key=result["implied_speedup"].get)
 
@@ -67,3 +75,26 @@ def test_a_tokenizer_mismatch_stops_draft_eval_before_any_work(compose_cfg) -> N
     cfg = compose_cfg("stage=draft_eval", "models=tiny_random", "+models.draft.tokenizer.shift=7")
     with pytest.raises(RuntimeError, match="disagree"):
         run_stage(cfg)
+
+
+def test_draft_eval_writes_its_figures_into_the_model_card(compose_cfg, tmp_path: Path) -> None:
+    folder = tmp_path / "draft"
+    build_tiny_model({"head_vocab_size": 64, "embed_rank": 8}, seed=2).save_pretrained(folder)
+    build_tiny_tokenizer().save_pretrained(folder)
+    (folder / "README.md").write_text("# card\n\n## Recipe\nx\n")
+    overrides = [
+        "stage=draft_eval",
+        "models=tiny_random",
+        f"models.draft.path={folder}",
+        "draft_eval.num_sequences=2",
+        "draft_eval.seq_len=40",
+        "draft_eval.latency_reps=2",
+        "draft_eval.gammas=[1]",
+        "draft_eval.context_tokens=8",
+        "draft_eval.update_model_card=true",
+    ]
+    run_stage(compose_cfg(*overrides))
+    run_stage(compose_cfg(*overrides))  # a second run replaces the section, it does not append
+    card = (folder / "README.md").read_text()
+    assert card.startswith("# card") and "## Recipe" in card
+    assert card.count("## Measured") == 1 and "best gamma 1" in card

@@ -20,10 +20,10 @@ from omegaconf import DictConfig, OmegaConf
 from data_gen.distill_corpus import split_settings
 from sprinter_train.data.sharegpt import assistant_turns, conversation_key, iter_conversations
 from sprinter_train.data.split import split_of
-from sprinter_train.io import write_json
+from sprinter_train.io import atomic_write, write_json
 from sprinter_train.metrics import acceptance_alpha, implied_speedup
 from sprinter_train.models.cache import crop_cache
-from sprinter_train.models.loading import check_tokenizers_agree, load_model
+from sprinter_train.models.loading import check_tokenizers_agree, load_model, resolve_path
 from sprinter_train.runtime import resolve_device, resolve_dtype, set_threads, synchronize
 from sprinter_train.sampling import SamplingConfig, warp_probs
 
@@ -165,8 +165,36 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     out = Path(cfg.experiment_dir) / "draft_eval.json"
     write_json(out, result)
     print(format_table(result))
+    if ecfg.get("update_model_card"):
+        update_model_card(
+            Path(resolve_path(str(specs["draft"]["path"]))) / "README.md", result, cfg
+        )
     log.info("wrote %s", out)
     return result
+
+
+CARD_BEGIN, CARD_END = "<!-- draft_eval:begin -->", "<!-- draft_eval:end -->"
+
+
+def update_model_card(card: Path, result: dict[str, Any], cfg: DictConfig) -> None:
+    """Replace the card's measured-figures section with this run's (only cards we wrote)."""
+    if not card.exists():
+        log.warning("no model card at %s; figures stay in draft_eval.json", card)
+        return
+    text = card.read_text()
+    section = (
+        f"{CARD_BEGIN}\n## Measured (stage=draft_eval, {time.strftime('%Y-%m-%d', time.gmtime())})\n\n"
+        f"`python -m sprinter_train stage=draft_eval experiment={cfg.experiment}` on "
+        f"{result['device']} with {result['threads']} threads, {result['sequences']} held-out "
+        f"ShareGPT replies ({result['positions']} positions):\n\n```\n{format_table(result)}\n```\n"
+        f"{CARD_END}\n"
+    )
+    if CARD_BEGIN in text and CARD_END in text:
+        head, rest = text.split(CARD_BEGIN, 1)
+        text = head + section + rest.split(CARD_END, 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    atomic_write(card, lambda tmp: tmp.write_text(text))
 
 
 def format_table(result: dict[str, Any]) -> str:
