@@ -139,3 +139,13 @@ def test_corrupt_checkpoint_starts_clean(tmp_path) -> None:
     ckpt = tmp_path / "state.pt"
     ckpt.write_bytes(b"not a checkpoint")
     assert load_checkpoint(ckpt) is None
+
+
+def test_lr_warms_up_holds_then_anneals_to_the_final_fraction() -> None:
+    from sprinter_train.distill.trainer import lr_at
+
+    assert lr_at(0, 1.0, 10, 1.0, 0.25, 0.1) == pytest.approx(0.1)
+    assert lr_at(50, 1.0, 10, 0.5, 0.25, 0.1) == pytest.approx(1.0)
+    assert lr_at(50, 1.0, 10, 0.125, 0.25, 0.1) == pytest.approx(0.55)
+    assert lr_at(50, 1.0, 10, 0.0, 0.25, 0.1) == pytest.approx(0.1)
+    assert lr_at(50, 1.0, 10, 0.0, 0.0, 0.1) == pytest.approx(1.0)

@@ -85,8 +85,17 @@ def wait_for_shard(path: Path, producer: Any, poll_seconds: float = 0.5) -> None
         time.sleep(poll_seconds)
 
 
-def lr_at(step: int, base_lr: float, warmup: int) -> float:
-    return base_lr * min(1.0, (step + 1) / max(1, warmup))
+def lr_at(
+    step: int, base_lr: float, warmup: int, remaining: float, decay: float, final: float
+) -> float:
+    """Linear warm-up, constant, then a linear decay to `final`*lr over the run's last `decay`.
+
+    `remaining` is the fraction of this run's time (or token) budget still left. Each run ends
+    annealed, which helps a fixed-budget run; a resumed run starts again at the full rate.
+    """
+    warm = min(1.0, (step + 1) / max(1, warmup))
+    anneal = 1.0 if decay <= 0 or remaining >= decay else final + (1 - final) * remaining / decay
+    return base_lr * warm * anneal
 
 
 def train(
@@ -117,7 +126,9 @@ def train(
     slots = slot_map(student.head_token_ids(), student.config.vocab_size)
     top_k, batch_seqs = int(cfg["teacher"]["top_k"]), int(optim_cfg["batch_sequences"])
     max_tokens = cfg.get("max_tokens") or math.inf
-    deadline = time.monotonic() + 60.0 * float(cfg["max_minutes"])
+    budget = 60.0 * float(cfg["max_minutes"])
+    deadline = time.monotonic() + budget
+    first_tokens = state.tokens
     eval_every = int(cfg["eval_every_shards"])
     passes = int(cfg.get("passes_per_shard", 1))
     student.train()
@@ -149,7 +160,18 @@ def train(
                 loss_cfg["tv_weight"],
             )
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(state.steps, optim_cfg["lr"], optim_cfg["warmup_steps"])
+                left = min(
+                    (deadline - time.monotonic()) / budget,
+                    1.0 - (state.tokens - first_tokens) / (max_tokens - first_tokens),
+                )
+                group["lr"] = lr_at(
+                    state.steps,
+                    optim_cfg["lr"],
+                    optim_cfg["warmup_steps"],
+                    max(0.0, left),
+                    optim_cfg.get("decay_fraction", 0.0),
+                    optim_cfg.get("final_lr_fraction", 0.1),
+                )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(student.parameters(), optim_cfg["grad_clip"])

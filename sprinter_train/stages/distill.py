@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,13 @@ def _path(value: str) -> Path:
     return path if path.is_absolute() else Path.cwd() / path
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # run the finally blocks: stop the teacher process
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     dcfg: dict[str, Any] = OmegaConf.to_container(cfg.distill, resolve=True)
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
