@@ -18,7 +18,7 @@ log = logging.getLogger("sprinter_train")
 
 # stage name -> module with run(cfg); None means planned but not built yet
 STAGES: dict[str, str | None] = {
-    "harvest": None,
+    "harvest": "sprinter_train.stages.harvest",
     "train": None,
     "tables": None,
     "evaluate": None,

@@ -39,7 +39,11 @@ def test_tokenizer_mismatch_names_both_models() -> None:
 
 
 def test_missing_hub_model_names_the_offline_default(monkeypatch) -> None:
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # the environment variable is read at import time: set the constant as well (no network wait)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ModelLoadError, match="models=offline_default"):
         load_model({"path": "no-such-org/no-such-model-xyz"}, "draft", CPU, torch.float32)
 

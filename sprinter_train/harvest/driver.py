@@ -1,0 +1,299 @@
+"""Run a harvest under Lightning Fabric: one process, or DDP over devices and nodes.
+
+Every rank loads the models, plans the same shards, takes every world_size-th one, skips
+those already complete and writes its own; rank 0 then writes the manifest. Shard names and
+contents do not depend on the rank count, so any world size yields the same record set.
+With devices=1 nothing is spawned.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning_fabric import Fabric
+from lightning_fabric.strategies import DDPStrategy
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from sprinter_train.data.prompts import Prompt, load_prompts
+from sprinter_train.harvest.continuations import HarvestSequence, build_sequences
+from sprinter_train.harvest.forward import HarvestModels, load_harvest_models
+from sprinter_train.harvest.manifest import build_manifest, count_records, harvest_fingerprint
+from sprinter_train.harvest.mixes import assign_mixes
+from sprinter_train.harvest.records import RecordBatch, concat_batches, harvest_batch, hidden_dim
+from sprinter_train.harvest.shards import (
+    ShardPlan,
+    plan_shards,
+    remove_stale_files,
+    shard_is_complete,
+    write_shard,
+)
+from sprinter_train.io import write_json
+from sprinter_train.runtime import resolve_device, resolve_dtype, set_threads
+from sprinter_train.sampling import SamplingConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HarvestOptions:
+    """The settings a shard's contents depend on (all of them go into the fingerprint)."""
+
+    mix_weights: dict[str, float]
+    continuation_tokens: int  # generated tokens per draft/target/interleaved prompt
+    positions_per_prompt: int  # records per prompt at most (the original mix's region)
+    gamma: int
+    hidden_layer: int
+    seed: int
+    split: str | None
+    prompts_per_shard: int
+    sampling: SamplingConfig
+
+    @classmethod
+    def from_cfg(cls, hcfg: dict[str, Any], sampling: SamplingConfig) -> HarvestOptions:
+        n = int(hcfg["continuation_tokens"])
+        cap = int(hcfg.get("max_positions_per_prompt") or n)
+        if n < 1 or cap < 1 or int(hcfg["gamma"]) < 1:
+            raise ValueError("harvest.continuation_tokens, max_positions_per_prompt, gamma: >= 1")
+        return cls(
+            mix_weights={k: float(v) for k, v in hcfg["mix_weights"].items()},
+            continuation_tokens=min(n, cap),
+            positions_per_prompt=cap,
+            gamma=int(hcfg["gamma"]),
+            hidden_layer=int(hcfg["hidden_layer"]),
+            seed=int(hcfg["seed"]),
+            split=hcfg.get("split"),
+            prompts_per_shard=max(1, int(hcfg["shard_rows"]) // cap),
+            sampling=sampling,
+        )
+
+    def fingerprint_settings(self) -> dict[str, Any]:
+        return {**asdict(self), "sampling": asdict(self.sampling)}
+
+
+def harvest_prompts(
+    models: HarvestModels,
+    prompts: Sequence[Prompt],
+    mixes: Sequence[str],
+    options: HarvestOptions,
+    batch_size: int,
+    device: torch.device,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> tuple[RecordBatch, list[HarvestSequence]]:
+    """Records of `prompts` in order: build each batch's sequences, then one forward per model.
+
+    Batches take prompts in length order (padding is wasted compute) and the prompt order
+    is restored afterwards; per-prompt generators keep the records independent of batching.
+    """
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i].input_ids), i))
+    batches, sequences, rows_of, offset = [], {}, {}, 0
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        built = build_sequences(
+            models,
+            [prompts[i] for i in chunk],
+            [mixes[i] for i in chunk],
+            options.continuation_tokens,
+            options.positions_per_prompt,
+            options.gamma,
+            options.sampling,
+            options.seed,
+            device,
+        )
+        batch = harvest_batch(
+            models, built, options.sampling, options.hidden_layer, options.seed, device
+        )
+        for i, seq in zip(chunk, built, strict=True):
+            count = max(0, seq.region_end - seq.region_start)
+            rows_of[i] = np.arange(offset, offset + count)
+            sequences[i] = seq
+            offset += count
+        batches.append(batch)
+        if on_batch is not None:
+            on_batch(len(built), batch.rows)
+    joined = concat_batches(batches, hidden_dim(models))
+    index = np.concatenate([rows_of[i] for i in range(len(prompts))] or [np.zeros(0, int)])
+    return joined.take(index), [sequences[i] for i in range(len(prompts))]
+
+
+def max_context(models: HarvestModels, reserve: int) -> int | None:
+    """Longest prompt that leaves `reserve` positions for the region in every model."""
+    limits = [
+        int(m.model.config.max_position_embeddings)
+        for m in models.all()
+        if getattr(m.model.config, "max_position_embeddings", None)
+    ]
+    return min(limits) - reserve if limits else None
+
+
+def make_fabric(cfg: DictConfig) -> Fabric:
+    """Single device unless harvest.strategy=ddp or several devices/nodes are asked for."""
+    hcfg = cfg.harvest
+    device = resolve_device(cfg.device)
+    devices = hcfg.devices
+    num_nodes = int(hcfg.num_nodes)
+    if hcfg.strategy not in ("auto", "ddp"):
+        raise ValueError(f"harvest.strategy must be auto or ddp, got {hcfg.strategy!r}")
+    if hcfg.strategy == "ddp" or devices != 1 or num_nodes > 1:
+        strategy: Any = DDPStrategy(
+            start_method=hcfg.start_method,
+            process_group_backend="gloo" if device.type == "cpu" else None,
+        )
+    else:
+        strategy = "auto"
+        if device.index is not None:
+            devices = [device.index]
+    return Fabric(accelerator=device.type, devices=devices, num_nodes=num_nodes, strategy=strategy)
+
+
+def harvest(cfg: DictConfig) -> dict[str, Any]:
+    """Launch the ranks; returns rank 0's summary."""
+    return make_fabric(cfg).launch(rank_main, cfg)
+
+
+def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
+    """One rank's share of the harvest (module level: DDP spawn pickles it)."""
+    set_threads(cfg.get("num_threads"))
+    hcfg: dict[str, Any] = OmegaConf.to_container(cfg.harvest, resolve=True)  # type: ignore[assignment]
+    data_cfg: dict[str, Any] = OmegaConf.to_container(cfg.data, resolve=True)  # type: ignore[assignment]
+    options = HarvestOptions.from_cfg(hcfg, SamplingConfig.from_cfg(cfg.sampling))
+    device = fabric.device
+    dtype = resolve_dtype(cfg.dtype, device)
+    rank, world = fabric.global_rank, fabric.world_size
+    start = time.perf_counter()
+
+    # 1. models, tokenizer check (inside the loader), prompts, mixes, shard plan
+    with fabric.rank_zero_first():  # a first GGUF load writes its cache once
+        models = load_harvest_models(cfg.models, device, dtype)
+    prompts = load_prompts(
+        data_cfg,
+        models.tokenizer,
+        split=options.split,
+        max_context=max_context(models, options.positions_per_prompt),
+    )
+    if not prompts:
+        raise ValueError(f"stage=harvest found no prompts in data={data_cfg.get('name')}")
+    mixes = assign_mixes([p.prompt_id for p in prompts], options.mix_weights, options.seed)
+    plans = plan_shards(prompts, mixes, options.prompts_per_shard)
+    fingerprint = harvest_fingerprint(models, options.fingerprint_settings(), data_cfg, dtype)
+    records_dir = Path(cfg.experiment_dir) / "records"
+    records_dir.mkdir(parents=True, exist_ok=True)
+    dim = hidden_dim(models)
+
+    # 2. this rank's shards that are not complete yet
+    mine = plans[rank::world]
+    todo = [plan for plan in mine if not shard_is_complete(records_dir, plan, fingerprint, dim)]
+    pending = int(fabric.all_reduce(torch.tensor(float(len(todo))), reduce_op="sum"))
+    if rank == 0 and pending:
+        (records_dir / "manifest.json").unlink(missing_ok=True)  # the set is not whole now
+    log.info(
+        "rank %d/%d: %d of %d shards to do (%d prompts), %d already complete",
+        rank,
+        world,
+        len(todo),
+        len(mine),
+        sum(len(p.prompts) for p in todo),
+        len(mine) - len(todo),
+    )
+    rows = _write_shards(
+        models,
+        todo,
+        options,
+        int(hcfg["batch_size"]),
+        device,
+        records_dir,
+        fingerprint,
+        show=rank == 0,
+    )
+
+    # 3. totals over ranks; rank 0 describes the finished set
+    totals = fabric.all_reduce(
+        torch.tensor([len(todo), len(mine) - len(todo), rows], dtype=torch.float64), reduce_op="sum"
+    )
+    fabric.barrier()
+    result: dict[str, Any] = {}
+    if rank == 0:
+        remove_stale_files(records_dir, {p.name for p in plans})
+        counts = count_records(records_dir, plans)
+        manifest = build_manifest(
+            experiment=str(cfg.experiment),
+            models=models,
+            settings=options.fingerprint_settings(),
+            config=hcfg,
+            sampling=asdict(options.sampling),
+            seeds={
+                "harvest": options.seed,
+                "data": int(data_cfg.get("seed", 0)),
+                "global": int(cfg.seed),
+            },
+            data_cfg=data_cfg,
+            plans=plans,
+            counts=counts,
+            fingerprint=fingerprint,
+            dim=dim,
+            dtype=dtype,
+            device=str(device),
+            world_size=world,
+        )
+        write_json(records_dir / "manifest.json", manifest)
+        written, skipped, new_rows = (int(v) for v in totals.tolist())
+        seconds = time.perf_counter() - start
+        result = {
+            "records_dir": str(records_dir),
+            "records": counts["records"],
+            "prompts": counts["prompts"],
+            "by_mix": counts["by_mix"],
+            "prompts_by_mix": counts["prompts_by_mix"],
+            "by_split": counts["by_split"],
+            "shards": len(plans),
+            "shards_written": written,
+            "shards_skipped": skipped,
+            "records_written": new_rows,
+            "seconds": seconds,
+            "world_size": world,
+        }
+        log.info("harvest: %s", result)
+    fabric.barrier()
+    return result
+
+
+def _write_shards(
+    models: HarvestModels,
+    plans: list[ShardPlan],
+    options: HarvestOptions,
+    batch_size: int,
+    device: torch.device,
+    records_dir: Path,
+    fingerprint: str,
+    show: bool,
+) -> int:
+    """Harvest and write the given shards with a progress bar of prompts and records/s."""
+    progress = tqdm(
+        total=sum(len(p.prompts) for p in plans), unit="prompt", desc="harvest", disable=not show
+    )
+    start, rows = time.perf_counter(), 0
+
+    def on_batch(n_prompts: int, n_rows: int) -> None:
+        nonlocal rows
+        rows += n_rows
+        progress.update(n_prompts)
+        progress.set_postfix(
+            records=rows, records_per_s=f"{rows / (time.perf_counter() - start):.1f}"
+        )
+
+    try:
+        for plan in plans:
+            batch, sequences = harvest_prompts(
+                models, plan.prompts, plan.mixes, options, batch_size, device, on_batch
+            )
+            write_shard(records_dir, plan, batch, sequences, fingerprint)
+    finally:
+        progress.close()
+    return rows

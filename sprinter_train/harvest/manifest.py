@@ -1,0 +1,160 @@
+"""What a record set is: the fingerprint that decides whether a shard can be reused, and
+`records/manifest.json`, which lets any later number be traced back to models and data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+import sprinter_train
+from sprinter_train.harvest.forward import HarvestModels
+from sprinter_train.harvest.schema import HIDDEN_DTYPE, RECORD_SCHEMA, SCHEMA_VERSION
+from sprinter_train.harvest.shards import ShardPlan, read_records
+from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_path, tokenizer_hash
+
+
+def code_version() -> str:
+    """`git describe` of the checkout when there is one, else the package version."""
+    root = Path(sprinter_train.__file__).resolve().parents[1]
+    try:
+        described = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--tags"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        described = ""
+    return described or f"sprinter_train {sprinter_train.__version__}"
+
+
+def _local_signature(spec: dict[str, Any]) -> str | None:
+    """Sizes and mtimes of a local model's files: a retrained draft at the same path is new."""
+    path = str(spec.get("path") or "")
+    if path == "tiny_random" or not path:
+        return None
+    resolved = Path(resolve_path(path))
+    files = [resolved / spec["gguf_file"]] if spec.get("gguf_file") else []
+    if not files and resolved.is_dir():
+        files = sorted(f for f in resolved.iterdir() if f.is_file())
+    if not files:
+        return None  # a hub id: its revision identifies it
+    stats = [f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files if f.exists()]
+    return hashlib.sha256("|".join(stats).encode()).hexdigest()[:16]
+
+
+def model_identity(loaded: LoadedModel) -> dict[str, Any]:
+    spec = loaded.spec
+    return {
+        "id": describe_spec(spec),
+        "revision": spec.get("revision"),
+        "commit": getattr(loaded.model.config, "_commit_hash", None),
+        "files": _local_signature(spec),
+        "built": {k: spec[k] for k in ("config", "seed", "tokenizer") if k in spec} or None,
+        "vocab_size": int(loaded.model.config.vocab_size),
+    }
+
+
+def harvest_fingerprint(
+    models: HarvestModels,
+    settings: dict[str, Any],
+    data_cfg: dict[str, Any],
+    dtype: torch.dtype,
+) -> str:
+    """Hash of everything a shard's contents depend on (not the prompt count, batch size or
+    world size: those change which shards exist or how fast, not what a shard holds)."""
+    payload = {
+        "schema_version": SCHEMA_VERSION,
+        "models": {m.role: model_identity(m) for m in models.all()},
+        "tokenizer": tokenizer_hash(models.tokenizer),
+        "settings": settings,
+        "data": {k: v for k, v in data_cfg.items() if k != "num_prompts"},
+        "dtype": str(dtype),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[
+        :16
+    ]
+
+
+def count_records(records_dir: Path, plans: list[ShardPlan]) -> dict[str, Any]:
+    """Counts per shard, mix, split and both, read from the shards (two string columns only)."""
+    mixes: list[str] = []
+    splits: list[str] = []
+    rows = {}
+    for plan in plans:
+        table = read_records(records_dir, [plan.name], columns=["mix", "split"])
+        rows[plan.name] = table.num_rows
+        mixes += table.column("mix").to_pylist()
+        splits += table.column("split").to_pylist()
+    prompts = Counter(m for plan in plans for m in plan.mixes)
+    return {
+        "records": len(mixes),
+        "rows_by_shard": rows,
+        "prompts": sum(len(p.prompts) for p in plans),
+        "by_mix": dict(sorted(Counter(mixes).items())),
+        "by_split": dict(sorted(Counter(splits).items())),
+        "by_mix_split": dict(
+            sorted(Counter(f"{m}/{s}" for m, s in zip(mixes, splits, strict=True)).items())
+        ),
+        "prompts_by_mix": dict(sorted(prompts.items())),
+    }
+
+
+def build_manifest(
+    *,
+    experiment: str,
+    models: HarvestModels,
+    settings: dict[str, Any],
+    config: dict[str, Any],
+    sampling: dict[str, Any],
+    seeds: dict[str, int],
+    data_cfg: dict[str, Any],
+    plans: list[ShardPlan],
+    counts: dict[str, Any],
+    fingerprint: str,
+    dim: int,
+    dtype: torch.dtype,
+    device: str,
+    world_size: int,
+) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "stage": "harvest",
+        "experiment": experiment,
+        "fingerprint": fingerprint,
+        "code_version": code_version(),
+        "models": {m.role: model_identity(m) for m in models.all()},
+        "companion": models.companion is not None,
+        "tokenizer_hash": tokenizer_hash(models.tokenizer),
+        "sampling": sampling,
+        "seeds": seeds,
+        "harvest": config,
+        "content_settings": settings,
+        "data": data_cfg,
+        "counts": counts,
+        "hidden": {
+            "layer": settings["hidden_layer"],
+            "d": dim,
+            "dtype": HIDDEN_DTYPE,
+            "file": "<shard>.hidden.npy, row i = parquet row i",
+        },
+        "columns": {f.name: str(f.type) for f in RECORD_SCHEMA},
+        "nullable": ["S", "A"] if models.companion is None else [],
+        "shards": [
+            {"name": p.name, "prompts": len(p.prompts), "rows": counts["rows_by_shard"][p.name]}
+            for p in plans
+        ],
+        "model_dtype": str(dtype),
+        "device": device,
+        "world_size": world_size,
+        "pyarrow": pa.__version__,
+    }

@@ -1,0 +1,172 @@
+"""Records from one teacher-forced forward per model over a padded batch of sequences.
+
+The target's distribution at position t does not depend on the token sampled there, so a
+single forward of draft, companion and target over a whole sequence gives q, p and P_c at
+every position of its region. At each position t we sample x ~ q_t (the warped draft
+distribution, from the prompt's own generator) and record SPRINTER's q(x), p(x) (labels
+q/p <= lam are computed at train time), SV §4.2's S and A, SVIP §2's draft entropy, and the
+draft hidden state at t - 1, the verifier's input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sprinter_train.harvest.continuations import HarvestSequence, make_generator
+from sprinter_train.harvest.forward import HarvestModels, body, head_logits
+from sprinter_train.harvest.mixes import prompt_seed
+from sprinter_train.harvest.schema import NUMPY_DTYPES
+from sprinter_train.metrics import acceptance_alpha, entropy
+from sprinter_train.sampling import SamplingConfig, warp_probs
+
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+@dataclass
+class RecordBatch:
+    """Column arrays (one entry per record) and the aligned float16 hidden states."""
+
+    columns: dict[str, np.ndarray]
+    hidden: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return int(self.hidden.shape[0])
+
+    def take(self, index: np.ndarray) -> RecordBatch:
+        """These rows, in this order (columns and hidden states together)."""
+        return RecordBatch({k: v[index] for k, v in self.columns.items()}, self.hidden[index])
+
+
+def token_statistics(
+    q: torch.Tensor, p: torch.Tensor, c: torch.Tensor | None, x: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Per-row values for sampled tokens x ~ q (so q(x) > 0); c is the companion, or None.
+
+    ratio = q(x)/p(x) is +inf where p(x) = 0 (a token the target never emits), never NaN.
+    """
+    q_x = q.gather(-1, x[:, None])[:, 0]
+    p_x = p.gather(-1, x[:, None])[:, 0]
+    stats = {
+        "q": q_x,
+        "p": p_x,
+        "ratio": torch.where(p_x > 0, q_x / p_x, torch.inf),
+        "accept_prob": (p_x / q_x).clamp(max=1.0),
+        "beta": acceptance_alpha(p, q),
+        "draft_entropy": entropy(q),
+        "target_entropy": entropy(p),
+    }
+    if c is not None:
+        c_x = c.gather(-1, x[:, None])[:, 0]
+        stats["S"] = acceptance_alpha(c, q)
+        stats["A"] = (c_x / q_x).clamp(max=1.0)
+    return stats
+
+
+def pad_right(
+    sequences: Sequence[HarvestSequence], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right padding keeps every real token at its own position (no position ids needed)."""
+    width = max(len(s.input_ids) for s in sequences)
+    ids = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq.input_ids)] = torch.tensor(seq.input_ids, device=device)
+        mask[row, : len(seq.input_ids)] = 1
+    return ids, mask
+
+
+def _distributions(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    vocab_size: int,
+    sampling: SamplingConfig,
+    hidden_layer: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Warped distributions at (rows, cols) and the chosen layer's hidden states there."""
+    final, chosen, _ = body(model, ids, mask, hidden_layer=hidden_layer)
+    probs = warp_probs(head_logits(model, final[rows, cols], vocab_size), sampling)
+    return probs, chosen[rows, cols]
+
+
+@torch.no_grad()
+def harvest_batch(
+    models: HarvestModels,
+    sequences: Sequence[HarvestSequence],
+    sampling: SamplingConfig,
+    hidden_layer: int,
+    seed: int,
+    device: torch.device,
+) -> RecordBatch:
+    """Every record of `sequences`: one forward per model, then per-row statistics."""
+    sequences = [s for s in sequences if s.region_end > s.region_start]
+    if not sequences:
+        return empty_batch(models)
+    ids, mask = pad_right(sequences, device)
+    # the distribution of position t is read at t - 1
+    rows = torch.cat(
+        [torch.full((s.region_end - s.region_start,), i) for i, s in enumerate(sequences)]
+    ).to(device)
+    cols = torch.cat([torch.arange(s.region_start - 1, s.region_end - 1) for s in sequences]).to(
+        device
+    )
+    vocab = models.vocab_size
+    q, hidden = _distributions(
+        models.draft.model, ids, mask, rows, cols, vocab, sampling, hidden_layer
+    )
+    p, _ = _distributions(models.target.model, ids, mask, rows, cols, vocab, sampling)
+    c = None
+    if models.companion is not None:
+        c, _ = _distributions(models.companion.model, ids, mask, rows, cols, vocab, sampling)
+
+    x = torch.empty(len(rows), dtype=torch.long, device=device)
+    start = 0
+    for seq in sequences:
+        end = start + seq.region_end - seq.region_start
+        generator = make_generator(prompt_seed(seed, seq.prompt.prompt_id, "records"), device)
+        x[start:end] = torch.multinomial(q[start:end], 1, generator=generator)[:, 0]
+        start = end
+    stats = token_statistics(q, p, c, x)
+
+    counts = [s.region_end - s.region_start for s in sequences]
+    columns: dict[str, np.ndarray] = {
+        "prompt_id": np.repeat([s.prompt.prompt_id for s in sequences], counts).astype(object),
+        "dataset": np.repeat([s.prompt.dataset for s in sequences], counts).astype(object),
+        "split": np.repeat([s.prompt.split for s in sequences], counts).astype(object),
+        "mix": np.repeat([s.mix for s in sequences], counts).astype(object),
+        "position": (cols + 1).cpu().numpy().astype(np.int32),
+        "token_id": x.cpu().numpy().astype(np.int32),
+    }
+    for name, values in stats.items():
+        columns[name] = values.float().cpu().numpy().astype(np.float32)
+    if c is None:
+        columns["S"] = np.full(len(x), np.nan, dtype=np.float32)  # written as null
+        columns["A"] = np.full(len(x), np.nan, dtype=np.float32)
+    columns = {name: columns[name] for name in NUMPY_DTYPES}
+    hidden_np = hidden.float().clamp(-FLOAT16_MAX, FLOAT16_MAX).cpu().numpy().astype(np.float16)
+    return RecordBatch(columns, hidden_np)
+
+
+def hidden_dim(models: HarvestModels) -> int:
+    """Width of the recorded draft hidden state (every layer of a transformer has the same)."""
+    return int(models.draft.model.config.hidden_size)
+
+
+def empty_batch(models: HarvestModels) -> RecordBatch:
+    return concat_batches([], hidden_dim(models))
+
+
+def concat_batches(batches: Sequence[RecordBatch], dim: int) -> RecordBatch:
+    """Join batches; with none, typed empty columns so an empty shard still has the schema."""
+    if not batches:
+        columns = {name: np.array([], dtype=dtype) for name, dtype in NUMPY_DTYPES.items()}
+        return RecordBatch(columns, np.zeros((0, dim), dtype=np.float16))
+    columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in batches[0].columns}
+    return RecordBatch(columns, np.concatenate([b.hidden for b in batches]))

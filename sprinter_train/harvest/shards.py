@@ -1,0 +1,199 @@
+"""Shard planning, atomic writing and the completeness check that makes resume exact.
+
+Shards are fixed groups of consecutive prompts (named by group index, never by counting a
+folder), so which prompts a shard holds depends only on the prompt order and the config:
+a resumed run, a 1-process run and an N-process run all write the same shards. Each file
+is written under a temporary name and renamed; the records parquet is written last, so a
+shard whose three files check out is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sprinter_train.data.prompts import Prompt
+from sprinter_train.harvest.continuations import HarvestSequence
+from sprinter_train.harvest.records import RecordBatch
+from sprinter_train.harvest.schema import (
+    HIDDEN_DTYPE,
+    NULLABLE,
+    RECORD_SCHEMA,
+    SCHEMA_VERSION,
+    SEQUENCE_SCHEMA,
+)
+from sprinter_train.io import atomic_write
+
+log = logging.getLogger(__name__)
+
+SHARD_PREFIX = "shard-"
+META_FINGERPRINT = b"sprinter.fingerprint"
+META_PROMPTS = b"sprinter.prompts"
+META_HIDDEN_DIM = b"sprinter.hidden_dim"
+META_SCHEMA = b"sprinter.schema_version"
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Shard `index` holds these prompts, each with its mix."""
+
+    index: int
+    prompts: tuple[Prompt, ...]
+    mixes: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{SHARD_PREFIX}{self.index:06d}"
+
+    @property
+    def digest(self) -> str:
+        """Identifies the shard's contents: a shard of other prompts is redone, never reused."""
+        text = "\n".join(
+            f"{p.prompt_id}\t{m}" for p, m in zip(self.prompts, self.mixes, strict=True)
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def plan_shards(
+    prompts: Sequence[Prompt], mixes: Sequence[str], prompts_per_shard: int
+) -> list[ShardPlan]:
+    step = max(1, int(prompts_per_shard))
+    return [
+        ShardPlan(i // step, tuple(prompts[i : i + step]), tuple(mixes[i : i + step]))
+        for i in range(0, len(prompts), step)
+    ]
+
+
+def shard_files(records_dir: Path, name: str) -> dict[str, Path]:
+    return {
+        "records": records_dir / f"{name}.parquet",
+        "hidden": records_dir / f"{name}.hidden.npy",
+        "sequences": records_dir / f"{name}.sequences.parquet",
+    }
+
+
+def _record_table(batch: RecordBatch, metadata: dict[bytes, bytes]) -> pa.Table:
+    arrays = [
+        pa.array(batch.columns[f.name], type=f.type, from_pandas=f.name in NULLABLE)
+        for f in RECORD_SCHEMA
+    ]
+    return pa.Table.from_arrays(arrays, schema=RECORD_SCHEMA.with_metadata(metadata))
+
+
+def _sequence_table(sequences: Sequence[HarvestSequence]) -> pa.Table:
+    columns = {
+        "prompt_id": [s.prompt.prompt_id for s in sequences],
+        "dataset": [s.prompt.dataset for s in sequences],
+        "split": [s.prompt.split for s in sequences],
+        "mix": [s.mix for s in sequences],
+        "input_ids": [s.input_ids for s in sequences],
+        "region_start": [s.region_start for s in sequences],
+        "region_end": [s.region_end for s in sequences],
+    }
+    return pa.Table.from_pydict(columns, schema=SEQUENCE_SCHEMA)
+
+
+def _write_parquet(path: Path, table: pa.Table) -> None:
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp, write_page_checksum=True))
+
+
+def write_shard(
+    records_dir: Path,
+    plan: ShardPlan,
+    batch: RecordBatch,
+    sequences: Sequence[HarvestSequence],
+    fingerprint: str,
+) -> int:
+    """Write one shard (hidden states, sequences, then records last); returns its row count."""
+    files = shard_files(records_dir, plan.name)
+    hidden = np.ascontiguousarray(batch.hidden, dtype=HIDDEN_DTYPE)
+
+    def _save_hidden(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            np.save(handle, hidden)
+
+    atomic_write(files["hidden"], _save_hidden)
+    _write_parquet(files["sequences"], _sequence_table(sequences))
+    metadata = {
+        META_FINGERPRINT: fingerprint.encode(),
+        META_PROMPTS: plan.digest.encode(),
+        META_HIDDEN_DIM: str(hidden.shape[1]).encode(),
+        META_SCHEMA: str(SCHEMA_VERSION).encode(),
+    }
+    _write_parquet(files["records"], _record_table(batch, metadata))
+    return batch.rows
+
+
+def shard_is_complete(records_dir: Path, plan: ShardPlan, fingerprint: str, dim: int) -> bool:
+    """True only for a whole shard of this plan and config; the hidden array is only mapped.
+
+    A truncated or corrupt file, a shard of other prompts or an older config all answer
+    False, and the caller redoes the shard.
+    """
+    files = shard_files(records_dir, plan.name)
+    if not files["records"].exists():
+        return False
+    try:
+        table = pq.read_table(files["records"], page_checksum_verification=True)
+        meta = table.schema.metadata or {}
+        if meta.get(META_FINGERPRINT) != fingerprint.encode():
+            log.warning("%s was written with another config; redoing it", plan.name)
+            return False
+        if meta.get(META_PROMPTS) != plan.digest.encode():
+            log.warning("%s holds other prompts than planned; redoing it", plan.name)
+            return False
+        if not table.schema.remove_metadata().equals(RECORD_SCHEMA):
+            return False
+        sequences = pq.read_table(files["sequences"], page_checksum_verification=True)
+        hidden = np.load(files["hidden"], mmap_mode="r")
+        complete = (
+            sequences.num_rows == len(plan.prompts)
+            and hidden.dtype == np.dtype(HIDDEN_DTYPE)
+            and hidden.shape == (table.num_rows, dim)
+        )
+    except (OSError, ValueError, EOFError, pa.ArrowException) as error:
+        log.warning("%s is unreadable (%s); redoing it", plan.name, error)
+        return False
+    if not complete:
+        log.warning(
+            "%s is incomplete (hidden states or sequences do not match); redoing it", plan.name
+        )
+    return complete
+
+
+def read_records(
+    records_dir: Path, names: Sequence[str], columns: list[str] | None = None
+) -> pa.Table:
+    """The records of the named shards, in order (manifest counts, tests, later stages)."""
+    tables = [pq.read_table(records_dir / f"{n}.parquet", columns=columns) for n in names]
+    if not tables:
+        schema = (
+            RECORD_SCHEMA
+            if columns is None
+            else pa.schema([RECORD_SCHEMA.field(c) for c in columns])
+        )
+        return schema.empty_table()
+    return pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
+
+
+def remove_stale_files(records_dir: Path, keep: set[str]) -> list[str]:
+    """Delete shard files of no planned shard (another prompt count or split) and temp files
+    left by a killed writer, so a folder glob never mixes them into this record set."""
+    removed = []
+    for path in sorted(records_dir.glob(f"*{SHARD_PREFIX}*")):
+        stem = path.name.split(".")[0] if not path.name.startswith(".") else ""
+        if path.name.startswith(".") or stem not in keep:
+            path.unlink()
+            removed.append(path.name)
+    if removed:
+        log.warning(
+            "removed %d stale shard files from %s: %s", len(removed), records_dir, removed[:5]
+        )
+    return removed

@@ -1,0 +1,371 @@
+"""stage=harvest on tiny models: record values, alignment, determinism, resume, DDP, errors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from sprinter_train.__main__ import run_stage
+from sprinter_train.data.prompts import Prompt
+from sprinter_train.harvest import driver
+from sprinter_train.harvest.continuations import (
+    make_generator,
+    sample_continuations,
+    speculative_accept,
+)
+from sprinter_train.harvest.forward import load_harvest_models
+from sprinter_train.harvest.mixes import MIXES, assign_mixes
+from sprinter_train.harvest.records import token_statistics
+from sprinter_train.harvest.schema import RECORD_SCHEMA, SEQUENCE_SCHEMA
+from sprinter_train.harvest.shards import ShardPlan, shard_is_complete
+from sprinter_train.io import read_json
+from sprinter_train.metrics import entropy
+from sprinter_train.models.loading import TokenizerMismatchError
+from sprinter_train.models.tiny import build_tiny_model
+from sprinter_train.sampling import SamplingConfig, warp_probs
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+# 8 prompts, 6 records each, 3 prompts per shard (shards of 3, 3, 2), 2 sequences per forward
+TINY = (
+    "stage=harvest",
+    "models=tiny_random",
+    "device=cpu",
+    "data.num_prompts=8",
+    "data.max_prompt_tokens=48",
+    "harvest.continuation_tokens=6",
+    "harvest.shard_rows=18",
+    "harvest.batch_size=2",
+)
+
+
+def compose_at(root: Path, *overrides: str):
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return compose(
+                config_name="config", overrides=[f"artifacts_root={root}", *TINY, *overrides]
+            )
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def load_record_set(cfg) -> tuple[pd.DataFrame, np.ndarray, pd.DataFrame]:
+    """Records, hidden states and sequences of every shard the manifest lists, in order."""
+    records_dir = Path(cfg.experiment_dir) / "records"
+    names = [s["name"] for s in read_json(records_dir / "manifest.json")["shards"]]
+    records = pd.concat(
+        [pq.read_table(records_dir / f"{n}.parquet").to_pandas() for n in names], ignore_index=True
+    )
+    hidden = np.concatenate([np.load(records_dir / f"{n}.hidden.npy") for n in names])
+    sequences = pd.concat(
+        [pq.read_table(records_dir / f"{n}.sequences.parquet").to_pandas() for n in names],
+        ignore_index=True,
+    )
+    return records, hidden, sequences
+
+
+def plan_of(records_dir: Path, index: int) -> ShardPlan:
+    """The plan of a written shard, rebuilt from its sequences file (ids and mixes)."""
+    seqs = pq.read_table(records_dir / f"shard-{index:06d}.sequences.parquet").to_pandas()
+    prompts = tuple(
+        Prompt(r.prompt_id, r.dataset, r.split, "", [], None) for r in seqs.itertuples()
+    )
+    return ShardPlan(index, prompts, tuple(seqs.mix))
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """One uninterrupted single-process harvest that the other tests compare against."""
+    cfg = compose_at(tmp_path_factory.mktemp("baseline"))
+    result = run_stage(cfg)
+    records, hidden, sequences = load_record_set(cfg)
+    return {"cfg": cfg, "result": result, "records": records, "hidden": hidden, "seqs": sequences}
+
+
+def assert_same_records(a: dict | tuple, b: dict | tuple, exact: bool = True) -> None:
+    records_a, hidden_a = a[0], a[1]
+    records_b, hidden_b = b[0], b[1]
+    if exact:
+        pd.testing.assert_frame_equal(records_a, records_b)
+        np.testing.assert_array_equal(hidden_a, hidden_b)
+        return
+    keys = ["prompt_id", "dataset", "split", "mix", "position", "token_id"]
+    pd.testing.assert_frame_equal(records_a[keys], records_b[keys])
+    floats = [c for c in records_a.columns if c not in keys]
+    np.testing.assert_allclose(records_a[floats], records_b[floats], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(hidden_a.astype(np.float32), hidden_b, rtol=1e-3, atol=1e-3)
+
+
+def test_records_have_the_documented_columns_and_no_nan(baseline) -> None:
+    cfg, records, hidden = baseline["cfg"], baseline["records"], baseline["hidden"]
+    records_dir = Path(cfg.experiment_dir) / "records"
+    manifest = read_json(records_dir / "manifest.json")
+    for shard in manifest["shards"]:
+        schema = pq.read_schema(records_dir / f"{shard['name']}.parquet").remove_metadata()
+        assert schema.equals(RECORD_SCHEMA)
+        seq_schema = pq.read_schema(records_dir / f"{shard['name']}.sequences.parquet")
+        assert seq_schema.remove_metadata().equals(SEQUENCE_SCHEMA)
+        rows = np.load(records_dir / f"{shard['name']}.hidden.npy", mmap_mode="r")
+        assert rows.shape == (shard["rows"], 64) and rows.dtype == np.float16
+    assert len(records) == hidden.shape[0] == manifest["counts"]["records"] == 8 * 6
+    floats = ["q", "p", "ratio", "accept_prob", "beta", "draft_entropy", "target_entropy", "S", "A"]
+    assert not records[floats].isna().any().any()  # the tiny pair has a companion: S, A set
+    assert np.isfinite(hidden.astype(np.float32)).all()
+    assert (records.q > 0).all() and records.accept_prob.between(0, 1).all()
+    assert ((records.p == 0) == np.isinf(records.ratio)).all()
+    assert records.split.isin(["train", "val", "test"]).all()
+    assert manifest["hidden"] == {**manifest["hidden"], "layer": -1, "d": 64, "dtype": "float16"}
+    for key in ("models", "tokenizer_hash", "sampling", "seeds", "code_version", "fingerprint"):
+        assert manifest[key]
+    assert manifest["sampling"] == {"temperature": 0.2, "top_k": 0, "top_p": 0.9}
+
+
+def test_the_four_mixes_come_in_equal_shares(baseline) -> None:
+    records, seqs = baseline["records"], baseline["seqs"]
+    per_mix = seqs.mix.value_counts()
+    assert set(per_mix.index) == set(MIXES)
+    assert (per_mix - len(seqs) / 4).abs().max() <= 1
+    assert set(records.mix) == set(MIXES)
+    # generated regions are the continuation (6 tokens, unless EOS ends one early)
+    lengths = seqs.region_end - seqs.region_start
+    assert (lengths <= 6).all() and (lengths > 0).all()
+    # each prompt records exactly the positions of its region, in order
+    for seq in seqs.itertuples():
+        positions = records[records.prompt_id == seq.prompt_id].position.tolist()
+        assert positions == list(range(seq.region_start, seq.region_end))
+        assert seq.region_end <= len(seq.input_ids)
+        if seq.mix != "original":
+            assert seq.region_start == len(seq.input_ids) - lengths[seq.Index]
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 13, 41])
+def test_mix_assignment_stays_within_one_prompt_of_its_quota(n: int) -> None:
+    ids = [f"prompt-{i}" for i in range(n)]
+    for weights in ({m: 1 for m in MIXES}, {"original": 2, "draft": 1, "target": 1}):
+        mixes = assign_mixes(ids, weights, seed=3)
+        total = sum(weights.values())
+        for k in range(1, n + 1):
+            for mix in MIXES:
+                quota = weights.get(mix, 0) / total * k
+                assert abs(mixes[:k].count(mix) - quota) < 1 + 1e-9
+    assert assign_mixes(ids, {m: 1 for m in MIXES}, 3) == assign_mixes(
+        ids, {m: 1 for m in MIXES}, 3
+    )
+
+
+def test_random_rows_equal_a_one_sequence_recomputation(baseline) -> None:
+    """q, p, S, A, beta, entropies and the hidden row, recomputed with plain model calls."""
+    cfg, records, hidden, seqs = (baseline[k] for k in ("cfg", "records", "hidden", "seqs"))
+    models = load_harvest_models(cfg.models, torch.device("cpu"), torch.float32)
+    sampling = SamplingConfig.from_cfg(cfg.sampling)
+    rows = np.random.default_rng(0).choice(len(records), size=12, replace=False)
+    for row in rows:
+        rec = records.iloc[row]
+        seq = seqs[seqs.prompt_id == rec.prompt_id].iloc[0]
+        assert seq.region_start <= rec.position < seq.region_end
+        prefix = torch.tensor([list(seq.input_ids[: rec.position])])
+        with torch.no_grad():
+            d_out = models.draft.model(prefix, output_hidden_states=True)
+            q = warp_probs(d_out.logits[0, -1], sampling)
+            p = warp_probs(models.target.model(prefix).logits[0, -1], sampling)
+            c = warp_probs(models.companion.model(prefix).logits[0, -1], sampling)
+        x = int(rec.token_id)
+        expected = {
+            "q": q[x],
+            "p": p[x],
+            "accept_prob": min(1.0, float(p[x] / q[x])),
+            "beta": torch.minimum(p, q).sum(),
+            "draft_entropy": entropy(q),
+            "target_entropy": entropy(p),
+            "S": torch.minimum(q, c).sum(),
+            "A": min(1.0, float(c[x] / q[x])),
+        }
+        for name, value in expected.items():
+            assert rec[name] == pytest.approx(float(value), abs=1e-4), name
+        assert q[x] > 0
+        np.testing.assert_allclose(
+            hidden[row].astype(np.float32),
+            d_out.hidden_states[-1][0, -1].numpy(),
+            rtol=2e-3,
+            atol=2e-3,
+        )
+
+
+def test_hidden_layer_option_records_that_layer(tmp_path) -> None:
+    cfg = compose_at(tmp_path, "data.num_prompts=2", "harvest.hidden_layer=0")
+    run_stage(cfg)
+    records, hidden, seqs = load_record_set(cfg)
+    models = load_harvest_models(cfg.models, torch.device("cpu"), torch.float32)
+    rec = records.iloc[len(records) - 1]
+    seq = seqs[seqs.prompt_id == rec.prompt_id].iloc[0]
+    with torch.no_grad():
+        out = models.draft.model(
+            torch.tensor([list(seq.input_ids[: rec.position])]), output_hidden_states=True
+        )
+    embedding = out.hidden_states[0][0, -1].numpy()
+    np.testing.assert_allclose(hidden[-1].astype(np.float32), embedding, rtol=2e-3, atol=2e-3)
+    assert not np.allclose(embedding, out.hidden_states[-1][0, -1].numpy(), atol=1e-2)
+
+
+def test_same_seed_gives_identical_records_and_another_seed_does_not(baseline, tmp_path) -> None:
+    again = compose_at(tmp_path / "again")
+    run_stage(again)
+    assert_same_records(load_record_set(again), (baseline["records"], baseline["hidden"]))
+    other = compose_at(tmp_path / "other", "harvest.seed=1")
+    run_stage(other)
+    records = load_record_set(other)[0]
+    assert len(records) != len(baseline["records"]) or not records.equals(baseline["records"])
+
+
+def test_interrupted_harvest_resumes_to_the_uninterrupted_records(
+    baseline, tmp_path, monkeypatch
+) -> None:
+    cfg = compose_at(tmp_path)
+    real_write = driver.write_shard
+    calls = []
+
+    def write_then_crash(*args, **kwargs):
+        if calls:
+            raise KeyboardInterrupt("simulated interruption after the first shard")
+        calls.append(args[1].name)
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "write_shard", write_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(cfg)
+    records_dir = Path(cfg.experiment_dir) / "records"
+    assert sorted(p.name for p in records_dir.glob("shard-*.parquet")) == [
+        "shard-000000.parquet",
+        "shard-000000.sequences.parquet",
+    ]
+    assert not (records_dir / "manifest.json").exists()
+    first_mtime = (records_dir / "shard-000000.parquet").stat().st_mtime_ns
+
+    monkeypatch.setattr(driver, "write_shard", real_write)
+    result = run_stage(cfg)
+    assert (result["shards_skipped"], result["shards_written"]) == (1, 2)
+    assert (records_dir / "shard-000000.parquet").stat().st_mtime_ns == first_mtime
+    assert_same_records(load_record_set(cfg), (baseline["records"], baseline["hidden"]))
+
+
+def test_truncated_or_corrupt_shards_are_detected_and_redone(baseline, tmp_path) -> None:
+    cfg = compose_at(tmp_path)
+    records_dir = Path(cfg.experiment_dir) / "records"
+    shutil.copytree(Path(baseline["cfg"].experiment_dir) / "records", records_dir)
+    hidden_file = records_dir / "shard-000001.hidden.npy"
+    hidden_file.write_bytes(hidden_file.read_bytes()[:-100])  # truncated hidden states
+    parquet_file = records_dir / "shard-000002.parquet"
+    data = bytearray(parquet_file.read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 64] = b"\x00" * 64  # corrupt pages, footer intact
+    parquet_file.write_bytes(bytes(data))
+    fingerprint = read_json(records_dir / "manifest.json")["fingerprint"]
+    intact = records_dir / "shard-000000.parquet"
+    mtime = intact.stat().st_mtime_ns
+    assert shard_is_complete(records_dir, plan_of(records_dir, 0), fingerprint, 64)
+    assert not shard_is_complete(records_dir, plan_of(records_dir, 1), fingerprint, 64)
+    assert not shard_is_complete(records_dir, plan_of(records_dir, 2), fingerprint, 64)
+
+    result = run_stage(cfg)
+    assert (result["shards_skipped"], result["shards_written"]) == (1, 2)
+    assert intact.stat().st_mtime_ns == mtime
+    assert_same_records(load_record_set(cfg), (baseline["records"], baseline["hidden"]))
+
+
+def test_two_process_ddp_harvest_gives_the_same_record_set(baseline, tmp_path) -> None:
+    cfg = compose_at(tmp_path, "harvest.devices=2", "harvest.strategy=ddp")
+    result = run_stage(cfg)
+    assert result["world_size"] == 2 and result["shards_written"] == 3
+    assert_same_records(
+        load_record_set(cfg), (baseline["records"], baseline["hidden"]), exact=False
+    )
+
+
+def test_mismatched_tokenizers_fail_before_any_work(tmp_path, monkeypatch) -> None:
+    def no_prompts(*args, **kwargs):
+        raise AssertionError("prompts were loaded before the tokenizer check")
+
+    monkeypatch.setattr(driver, "load_prompts", no_prompts)
+    cfg = compose_at(tmp_path, "+models.draft.tokenizer.shift=7")
+    with pytest.raises(TokenizerMismatchError, match="draft"):
+        run_stage(cfg)
+    assert not (Path(cfg.experiment_dir) / "records").exists()
+
+
+def test_a_missing_draft_is_named_with_the_stage_that_makes_it(tmp_path) -> None:
+    cfg = compose_at(tmp_path, "models=offline_default", "models.draft.path=/nonexistent/draft")
+    with pytest.raises(FileNotFoundError, match="draft model at /nonexistent/draft.*stage=distill"):
+        run_stage(cfg)
+
+
+def test_p_zero_gives_an_infinite_ratio_never_nan() -> None:
+    q = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    p = torch.tensor([[0.0, 1.0, 0.0], [0.4, 0.6, 0.0]])
+    stats = token_statistics(q, p, None, torch.tensor([0, 1]))
+    assert stats["ratio"][0] == float("inf") and stats["accept_prob"][0] == 0
+    assert stats["ratio"][1] == pytest.approx(0.5) and stats["accept_prob"][1] == 1
+    assert stats["beta"].tolist() == pytest.approx([0.5, 0.5])
+    assert not any(torch.isnan(v).any() for v in stats.values())
+    assert "S" not in stats and "A" not in stats
+
+
+def test_speculative_accept_emits_the_target_distribution() -> None:
+    """The interleaved mix must be what SD produces: its first token is distributed as p."""
+    q = torch.tensor([[0.6, 0.3, 0.1, 0.0]])
+    p = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
+    generator = make_generator(0, torch.device("cpu"))
+    counts = torch.zeros(4)
+    trials = 6000
+    for _ in range(trials):
+        x = int(torch.multinomial(q[0], 1, generator=generator))
+        accepted, correction = speculative_accept(p, q, [x], generator)
+        counts[x if accepted else correction] += 1
+    assert (counts / trials).tolist() == pytest.approx(p[0].tolist(), abs=0.025)
+
+
+def tiny_gpt2() -> torch.nn.Module:
+    """Absolute position embeddings: wrong position ids on padded rows change its output."""
+    torch.manual_seed(5)
+    config = GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    return GPT2LMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_batched_generation_matches_one_prompt_at_a_time(family: str) -> None:
+    """Left padding, position ids and the KV cache leave each row's continuation unchanged."""
+    if family == "llama":
+        model = build_tiny_model({"num_hidden_layers": 2, "initializer_range": 0.2}, seed=5)
+    else:
+        model = tiny_gpt2()
+    prompts = [[1, 40, 41, 42, 43, 44, 45], [1, 50], [1, 60, 61, 62]]
+    sampling = SamplingConfig(temperature=1.0)
+    cpu = torch.device("cpu")
+
+    def generators():
+        return [make_generator(100 + i, cpu) for i in range(len(prompts))]
+
+    batched = sample_continuations(model, prompts, 8, sampling, generators(), 128, None, cpu)
+    alone = [
+        sample_continuations(model, [prompt], 8, sampling, [gen], 128, None, cpu)[0]
+        for prompt, gen in zip(prompts, generators(), strict=True)
+    ]
+    assert batched == alone and all(len(row) == 8 for row in batched)
+
+
+def test_without_a_companion_s_and_a_are_null(tmp_path) -> None:
+    cfg = compose_at(tmp_path, "data.num_prompts=4", "~models.companion")
+    run_stage(cfg)
+    records = load_record_set(cfg)[0]
+    assert records.S.isna().all() and records.A.isna().all()
+    others = records.drop(columns=["S", "A"]).select_dtypes("number")
+    assert not others.isna().any().any() and len(records) > 0
+    manifest = read_json(Path(cfg.experiment_dir) / "records" / "manifest.json")
+    assert manifest["nullable"] == ["S", "A"] and "companion" not in manifest["models"]
