@@ -149,3 +149,18 @@ def test_lr_warms_up_holds_then_anneals_to_the_final_fraction() -> None:
     assert lr_at(50, 1.0, 10, 0.125, 0.25, 0.1) == pytest.approx(0.55)
     assert lr_at(50, 1.0, 10, 0.0, 0.25, 0.1) == pytest.approx(0.1)
     assert lr_at(50, 1.0, 10, 0.0, 0.0, 0.1) == pytest.approx(1.0)
+
+
+def test_changing_passes_per_shard_on_resume_keeps_the_shard_cursor(tmp_path, teacher) -> None:
+    corpus = make_corpus(tmp_path / "corpus", n_shards=3)
+    heldout = torch.from_numpy(np.load(corpus[0])["tokens"][:2].astype(np.int64))
+    ckpt = tmp_path / "state.pt"
+    student = build_student(teacher, torch.arange(64), tiny_cfg()["student"], seed=0)
+    two = tiny_cfg(max_tokens=2 * 512, passes_per_shard=2)
+    state = train(student, teacher, corpus, tmp_path / "t", ckpt, two, heldout, CPU, None)
+    assert (state.shard, state.shard_passes) == (1, 0)  # shard 0 seen twice, shard 1 next
+    three = tiny_cfg(max_tokens=4 * 512, passes_per_shard=3)
+    state = train(
+        student, teacher, corpus, tmp_path / "t", ckpt, three, heldout, CPU, load_checkpoint(ckpt)
+    )
+    assert (state.shard, state.shard_passes) == (1, 2)  # not back to shard 0

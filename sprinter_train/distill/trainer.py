@@ -33,9 +33,9 @@ log = logging.getLogger(__name__)
 class DistillState:
     """Where training stands; saved with the weights."""
 
-    visits: int = (
-        0  # shard visits completed (each shard is visited passes_per_shard times in a row)
-    )
+    visits: int = 0  # shard visits completed
+    shard: int = 0  # corpus position of the shard in training (wraps around: epochs)
+    shard_passes: int = 0  # passes already made over that shard
     steps: int = 0
     tokens: int = 0
     seconds: float = 0.0
@@ -134,8 +134,8 @@ def train(
     student.train()
     bar = tqdm(desc=f"distill {cfg['role']}", unit="tok", unit_scale=True, initial=state.tokens)
     while time.monotonic() < deadline and state.tokens < max_tokens:
-        # the teacher pass is ~4x a student pass on CPU: reuse each cached shard a few times
-        shard_path = corpus[(state.visits // passes) % len(corpus)]
+        # a teacher pass costs several student passes on CPU: reuse each cached shard a few times
+        shard_path = corpus[state.shard % len(corpus)]
         started = time.monotonic()
         tokens = load_npz(shard_path)["tokens"].astype(np.int64)
         if producer is not None:
@@ -181,6 +181,9 @@ def train(
             losses.append({"loss": float(loss.detach()), **parts})
             bar.update(ids.numel())
         state.visits += 1
+        state.shard_passes += 1
+        if state.shard_passes >= passes:
+            state.shard, state.shard_passes = state.shard + 1, 0
         state.seconds += time.monotonic() - started
         point = {
             "tokens": state.tokens,

@@ -142,8 +142,7 @@ def start_teacher_producer(cfg, dcfg, corpus, teacher_dir, resume, device):
     if not tcfg.get("background") or device.type != "cpu":
         return None
     torch.set_num_threads(int(dcfg.get("train_threads") or torch.get_num_threads()))
-    passes = int(dcfg.get("passes_per_shard", 1))
-    first = (resume["state"]["visits"] // passes) % len(corpus) if resume else 0
+    first = resume["state"].get("shard", 0) % len(corpus) if resume else 0
     ordered = corpus[first:] + corpus[:first]
     context = mp.get_context("spawn")
     producer = context.Process(
