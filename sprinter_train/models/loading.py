@@ -87,6 +87,13 @@ def resolve_path(path: str) -> str:
     return path  # a hub id
 
 
+def _looks_local(path: str) -> bool:
+    """Hub ids are `name` or `org/name`; anything else with a separator is a filesystem path."""
+    return (
+        path.startswith((".", "/", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
+    )
+
+
 def _gguf_cache_dir(gguf: Path, cache_root: str | None) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{int(stat.st_mtime)}".encode()).hexdigest()
@@ -135,6 +142,12 @@ def load_model(
         model = build_tiny_model(dict(spec.get("config") or {}), seed=int(spec.get("seed", 0)))
         return LoadedModel(role, model.to(device=device, dtype=dtype).eval(), tokenizer, dict(spec))
     resolved = resolve_path(path)
+    if _looks_local(path) and not Path(resolved).exists():
+        raise ModelLoadError(
+            f"the {role} model folder {resolved} does not exist. The offline default draft and "
+            "companion ship in git under checkpoints/drafts/; `python -m sprinter_train "
+            "stage=distill` builds one."
+        )
     try:
         if spec.get("gguf_file"):
             model, tokenizer = _load_gguf(resolved, spec["gguf_file"], dtype, cache_dir)
