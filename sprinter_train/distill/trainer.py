@@ -120,7 +120,8 @@ def train(
     )
     state = DistillState()
     if resume is not None:
-        optimizer.load_state_dict(resume["optimizer"])
+        if resume.get("optimizer") is not None:  # None: warm start from an exported model
+            optimizer.load_state_dict(resume["optimizer"])
         state = DistillState(**resume["state"])
         log.info("resuming at %d tokens, %d shard visits", state.tokens, state.visits)
     slots = slot_map(student.head_token_ids(), student.config.vocab_size)

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from data_gen.distill_corpus import build_corpus, token_frequencies
 from data_gen.teacher_cache import produce_teacher_shards
 from sprinter_train.distill.trainer import heldout_alpha, load_checkpoint, train
-from sprinter_train.io import atomic_write, load_npz, write_json
+from sprinter_train.io import atomic_write, load_npz, read_json, write_json
 from sprinter_train.models import student as student_module
 from sprinter_train.models.loading import REPO_ROOT, load_model
 from sprinter_train.models.student import SprinterDraftConfig, SprinterDraftForCausalLM
@@ -80,7 +80,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     role_dir = work / dcfg["role"]
     checkpoint = role_dir / "state.pt"
-    resume = load_checkpoint(checkpoint)
+    out = _output_dir(dcfg)
+    resume = load_checkpoint(checkpoint) or warm_start(out, dcfg)
     if resume is not None:
         student = SprinterDraftForCausalLM(SprinterDraftConfig(**resume["student_config"]))
         student.load_state_dict(resume["student"])
@@ -117,11 +118,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if producer is not None:
             producer.terminate()
             producer.join()
-    out = (
-        _path(dcfg["output_dir"])
-        if Path(dcfg["output_dir"]).is_absolute()
-        else REPO_ROOT / dcfg["output_dir"]
-    )
     if dcfg.get("export", True):
         export(student, teacher, out, dcfg, state.__dict__, cfg)
     plot_curve(state.curve, role_dir / "curve.png", title=f"distillation of the {dcfg['role']}")
@@ -133,6 +129,34 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "minutes": state.seconds / 60,
         "heldout_alpha_t1": last_alpha,
         "output_dir": str(out),
+    }
+
+
+def _output_dir(dcfg: dict) -> Path:
+    path = Path(dcfg["output_dir"]).expanduser()
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def warm_start(out: Path, dcfg: dict) -> dict[str, Any] | None:
+    """Continue from the exported model when the full state is gone (a fresh machine).
+
+    The optimiser state (~200 MB) stays out of git; the exported fp16 weights and their
+    training_state.json (tokens, shard cursor, curve) are enough to carry training on.
+    """
+    state_file = out / "training_state.json"
+    if not dcfg.get("warm_start", True) or not state_file.exists():
+        return None
+    saved = read_json(state_file)
+    if saved["recipe"]["student"] != dcfg["student"]:
+        log.warning("%s was trained with another student recipe; starting a new student", out)
+        return None
+    model = SprinterDraftForCausalLM.from_pretrained(out, dtype=torch.float32)
+    log.info("warm start from %s at %d tokens (fresh optimiser)", out, saved["state"]["tokens"])
+    return {
+        "student_config": model.config.to_dict(),
+        "student": model.state_dict(),
+        "optimizer": None,
+        "state": saved["state"],
     }
 
 
