@@ -19,13 +19,13 @@ log = logging.getLogger("sprinter_train")
 # stage name -> module with run(cfg); None means planned but not built yet
 STAGES: dict[str, str | None] = {
     "harvest": "sprinter_train.stages.harvest",
-    "train": None,
-    "tables": None,
-    "evaluate": None,
+    "train": "sprinter_train.stages.train",
+    "tables": "sprinter_train.stages.tables",
+    "evaluate": "sprinter_train.stages.evaluate",
     "bench": None,
     "distill": "sprinter_train.stages.distill",
     "draft_eval": "sprinter_train.stages.draft_eval",
-    "all": None,
+    "all": "sprinter_train.stages.all",
 }
 
 

@@ -1,0 +1,1 @@
+"""Predictor metrics, information measures, the SPRINTER theorems and the evaluation report."""

@@ -1,0 +1,142 @@
+"""Read a harvested record set (artifacts/<exp>/records/) for train, tables and evaluate.
+
+The shard list comes from `records/manifest.json` (never from a folder glob); the manifest
+exists only while the set is whole, so a missing one means the harvest has not finished.
+Hidden states stay memory-mapped until a caller asks for the rows it needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sprinter_train.harvest.schema import HIDDEN_DTYPE
+from sprinter_train.harvest.shards import read_records, shard_files
+from sprinter_train.io import read_json
+
+HARVEST_HINT = "make them with `python -m sprinter_train stage=harvest experiment={exp}`"
+
+
+class MissingInputError(FileNotFoundError):
+    """A stage's input does not exist; the message names the stage that makes it."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class RecordSet:
+    """The records of one experiment: a DataFrame of columns plus per-shard hidden states."""
+
+    records_dir: Path
+    manifest: dict[str, Any]
+    manifest_hash: str
+    frame: pd.DataFrame
+    shard_names: list[str]
+    shard_offsets: np.ndarray = field(repr=False)  # first global row of each shard, plus total
+
+    @property
+    def experiment(self) -> str:
+        return str(self.manifest.get("experiment"))
+
+    @property
+    def content_id(self) -> str:
+        """Identifies the records' contents (settings fingerprint and shard list): unlike the
+        manifest's hash it survives a re-run harvest that rewrote the manifest only."""
+        payload = {
+            "fingerprint": self.manifest.get("fingerprint"),
+            "shards": self.manifest["shards"],
+        }
+        text = json.dumps(payload, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def d(self) -> int:
+        return int(self.manifest["hidden"]["d"])
+
+    @property
+    def has_companion(self) -> bool:
+        """SV's S and A are set (the harvest ran with a companion)."""
+        if not self.manifest.get("companion"):
+            return False
+        return "S" not in self.frame or bool(self.frame["S"].notna().all())
+
+    def rows_of(self, split: str | None) -> np.ndarray:
+        """Global row indices of one split (the split is a hash of the prompt id), or all."""
+        if split is None:
+            return np.arange(len(self.frame))
+        return np.flatnonzero(self.frame["split"].to_numpy() == split)
+
+    def hidden(self, rows: np.ndarray) -> np.ndarray:
+        """float16 (len(rows), d) hidden states of the given global rows, in that order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), self.d), dtype=HIDDEN_DTYPE)
+        shard_of = np.searchsorted(self.shard_offsets, rows, side="right") - 1
+        for s in np.unique(shard_of):
+            where = np.flatnonzero(shard_of == s)
+            mapped = np.load(
+                shard_files(self.records_dir, self.shard_names[s])["hidden"], mmap_mode="r"
+            )
+            local = rows[where] - self.shard_offsets[s]
+            order = np.argsort(local, kind="stable")  # sorted reads from the map are faster
+            out[where[order]] = mapped[local[order]]
+        return out
+
+
+def records_dir_of(experiment_dir: str | Path) -> Path:
+    return Path(experiment_dir) / "records"
+
+
+def open_records(
+    experiment_dir: str | Path, columns: list[str] | None = None, stage: str = "this stage"
+) -> RecordSet:
+    """Load the named columns of every shard in the manifest; fail naming stage=harvest."""
+    experiment_dir = Path(experiment_dir)
+    records_dir = records_dir_of(experiment_dir)
+    hint = HARVEST_HINT.format(exp=experiment_dir.name)
+    if not records_dir.is_dir():
+        raise MissingInputError(
+            f"{stage} needs the records folder {records_dir}, which does not exist: {hint}"
+        )
+    manifest_path = records_dir / "manifest.json"
+    if not manifest_path.exists():
+        raise MissingInputError(
+            f"{stage} needs {manifest_path}: the record set is incomplete (stage=harvest writes "
+            f"the manifest last); finish it with the same stage=harvest command ({hint})"
+        )
+    manifest = read_json(manifest_path)
+    names = [s["name"] for s in manifest["shards"]]
+    for name in names:
+        for kind, path in shard_files(records_dir, name).items():
+            if kind != "sequences" and not path.exists():
+                raise MissingInputError(
+                    f"{stage}: shard file {path} listed in the manifest is missing; rerun "
+                    f"stage=harvest ({hint})"
+                )
+    table = read_records(records_dir, names, columns=columns)
+    frame = table.to_pandas()
+    rows = [int(s["rows"]) for s in manifest["shards"]]
+    if sum(rows) != len(frame):
+        raise ValueError(
+            f"{records_dir}: the manifest counts {sum(rows)} records, the shards hold "
+            f"{len(frame)}; rerun stage=harvest"
+        )
+    return RecordSet(
+        records_dir=records_dir,
+        manifest=manifest,
+        manifest_hash=file_sha256(manifest_path)[:16],
+        frame=frame,
+        shard_names=names,
+        shard_offsets=np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
+    )

@@ -1,0 +1,159 @@
+"""SV's acceptance table P(accept | S, A) (SV §4.2, App. D.8) and the lookup the decoder calls.
+
+S = sum_v min(P_d(v), P_c(v)) and A = min(1, P_c(x)/P_d(x)) come from a companion model;
+each (S, A) cell holds the mean of X = min(1, p(x)/q(x)), the target's acceptance
+probability of the drafted token, over the records that fall in it. Equal-width grids cover
+[0, 1]^2; the adaptive grid puts its edges at quantiles of S and of A, so cells are smaller
+where records are dense. A cell with fewer than `min_count` records takes the pooled mean
+of its neighbourhood (radius 1, then 2), else the global mean: a lookup never returns NaN.
+
+    table = SVTable.load("artifacts/<exp>/tables/sv_table.json")   # the default binning
+    table.lookup(S, A)                                               # -> P(accept)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sprinter_train.io import read_json
+from sprinter_train.recordset import MissingInputError
+
+MAX_RADIUS = 2
+
+
+@dataclass(frozen=True)
+class Binning:
+    """Cell edges over S (rows) and A (columns); outer edges are 0 and 1."""
+
+    name: str
+    s_edges: np.ndarray
+    a_edges: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.s_edges) - 1, len(self.a_edges) - 1
+
+    @classmethod
+    def equal_width(cls, n: int) -> Binning:
+        edges = np.linspace(0.0, 1.0, int(n) + 1)
+        return cls(f"{n}x{n}", edges, edges.copy())
+
+    @classmethod
+    def adaptive(cls, S: np.ndarray, A: np.ndarray, n_s: int, n_a: int) -> Binning:
+        """Edges at quantiles of the data (repeated quantiles, e.g. A's mass at 1, merge)."""
+        return cls("adaptive", quantile_edges(S, n_s), quantile_edges(A, n_a))
+
+    def cells(self, S: np.ndarray, A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(i, j) cell of each point: bin i holds s_edges[i] <= S < s_edges[i+1]."""
+        n_s, n_a = self.shape
+        i = np.searchsorted(self.s_edges[1:-1], np.asarray(S, dtype=np.float64), side="right")
+        j = np.searchsorted(self.a_edges[1:-1], np.asarray(A, dtype=np.float64), side="right")
+        return np.clip(i, 0, n_s - 1), np.clip(j, 0, n_a - 1)
+
+    def flat(self, S: np.ndarray, A: np.ndarray) -> np.ndarray:
+        i, j = self.cells(S, A)
+        return i * self.shape[1] + j
+
+
+def quantile_edges(values: np.ndarray, n: int) -> np.ndarray:
+    """0, the distinct interior quantiles inside (0, 1], then 1."""
+    values = np.asarray(values, dtype=np.float64)
+    inner = np.quantile(values, np.linspace(0, 1, int(n) + 1)[1:-1]) if len(values) else []
+    inner = np.unique(np.asarray(inner))
+    inner = inner[(inner > 0.0) & (inner <= 1.0)]
+    return np.concatenate([[0.0], inner, [1.0]])
+
+
+def fill_sparse(
+    counts: np.ndarray, sums: np.ndarray, min_count: int, global_mean: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """P(accept) per cell and where it came from: 'bin', 'radius1', 'radius2' or 'global'."""
+    n_s, n_a = counts.shape
+    value = np.full(counts.shape, global_mean, dtype=np.float64)
+    source = np.full(counts.shape, "global", dtype=object)
+    for i in range(n_s):
+        for j in range(n_a):
+            for radius in range(MAX_RADIUS + 1):
+                window = (
+                    slice(max(i - radius, 0), i + radius + 1),
+                    slice(max(j - radius, 0), j + radius + 1),
+                )
+                pooled = counts[window].sum()
+                if pooled >= max(min_count, 1):
+                    value[i, j] = sums[window].sum() / pooled
+                    source[i, j] = "bin" if radius == 0 else f"radius{radius}"
+                    break
+    return value, source
+
+
+def fit_binning(
+    binning: Binning, S: np.ndarray, A: np.ndarray, x: np.ndarray, min_count: int
+) -> dict[str, Any]:
+    """Counts, raw cell means (None where empty) and the filled P(accept) table."""
+    n_s, n_a = binning.shape
+    flat = binning.flat(S, A)
+    counts = np.bincount(flat, minlength=n_s * n_a).reshape(n_s, n_a)
+    sums = np.bincount(flat, weights=x, minlength=n_s * n_a).reshape(n_s, n_a)
+    global_mean = float(np.mean(x)) if len(x) else 0.0
+    value, source = fill_sparse(counts, sums, min_count, global_mean)
+    raw = [
+        [None if c == 0 else float(s / c) for c, s in zip(cr, sr, strict=True)]
+        for cr, sr in zip(counts, sums, strict=True)
+    ]
+    return {
+        "s_edges": binning.s_edges.tolist(),
+        "a_edges": binning.a_edges.tolist(),
+        "shape": [n_s, n_a],
+        "cells": n_s * n_a,
+        "occupied": int((counts > 0).sum()),
+        "counts": counts.tolist(),
+        "mean_accept_raw": raw,
+        "p_accept": value.tolist(),
+        "source": source.tolist(),
+        "filled_cells": int((source != "bin").sum()),
+    }
+
+
+@dataclass
+class SVTable:
+    """A fitted table: P(accept | S, A) by cell lookup."""
+
+    binning: Binning
+    p_accept: np.ndarray
+    counts: np.ndarray
+    meta: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any], binning: str | None = None) -> SVTable:
+        name = binning or payload["default"]
+        if name not in payload["binnings"]:
+            raise KeyError(f"no binning {name!r}; the table has {', '.join(payload['binnings'])}")
+        entry = payload["binnings"][name]
+        edges = Binning(name, np.asarray(entry["s_edges"]), np.asarray(entry["a_edges"]))
+        return cls(
+            edges,
+            np.asarray(entry["p_accept"], dtype=np.float64),
+            np.asarray(entry["counts"]),
+            payload,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path, binning: str | None = None) -> SVTable:
+        """Load a table written by stage=tables; a missing file names that stage."""
+        path = Path(path)
+        if not path.exists():
+            raise MissingInputError(
+                f"SV table {path} does not exist: make it with `python -m sprinter_train "
+                f"stage=tables experiment={path.parent.parent.name}`"
+            )
+        return cls.from_json(read_json(path), binning)
+
+    def lookup(self, S: float | np.ndarray, A: float | np.ndarray) -> float | np.ndarray:
+        """P(accept) for the cell of (S, A); scalars in, a float out."""
+        i, j = self.binning.cells(S, A)
+        out = self.p_accept[i, j]
+        return float(out) if np.ndim(out) == 0 else out

@@ -1,0 +1,1 @@
+"""SPRINTER's verifier: records -> Lightning training -> exported linear+sigmoid checkpoints."""

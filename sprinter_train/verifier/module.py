@@ -1,0 +1,99 @@
+"""The LightningModule: SPRINTER §3.2's Linear(d, 1) + sigmoid, BCE, Adam.
+
+Inputs are standardised with the train split's statistics (buffers, so they travel with the
+state dict across DDP ranks); `folded()` returns the equivalent weights on raw features,
+which is what gets exported.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+
+
+class VerifierModule(pl.LightningModule):
+    def __init__(
+        self,
+        d_in: int,
+        lr: float = 1e-2,
+        weight_decay: float = 0.0,
+        plateau_factor: float = 0.2,
+        plateau_patience: int = 1,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.linear = torch.nn.Linear(d_in, 1)
+        self.register_buffer("mean", torch.zeros(d_in))
+        self.register_buffer("scale", torch.ones(d_in))
+        # where the best validation loss was seen: buffers come back from DDP ranks
+        self.register_buffer("best_val_loss", torch.tensor(float("inf")))
+        self.register_buffer("best_epoch", torch.tensor(-1))
+        self.register_buffer("epochs_run", torch.tensor(0))
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None and getattr(datamodule, "mean", None) is not None:
+            self.mean.copy_(datamodule.mean)
+            self.scale.copy_(datamodule.scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of P(q/p <= λ)."""
+        return self.linear((x - self.mean) / self.scale).squeeze(-1)
+
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return F.binary_cross_entropy_with_logits(self(x), y)  # = BCE(sigmoid(logit), y)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, batch_size=len(batch[1]))
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        loss = self._loss(batch)
+        self.log("val_loss", loss, on_epoch=True, sync_dist=True, batch_size=len(batch[1]))
+
+    def configure_optimizers(self) -> dict:
+        """Adam; the lr shrinks when the val loss stalls (a large lr gets close fast, a small
+        one settles: one million records converge in a handful of epochs)."""
+        optimizer = torch.optim.Adam(
+            self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay
+        )
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, factor=self.hparams.plateau_factor, patience=self.hparams.plateau_patience
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss", "interval": "epoch"},
+        }
+
+    def folded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w, b) with w·x + b equal to this module's logit on raw features x."""
+        weight = self.linear.weight.detach()[0] / self.scale
+        bias = self.linear.bias.detach()[0] - (weight * self.mean).sum()
+        return weight, bias.reshape(1)
+
+
+class KeepBest(pl.Callback):
+    """Remember the weights of the lowest validation loss and restore them at the end
+    (early stopping stops `patience` epochs after the best one)."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, torch.Tensor] | None = None
+
+    def on_validation_end(self, trainer: pl.Trainer, module: VerifierModule) -> None:
+        if trainer.sanity_checking or "val_loss" not in trainer.callback_metrics:
+            return
+        loss = float(trainer.callback_metrics["val_loss"])
+        module.epochs_run.fill_(trainer.current_epoch + 1)
+        if loss < float(module.best_val_loss):
+            module.best_val_loss.fill_(loss)
+            module.best_epoch.fill_(trainer.current_epoch)
+            self.state = copy.deepcopy(module.linear.state_dict())
+
+    def on_train_end(self, trainer: pl.Trainer, module: VerifierModule) -> None:
+        if self.state is not None:
+            module.linear.load_state_dict(self.state)

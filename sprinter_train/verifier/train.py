@@ -1,0 +1,223 @@
+"""Fit one verifier at one λ under a Lightning Trainer and export it with its sidecar."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import EarlyStopping
+from pytorch_lightning.loggers import CSVLogger, Logger
+from pytorch_lightning.strategies import DDPStrategy
+
+from sprinter_train.evaluation.classification import auc
+from sprinter_train.harvest.manifest import code_version
+from sprinter_train.models.loading import describe_spec
+from sprinter_train.recordset import RecordSet
+from sprinter_train.runtime import resolve_device
+from sprinter_train.verifier.checkpoint import (
+    LinearVerifier,
+    VerifierCheckpoint,
+    lam_name,
+    save_verifier,
+    verifier_path,
+)
+from sprinter_train.verifier.data import VerifierDataModule, labels_at, split_features
+from sprinter_train.verifier.features import DraftEmbedder, FeatureSpec
+from sprinter_train.verifier.module import KeepBest, VerifierModule
+
+log = logging.getLogger(__name__)
+
+
+def make_embedder(cfg: DictConfig, spec: FeatureSpec, records: RecordSet) -> DraftEmbedder | None:
+    """The draft's token embedding, only when asked for; it must be the harvest's draft."""
+    if "token_embedding" not in spec.names:
+        return None
+    draft: dict[str, Any] = OmegaConf.to_container(cfg.models.draft, resolve=True)  # type: ignore[assignment]
+    harvested = records.manifest.get("models", {}).get("draft", {}).get("id")
+    if harvested and harvested != describe_spec(draft):
+        raise ValueError(
+            f"the token_embedding feature needs the harvest's draft {harvested}, but "
+            f"models.draft is {describe_spec(draft)}"
+        )
+    return DraftEmbedder(draft, cfg.models.get("cache_dir"))
+
+
+def make_strategy(tcfg: DictConfig, accelerator: str) -> Any:
+    """Single process unless train.devices > 1 or train.strategy=ddp (spawned processes)."""
+    if tcfg.strategy not in ("auto", "ddp"):
+        raise ValueError(f"train.strategy must be auto or ddp, got {tcfg.strategy!r}")
+    if tcfg.strategy == "ddp" or tcfg.devices != 1 or int(tcfg.num_nodes) > 1:
+        return DDPStrategy(
+            start_method=tcfg.start_method,
+            process_group_backend="gloo" if accelerator == "cpu" else None,
+        )
+    return "auto"
+
+
+def make_loggers(cfg: DictConfig, save_dir: Path, name: str) -> list[Logger]:
+    """CSV always; wandb (offline unless logger.wandb.mode says otherwise) when enabled."""
+    loggers: list[Logger] = [CSVLogger(save_dir=str(save_dir), name=name, version="")]
+    wcfg = cfg.logger.get("wandb") or {}
+    if wcfg.get("enabled"):
+        from pytorch_lightning.loggers import WandbLogger
+
+        loggers.append(
+            WandbLogger(
+                project=wcfg.get("project", "sprinter_train"),
+                name=f"{cfg.experiment}-{name}",
+                save_dir=str(save_dir),
+                offline=wcfg.get("mode", "offline") == "offline",
+            )
+        )
+    return loggers
+
+
+def class_balance(records: RecordSet, lam: float) -> dict[str, Any]:
+    """Fraction of acceptable tokens (q/p <= λ) per split: the label's base rate."""
+    ratio = records.frame["ratio"].to_numpy()
+    split = records.frame["split"].to_numpy()
+    out: dict[str, Any] = {}
+    for name in ("train", "val", "test"):
+        labels = labels_at(ratio[split == name], lam)
+        out[name] = {
+            "rows": int(len(labels)),
+            "positive_fraction": float(labels.mean()) if len(labels) else None,
+        }
+    return out
+
+
+def split_metrics(
+    verifier: VerifierCheckpoint | LinearVerifier,
+    records: RecordSet,
+    spec: FeatureSpec,
+    lam: float,
+    embedder: DraftEmbedder | None,
+) -> dict[str, Any]:
+    """AUC against the training label (q/p <= λ) and against q/p <= 1, and BCE, per split."""
+    model = verifier.model if isinstance(verifier, VerifierCheckpoint) else verifier
+    out: dict[str, Any] = {}
+    for split in ("val", "test"):
+        features, rows = split_features(records, split, spec, embedder)
+        if len(rows) == 0:
+            out[split] = None
+            continue
+        with torch.no_grad():
+            logits = model.logits(features.batch())
+        ratio = records.frame["ratio"].to_numpy()[rows]
+        y = labels_at(ratio, lam)
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(y))
+        score = torch.sigmoid(logits).numpy()
+        out[split] = {
+            "rows": int(len(rows)),
+            "bce": float(bce),
+            "auc_label_lam": auc(y, score),
+            "auc_q_le_p": auc(labels_at(ratio, 1.0), score),
+        }
+    return out
+
+
+def train_verifier(cfg: DictConfig, records: RecordSet, lam: float) -> dict[str, Any]:
+    """Train, restore the best epoch, export `verifier-lam<λ>` and return its metrics."""
+    tcfg = cfg.train
+    spec = FeatureSpec.from_names(list(tcfg.features))
+    embedder = make_embedder(cfg, spec, records)
+    name = f"lam{lam_name(lam)}"
+    start = time.perf_counter()
+    pl.seed_everything(int(tcfg.seed), workers=False, verbose=False)
+    datamodule = VerifierDataModule(
+        records, spec, lam, int(tcfg.batch_size), int(tcfg.seed), embedder
+    )
+    layout = spec.layout(records.d, embedder.dim if embedder else None)
+    d_in = sum(block["width"] for block in layout)
+    module = VerifierModule(
+        d_in,
+        lr=float(tcfg.lr),
+        weight_decay=float(tcfg.weight_decay),
+        plateau_factor=float(tcfg.plateau_factor),
+        plateau_patience=int(tcfg.plateau_patience),
+    )
+    accelerator = resolve_device(cfg.device).type
+    log_dir = Path(cfg.experiment_dir) / "train"
+    loggers = make_loggers(cfg, log_dir, name)
+    trainer = pl.Trainer(
+        accelerator=accelerator,
+        devices=tcfg.devices,
+        num_nodes=int(tcfg.num_nodes),
+        strategy=make_strategy(tcfg, accelerator),
+        max_epochs=int(tcfg.max_epochs),
+        callbacks=[
+            EarlyStopping("val_loss", patience=int(tcfg.patience), min_delta=float(tcfg.min_delta)),
+            KeepBest(),
+        ],
+        logger=loggers,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=bool(tcfg.progress_bar),
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        log_every_n_steps=int(tcfg.log_every_n_steps),
+        default_root_dir=str(log_dir),
+    )
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        if len(loggers) > 1:  # wandb: close the run even when training failed
+            import wandb
+
+            wandb.finish()
+    fit_seconds = time.perf_counter() - start
+    weight, bias = module.folded()
+    verifier = LinearVerifier(d_in)
+    verifier.linear.weight.data.copy_(weight[None])
+    verifier.linear.bias.data.copy_(bias)
+    metrics = {
+        "best_val_loss": float(module.best_val_loss),
+        "best_epoch": int(module.best_epoch),
+        "epochs_run": int(module.epochs_run),
+        "fit_seconds": fit_seconds,
+        "world_size": trainer.world_size,
+        **split_metrics(verifier.eval(), records, spec, lam, embedder),
+    }
+    balance = class_balance(records, lam)
+    draft = records.manifest.get("models", {}).get("draft", {})
+    meta = {
+        "stage": "train",
+        "experiment": str(cfg.experiment),
+        "lam": float(lam),
+        "tau_default": float(tcfg.tau),
+        "features": {"names": list(spec.names), "layout": layout, "d_in": d_in},
+        "standardisation": "folded into weight and bias: apply to raw features",
+        "hidden_layer": records.manifest["hidden"]["layer"],
+        "d": records.d,
+        "draft_model": draft.get("id"),
+        "draft_model_files": draft.get("files"),
+        "records": {
+            "dir": str(records.records_dir),
+            "manifest_sha256": records.manifest_hash,
+            "content_id": records.content_id,
+            "fingerprint": records.manifest.get("fingerprint"),
+        },
+        "sampling": records.manifest.get("sampling"),
+        "class_balance": balance,
+        "metrics": metrics,
+        "train_config": OmegaConf.to_container(tcfg, resolve=True),
+        "code_version": code_version(),
+        "logs": str(log_dir / name),
+    }
+    path = save_verifier(verifier_path(cfg.checkpoint_dir, lam), weight, bias, meta)
+    log.info(
+        "verifier λ=%s: val AUC %.3f (q/p<=1: %s), positives %.3f, %d epochs, %.1f s -> %s",
+        lam_name(lam),
+        (metrics["val"] or {}).get("auc_label_lam") or float("nan"),
+        (metrics["val"] or {}).get("auc_q_le_p"),
+        balance["train"]["positive_fraction"] or float("nan"),
+        metrics["epochs_run"],
+        fit_seconds,
+        path,
+    )
+    return {"checkpoint": str(path), "lam": float(lam), "class_balance": balance, **metrics}

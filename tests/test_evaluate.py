@@ -1,0 +1,229 @@
+"""stage=evaluate: metric code against brute force, the chained tiny pipeline, transfer, errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from sprinter_train.__main__ import run_stage
+from sprinter_train.evaluation.classification import auc, brier, ece, eta_rates
+from sprinter_train.evaluation.predictors import adaedl_bound, sampled_acceptance, svip_score
+from sprinter_train.io import read_json
+from sprinter_train.recordset import MissingInputError
+from sprinter_train.synthetic import write_synthetic_records
+from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+# 16 tiny-model prompts, 8 records each; a quarter of the prompts each in val and test
+TINY = (
+    "models=tiny_random",
+    "device=cpu",
+    "num_threads=1",
+    "data.num_prompts=16",
+    "data.max_prompt_tokens=48",
+    "data.val_fraction=0.25",
+    "data.test_fraction=0.25",
+    "harvest.continuation_tokens=8",
+    "harvest.batch_size=8",
+    "train.batch_size=64",
+    "tables.min_count=5",
+)
+REPORT_AUC_KEYS = {
+    "verifier_lam1",
+    "verifier_lam1.2",
+    "verifier_lam1.5",
+    "sv_table",
+    "svip_entropy",
+    "adaedl_bound",
+    "draft_q",
+}
+
+
+def compose_at(root: Path, *overrides: str):
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return compose(
+                config_name="config",
+                overrides=[
+                    f"artifacts_root={root / 'artifacts'}",
+                    f"checkpoints_root={root / 'checkpoints'}",
+                    *TINY,
+                    *overrides,
+                ],
+            )
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def brute_auc(y: np.ndarray, s: np.ndarray) -> float:
+    """P(score of a positive > score of a negative), ties counting one half."""
+    pos, neg = s[y == 1], s[y == 0]
+    wins = sum((a > b) + 0.5 * (a == b) for a, b in itertools.product(pos, neg))
+    return wins / (len(pos) * len(neg))
+
+
+def brute_ece(y: np.ndarray, prob: np.ndarray, bins: int) -> float:
+    total = 0.0
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        inside = [
+            (yy, pp)
+            for yy, pp in zip(y, prob, strict=True)
+            if lo <= pp < hi or (b == bins - 1 and pp == 1.0)
+        ]
+        if inside:
+            rate = sum(yy for yy, _ in inside) / len(inside)
+            conf = sum(pp for _, pp in inside) / len(inside)
+            total += len(inside) / len(y) * abs(rate - conf)
+    return total
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auc_ece_brier_agree_with_brute_force(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, 40)
+    s = np.round(rng.random(40), 1)  # coarse scores: ties on purpose
+    assert auc(y, s) == pytest.approx(brute_auc(y, s))
+    assert ece(y, s, 10) == pytest.approx(brute_ece(y, s, 10))
+    assert ece(y, s, 4) == pytest.approx(brute_ece(y, s, 4))
+    assert brier(y, s) == pytest.approx(np.mean([(a - b) ** 2 for a, b in zip(s, y, strict=True)]))
+    assert auc(np.ones(5), s[:5]) is None  # one class: undefined, not a number
+
+
+def test_eta_rates_and_baseline_scores() -> None:
+    y = np.array([1, 1, 1, 0, 0])
+    s = np.array([0.9, 0.6, 0.2, 0.7, 0.1])
+    assert eta_rates(y, s, 0.5) == {"eta_TP": pytest.approx(2 / 3), "eta_FP": pytest.approx(0.5)}
+    h = np.array([0.0, 1.0, 4.0])
+    assert svip_score(h).tolist() == pytest.approx([1.0, 1 - np.sqrt(0.15), 1 - np.sqrt(0.6)])
+    assert adaedl_bound(h, 0.5)[2] == pytest.approx(1 - np.sqrt(2.0))  # not clipped: ranks stay
+    event = sampled_acceptance(np.full(100_000, 0.3), seed=1)
+    assert event.mean() == pytest.approx(0.3, abs=0.006)
+    assert (sampled_acceptance(np.ones(10), 0)).all() and not sampled_acceptance(
+        np.zeros(10), 0
+    ).any()
+
+
+@pytest.fixture(scope="module")
+def chained(tmp_path_factory) -> dict:
+    """harvest -> train (λ sweep) -> tables -> evaluate on tiny models, through stage=all."""
+    root = tmp_path_factory.mktemp("chain")
+    cfg = compose_at(root, "stage=all", "experiment=chat")
+    result = run_stage(cfg)
+    return {"root": root, "cfg": cfg, "result": result}
+
+
+def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
+    cfg, result = chained["cfg"], chained["result"]
+    assert result["harvest"]["records"] == 16 * 8
+    assert set(result["train"]) == {"verifier_lam1", "verifier_lam1.2", "verifier_lam1.5"}
+    assert result["bench"] == {"skipped": "stage=bench is not built yet"}
+    eval_dir = Path(cfg.experiment_dir) / "eval"
+    report = read_json(eval_dir / "report.json")
+    assert set(report["auc"]) == REPORT_AUC_KEYS
+    for key in ("info_gain_bits", "entropy_accepted", "entropy_rejected", "theorem_checks"):
+        assert report[key] is not None, key
+    assert all(0 <= v <= 1 for v in report["auc"].values() if v is not None)
+    assert set(report["theorem_checks"]) == {"verifier_lam1", "verifier_lam1.2", "verifier_lam1.5"}
+    check = report["theorem_checks"]["verifier_lam1.2"]
+    assert {"theorem_3_1", "theorem_A_4", "theorem_3_3"} <= set(check)
+    assert set(report["eta"]["draft_q"]) == {"0.3", "0.5", "0.7"}
+    manifest = read_json(Path(cfg.experiment_dir) / "records" / "manifest.json")
+    assert report["rows"] == manifest["counts"]["by_split"]["test"] > 0
+    text = (eval_dir / "report.md").read_text()
+    assert "verifier_lam1.2" in text and "Theorem A.4" in text and "SVIP" in text
+    for name in (
+        "roc_per_lambda",
+        "roc_predictors",
+        "reliability",
+        "sv_table_calibration",
+        "sv_table",
+    ):
+        assert (eval_dir / f"{name}.png").stat().st_size > 1000, name
+    json.dumps(report, allow_nan=False)  # strict JSON: no NaN or Infinity
+    assert report["notes"] == []  # verifiers and table come from this very record set
+    assert all(v["trained_on_this_record_set"] for v in report["inputs"]["verifiers"].values())
+
+
+def test_evaluate_scores_the_same_rows_as_the_exported_verifier(chained) -> None:
+    """report AUC = AUC of the checkpoint's own scores on the test rows (no hidden re-ordering)."""
+    from sprinter_train.recordset import open_records
+    from sprinter_train.verifier.data import split_features
+
+    cfg = chained["cfg"]
+    records = open_records(cfg.experiment_dir)
+    checkpoint = load_verifier(verifier_path(cfg.checkpoint_dir, 1.5))
+    features, rows = split_features(records, "test", checkpoint.spec)
+    y = records.frame["ratio"].to_numpy()[rows] <= 1.0
+    report = read_json(Path(cfg.experiment_dir) / "eval" / "report.json")
+    assert report["auc"]["verifier_lam1.5"] == pytest.approx(
+        auc(y, checkpoint.score(features.batch()))
+    )
+
+
+def test_transfer_between_two_tiny_experiments(chained) -> None:
+    """SPRINTER Table 4: verifiers of one dataset scored on another's test records, both ways."""
+    root = chained["root"]
+    code = compose_at(root, "stage=all", "experiment=code", "data=humaneval")
+    run_stage(code)
+    forward = run_stage(
+        compose_at(root, "stage=evaluate", "experiment=chat", "evaluate.transfer=[code]")
+    )
+    assert forward["auc"]  # the stage's own summary
+    report = read_json(Path(chained["cfg"].experiment_dir) / "eval" / "report.json")
+    assert set(report["transfer"]["code"]["auc"]) == {
+        "verifier_lam1",
+        "verifier_lam1.2",
+        "verifier_lam1.5",
+    }
+    assert report["transfer"]["code"]["rows"] > 0
+    run_stage(compose_at(root, "stage=evaluate", "experiment=code", "evaluate.transfer=[chat]"))
+    reverse = read_json(Path(code.experiment_dir) / "eval" / "report.json")
+    assert reverse["transfer"]["chat"]["rows"] == report["rows"]
+    with pytest.raises(MissingInputError, match="stage=harvest"):
+        run_stage(
+            compose_at(root, "stage=evaluate", "experiment=chat", "evaluate.transfer=[missing]")
+        )
+
+
+def test_token_embedding_feature_reads_the_drafts_embedding(chained) -> None:
+    cfg = compose_at(
+        chained["root"],
+        "stage=train",
+        "experiment=chat",
+        "train.lam=1.2",
+        "train.features=[hidden,token_embedding]",
+        "checkpoints_root=" + str(chained["root"] / "ablation"),
+    )
+    result = run_stage(cfg)["verifier_lam1.2"]
+    meta = load_verifier(result["checkpoint"]).meta
+    assert meta["features"]["layout"] == [
+        {"name": "hidden", "width": 64},
+        {"name": "token_embedding", "width": 64},
+    ]
+
+
+def test_missing_inputs_name_the_stage_that_makes_them(tmp_path, chained) -> None:
+    with pytest.raises(MissingInputError, match="stage=harvest"):
+        run_stage(compose_at(tmp_path, "stage=evaluate", "experiment=none"))
+    # records exist but no verifiers
+    exp = tmp_path / "artifacts" / "syn"
+    write_synthetic_records(exp, rows=2048, d=8, shard_rows=1024)
+    with pytest.raises(MissingInputError, match=r"stage=train experiment=syn train.lam=1\b"):
+        run_stage(compose_at(tmp_path, "stage=evaluate", "experiment=syn"))
+    # verifiers but no table, on records with a companion
+    run_stage(compose_at(tmp_path, "stage=train", "experiment=syn"))
+    with pytest.raises(MissingInputError, match="stage=tables experiment=syn"):
+        run_stage(compose_at(tmp_path, "stage=evaluate", "experiment=syn"))
+    run_stage(compose_at(tmp_path, "stage=tables", "experiment=syn"))
+    report = run_stage(compose_at(tmp_path, "stage=evaluate", "experiment=syn"))
+    # the planted direction makes the verifiers strong; the synthetic A informs the table
+    assert report["auc"]["verifier_lam1"] > 0.9 and report["auc"]["sv_table"] > 0.7
+    assert report["entropy_rejected"] > report["entropy_accepted"]
