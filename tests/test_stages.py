@@ -74,6 +74,12 @@ def test_draft_eval_writes_the_documented_keys(compose_cfg, tmp_path: Path) -> N
         )
         assert saved["implied_speedup"][str(gamma)] == pytest.approx(expected)
     assert saved["best_gamma"] == max(result["implied_speedup"], key=result["implied_speedup"].get)
+    best = result["implied_speedup"][result["best_gamma"]]
+    assert saved["targets_met"] == {
+        "alpha": result["alpha"] >= 0.45,
+        "c": result["c"] <= 0.12,
+        "implied_speedup": best >= 1.2,
+    }
 
 
 def test_a_tokenizer_mismatch_stops_draft_eval_before_any_work(compose_cfg) -> None:

@@ -147,6 +147,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         g: implied_speedup(alpha, g, latency["c"], latency["verify_cost"][g]) for g in gammas
     }
     best = max(speedup, key=speedup.get)
+    targets = OmegaConf.to_container(ecfg.get("targets") or {})
+    values = headline(alpha, latency["c"], speedup[best])
+    met = {name: meets(name, values[name], goal) for name, goal in targets.items()}
     result = {
         "draft": draft.name,
         "target": target.name,
@@ -159,6 +162,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         **latency,
         "implied_speedup": speedup,
         "best_gamma": best,
+        "targets": targets,
+        "targets_met": met,
         "device": str(device),
         "threads": torch.get_num_threads(),
     }
@@ -171,6 +176,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         )
     log.info("wrote %s", out)
     return result
+
+
+def headline(alpha: float, c: float, best_speedup: float) -> dict[str, float]:
+    """The three figures the draft is judged by."""
+    return {"alpha": alpha, "c": c, "implied_speedup": best_speedup}
+
+
+def meets(name: str, value: float, goal: float) -> bool:
+    """c is a cost (lower is better); alpha and speedup are gains."""
+    return value <= goal if name == "c" else value >= goal
 
 
 CARD_BEGIN, CARD_END = "<!-- draft_eval:begin -->", "<!-- draft_eval:end -->"
@@ -214,4 +229,9 @@ def format_table(result: dict[str, Any]) -> str:
         f"best gamma {result['best_gamma']}: implied speedup "
         f"{result['implied_speedup'][result['best_gamma']]:.3f}"
     )
+    values = headline(result["alpha"], result["c"], result["implied_speedup"][result["best_gamma"]])
+    for name, goal in result.get("targets", {}).items():
+        sign = "<=" if name == "c" else ">="
+        verdict = "met" if result["targets_met"][name] else "NOT met"
+        lines.append(f"target {name} {sign} {goal}: {verdict} ({values[name]:.3f})")
     return "\n".join(lines)
