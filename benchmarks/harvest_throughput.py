@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from sprinter_train.config import compose_config
 from sprinter_train.data.prompts import load_prompts
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.driver import HarvestOptions, harvest_prompts, max_context
@@ -33,8 +33,6 @@ from sprinter_train.harvest.records import pad_right
 from sprinter_train.harvest.shards import plan_shards, write_shard
 from sprinter_train.runtime import resolve_device, resolve_dtype, set_threads, synchronize
 from sprinter_train.sampling import SamplingConfig
-
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 @torch.no_grad()
@@ -96,16 +94,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (key=value)")
     args = parser.parse_args()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(
-            config_name="config",
-            overrides=[
-                "stage=harvest",
-                f"models={args.models}",
-                f"data.num_prompts={args.prompts}",
-                *args.overrides,
-            ],
-        )
+    cfg = compose_config(
+        "stage=harvest",
+        f"models={args.models}",
+        f"data.num_prompts={args.prompts}",
+        *args.overrides,
+    )
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)

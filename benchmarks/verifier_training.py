@@ -18,14 +18,11 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
+from sprinter_train.config import compose_config
 from sprinter_train.recordset import open_records
 from sprinter_train.synthetic import write_synthetic_records
 from sprinter_train.verifier.train import train_verifier
-
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def main() -> None:
@@ -47,19 +44,14 @@ def main() -> None:
         write_synthetic_records(exp_dir, rows=args.rows, d=args.d)
     print(f"records ready in {time.perf_counter() - start:.1f} s: {exp_dir}")
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(
-            config_name="config",
-            overrides=[
-                "stage=train",
-                f"experiment={experiment}",
-                f"artifacts_root={args.dir / 'artifacts'}",
-                f"checkpoints_root={args.dir / 'checkpoints'}",
-                "device=cpu",
-                *args.overrides,
-            ],
-        )
+    cfg = compose_config(
+        "stage=train",
+        f"experiment={experiment}",
+        f"artifacts_root={args.dir / 'artifacts'}",
+        f"checkpoints_root={args.dir / 'checkpoints'}",
+        "device=cpu",
+        *args.overrides,
+    )
     start = time.perf_counter()
     records = open_records(cfg.experiment_dir, columns=["split", "ratio"])
     print(f"record columns read in {time.perf_counter() - start:.1f} s ({len(records.frame)} rows)")

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+from sprinter_train.config import compose_config
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,12 +41,6 @@ def compose_cfg(tmp_path: Path):
     """Compose conf/config.yaml with overrides, artifacts under tmp_path, on CPU."""
 
     def _compose(*overrides: str):
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            return compose(
-                config_name="config",
-                overrides=[f"artifacts_root={tmp_path / 'artifacts'}", "device=cpu", *overrides],
-            )
+        return compose_config(f"artifacts_root={tmp_path / 'artifacts'}", "device=cpu", *overrides)
 
-    yield _compose
-    GlobalHydra.instance().clear()
+    return _compose

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from sprinter_train.__main__ import run_stage
+from sprinter_train.config import compose_config
 from sprinter_train.evaluation.classification import auc, brier, ece, eta_rates
 from sprinter_train.evaluation.predictors import adaedl_bound, sampled_acceptance, svip_score
 from sprinter_train.io import read_json
@@ -19,7 +18,6 @@ from sprinter_train.recordset import MissingInputError
 from sprinter_train.synthetic import write_synthetic_records
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 # 16 tiny-model prompts, 8 records each; a quarter of the prompts each in val and test
 TINY = (
     "models=tiny_random",
@@ -46,20 +44,12 @@ REPORT_AUC_KEYS = {
 
 
 def compose_at(root: Path, *overrides: str):
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            return compose(
-                config_name="config",
-                overrides=[
-                    f"artifacts_root={root / 'artifacts'}",
-                    f"checkpoints_root={root / 'checkpoints'}",
-                    *TINY,
-                    *overrides,
-                ],
-            )
-    finally:
-        GlobalHydra.instance().clear()
+    return compose_config(
+        f"artifacts_root={root / 'artifacts'}",
+        f"checkpoints_root={root / 'checkpoints'}",
+        *TINY,
+        *overrides,
+    )
 
 
 def brute_auc(y: np.ndarray, s: np.ndarray) -> float:

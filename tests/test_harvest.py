@@ -10,11 +10,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from sprinter_train.__main__ import run_stage
+from sprinter_train.config import compose_config
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.harvest import driver
 from sprinter_train.harvest.continuations import (
@@ -33,7 +32,6 @@ from sprinter_train.models.loading import TokenizerMismatchError
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.sampling import SamplingConfig, warp_probs
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 # 8 prompts, 6 records each, 3 prompts per shard (shards of 3, 3, 2), 2 sequences per forward
 TINY = (
     "stage=harvest",
@@ -48,14 +46,7 @@ TINY = (
 
 
 def compose_at(root: Path, *overrides: str):
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            return compose(
-                config_name="config", overrides=[f"artifacts_root={root}", *TINY, *overrides]
-            )
-    finally:
-        GlobalHydra.instance().clear()
+    return compose_config(f"artifacts_root={root}", *TINY, *overrides)
 
 
 def load_record_set(cfg) -> tuple[pd.DataFrame, np.ndarray, pd.DataFrame]:
