@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from sprinter_train.data.sharegpt import assistant_turns, conversation_key, iter_conversations
-from sprinter_train.data.split import split_of
+from sprinter_train.data.sharegpt import assistant_turns, iter_split_conversations
+from sprinter_train.data.split import split_settings
 from sprinter_train.io import load_npz, read_json, save_npz, write_json
 
 log = logging.getLogger(__name__)
@@ -36,9 +36,7 @@ def iter_token_stream(
     tokenizer: PreTrainedTokenizerBase, split: str, fractions: dict[str, float], max_user_chars: int
 ) -> Iterator[list[int]]:
     """Token ids of every exchange in `split` (fractions: seed, val_fraction, test_fraction)."""
-    for conversation in iter_conversations():
-        if split_of(conversation_key(conversation), **fractions) != split:
-            continue
+    for conversation in iter_split_conversations(split, fractions):
         for user, reply in assistant_turns(conversation):
             text = exchange_text(tokenizer, user, reply, max_user_chars)
             yield tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -99,15 +97,6 @@ def build_corpus(
         paths = paths[:shard]
     write_json(meta_path, {**meta, "shards": len(paths)})
     return paths
-
-
-def split_settings(data_cfg) -> dict[str, float]:
-    """The arguments of `split_of` from a data config, so every stage splits the same way."""
-    return {
-        "seed": int(data_cfg.get("seed", 0)),
-        "val_fraction": float(data_cfg.get("val_fraction", 0.1)),
-        "test_fraction": float(data_cfg.get("test_fraction", 0.1)),
-    }
 
 
 def token_frequencies(paths: list[Path], vocab_size: int) -> np.ndarray:

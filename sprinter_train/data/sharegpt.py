@@ -11,6 +11,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from sprinter_train.data.split import split_of
+
 _CHUNK = 1 << 20
 
 
@@ -71,6 +73,13 @@ def conversation_key(conversation: dict) -> str:
     so all chunks of one conversation land in the same split (no held-out leakage).
     """
     return str(conversation["id"]).split("_")[0]
+
+
+def iter_split_conversations(split: str, fractions: dict[str, float]) -> Iterator[dict]:
+    """Conversations whose key falls in `split` (fractions: see `split.split_settings`)."""
+    for conversation in iter_conversations():
+        if split_of(conversation_key(conversation), **fractions) == split:
+            yield conversation
 
 
 def first_user_turn(conversation: dict) -> str | None:

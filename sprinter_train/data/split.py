@@ -20,3 +20,12 @@ def split_of(
     if u < test_fraction + val_fraction:
         return "val"
     return "train"
+
+
+def split_settings(data_cfg) -> dict[str, float]:
+    """The arguments of `split_of` from a data config, so every stage splits the same way."""
+    return {
+        "seed": int(data_cfg.get("seed", 0)),
+        "val_fraction": float(data_cfg.get("val_fraction", 0.1)),
+        "test_fraction": float(data_cfg.get("test_fraction", 0.1)),
+    }

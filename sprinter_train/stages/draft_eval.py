@@ -17,9 +17,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from data_gen.distill_corpus import split_settings
-from sprinter_train.data.sharegpt import assistant_turns, conversation_key, iter_conversations
-from sprinter_train.data.split import split_of
+from sprinter_train.data.sharegpt import assistant_turns, iter_split_conversations
+from sprinter_train.data.split import split_settings
 from sprinter_train.io import atomic_write, write_json
 from sprinter_train.metrics import acceptance_alpha, implied_speedup
 from sprinter_train.models.cache import crop_cache
@@ -33,9 +32,7 @@ log = logging.getLogger(__name__)
 def heldout_exchanges(tokenizer, n: int, seq_len: int, data_cfg) -> list[tuple[list[int], int]]:
     """(token ids, index of the first assistant token) for test-split ShareGPT exchanges."""
     out: list[tuple[list[int], int]] = []
-    for conversation in iter_conversations():
-        if split_of(conversation_key(conversation), **split_settings(data_cfg)) != "test":
-            continue
+    for conversation in iter_split_conversations("test", split_settings(data_cfg)):
         user, reply = next(assistant_turns(conversation), (None, None))
         if reply is None:
             continue
