@@ -30,6 +30,7 @@ from sprinter_train.io import read_json
 from sprinter_train.metrics import entropy
 from sprinter_train.models.loading import TokenizerMismatchError
 from sprinter_train.models.tiny import build_tiny_model
+from sprinter_train.recordset import open_records
 from sprinter_train.sampling import SamplingConfig, warp_probs
 
 # 8 prompts, 6 records each, 3 prompts per shard (shards of 3, 3, 2), 2 sequences per forward
@@ -51,17 +52,15 @@ def compose_at(root: Path, *overrides: str):
 
 def load_record_set(cfg) -> tuple[pd.DataFrame, np.ndarray, pd.DataFrame]:
     """Records, hidden states and sequences of every shard the manifest lists, in order."""
-    records_dir = Path(cfg.experiment_dir) / "records"
-    names = [s["name"] for s in read_json(records_dir / "manifest.json")["shards"]]
-    records = pd.concat(
-        [pq.read_table(records_dir / f"{n}.parquet").to_pandas() for n in names], ignore_index=True
-    )
-    hidden = np.concatenate([np.load(records_dir / f"{n}.hidden.npy") for n in names])
+    records = open_records(cfg.experiment_dir)
     sequences = pd.concat(
-        [pq.read_table(records_dir / f"{n}.sequences.parquet").to_pandas() for n in names],
+        [
+            pq.read_table(records.records_dir / f"{n}.sequences.parquet").to_pandas()
+            for n in records.shard_names
+        ],
         ignore_index=True,
     )
-    return records, hidden, sequences
+    return records.frame, records.hidden(np.arange(len(records.frame))), sequences
 
 
 def plan_of(records_dir: Path, index: int) -> ShardPlan:
