@@ -41,11 +41,40 @@ def warp_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     if sampling.top_k and sampling.top_k < logits.shape[-1]:
         kth = logits.topk(sampling.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
     if sampling.top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # drop a token when the mass before it already reaches top_p (the first token always stays)
-        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= sampling.top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
+        probs = _nucleus(probs, sampling.top_p)
+    return probs
+
+
+def _nucleus(probs: torch.Tensor, top_p: float, k: int = 64) -> torch.Tensor:
+    """Keep the smallest top set whose mass reaches top_p (a token is dropped when the mass
+    before it already reaches top_p; the first always stays), renormalised.
+
+    A full sort of a 49k vocabulary costs ~3.5 ms a row on CPU, longer than a draft step, so
+    the nucleus is found with a top-k that grows until every row's nucleus fits in it.
+    """
+    vocab = probs.shape[-1]
+    while True:
+        k = min(k, vocab)
+        values, index = probs.topk(k, dim=-1)
+        keep = (values.cumsum(-1) - values) < top_p
+        if k == vocab or not bool(keep[..., -1].any()):
+            break
+        k *= 4
+    kept = values * keep
+    out = torch.zeros_like(probs).scatter_(-1, index, kept)
+    return out / kept.sum(-1, keepdim=True)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """One token from a probability vector by inverse CDF with one uniform draw.
+
+    torch.multinomial costs ~1 ms on a 49k vocabulary on CPU; a cumulative sum and a binary
+    search cost a few microseconds, and zero-probability tokens are never drawn.
+    """
+    cdf = probs.double().cumsum(-1)
+    device = generator.device if generator is not None else probs.device
+    u = torch.rand((), generator=generator, device=device, dtype=torch.float64).to(cdf.device)
+    index = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)
+    return min(int(index), int((probs > 0).nonzero()[-1]))

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _small_torch() -> None:
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # tiny models: more threads only oversubscribe a shared CPU
 
 
 @pytest.fixture

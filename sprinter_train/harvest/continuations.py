@@ -17,10 +17,11 @@ import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.rules import speculative_step
 from sprinter_train.harvest.forward import HarvestModels, body, head_logits
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.models.cache import crop_cache
-from sprinter_train.sampling import SamplingConfig, warp_probs
+from sprinter_train.sampling import SamplingConfig, sample, warp_probs
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,6 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     return generator
-
-
-def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def original_sequence(
@@ -90,7 +87,7 @@ def sample_continuations(
     out: list[list[int]] = [[] for _ in prompts]
     for step in range(n):
         probs = warp_probs(logits, sampling)
-        tokens = [sample_token(probs[row], generators[row]) for row in range(len(prompts))]
+        tokens = [sample(probs[row], generators[row]) for row in range(len(prompts))]
         for row, token in enumerate(tokens):
             out[row].append(token)
         done = [eos_token_id is not None and eos_token_id in row for row in out]
@@ -102,24 +99,6 @@ def sample_continuations(
         logits = head_logits(model, final[:, -1], vocab_size)
         next_position = next_position + 1
     return [_truncate(row, n, eos_token_id) for row in out]
-
-
-def speculative_accept(
-    p: torch.Tensor, q: torch.Tensor, draft_tokens: Sequence[int], generator: torch.Generator
-) -> tuple[int, int]:
-    """Leviathan et al.'s rule: (accepted count, next token), the next token a correction drawn
-    from norm(max(0, p - q)) at the first rejection, or a bonus from p after gamma acceptances.
-
-    p: (gamma + 1, V) target distributions, q: (gamma, V) draft distributions.
-    """
-    for i, x in enumerate(draft_tokens):
-        r = float(torch.rand(1, generator=generator, device=generator.device))
-        if r < min(1.0, float(p[i, x] / q[i, x])):
-            continue
-        residual = (p[i] - q[i]).clamp(min=0)
-        residual = residual if float(residual.sum()) > 0 else p[i]
-        return i, sample_token(residual / residual.sum(), generator)
-    return len(draft_tokens), sample_token(p[len(draft_tokens)], generator)
 
 
 @torch.no_grad()
@@ -153,7 +132,7 @@ def speculative_continuation(
                 draft, torch.tensor([feed], device=device), None, None, draft_cache, use_cache=True
             )
             q = warp_probs(head_logits(draft, final[0, -1], vocab_size), sampling)
-            proposals.append(sample_token(q, generator))
+            proposals.append(sample(q, generator))
             q_rows.append(q)
             feed = proposals[-1:]
         # 2. one target forward scores every proposal (g + 1 distributions)
@@ -163,7 +142,7 @@ def speculative_continuation(
         )
         p_rows = warp_probs(head_logits(target, final[0, -(g + 1) :], vocab_size), sampling)
         # 3. accept a prefix of the proposals, then a correction or bonus token from the target
-        accepted, next_token = speculative_accept(p_rows, torch.stack(q_rows), proposals, generator)
+        accepted, next_token = speculative_step(p_rows, torch.stack(q_rows), proposals, generator)
         committed += proposals[:accepted] + [next_token]
         # 4. drop rejected proposals from the caches (the draft never fed its last proposal)
         draft_len = base + min(accepted, g - 1)

@@ -1,0 +1,117 @@
+"""Test doubles and exact references for the decoding tests.
+
+`MemoRunner` answers the engine's calls from full (cache-free) forwards of a real tiny model,
+memoised by prefix: statistical tests need 20k+ generations, and on a small vocabulary they
+revisit the same few prefixes. The KV-cache path itself is tested against full forwards in
+test_decoding_engine.py, so the two together cover the real runner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from sprinter_train.decoding.runner import ForwardOutput
+from sprinter_train.sampling import SamplingConfig, warp_probs
+
+
+class PrefixCache:
+    """Stands in for a KV cache: each row remembers the tokens it has seen."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, ...]] = [()]
+
+    def get_seq_length(self) -> int:
+        return len(self.rows[0])
+
+    def crop(self, count: int) -> None:
+        self.rows = [r[:count] if count >= 0 else r[: len(r) + count] for r in self.rows]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.rows = [r for r in self.rows for _ in range(repeats)]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.rows = [self.rows[i] for i in indices.tolist()]
+
+
+class MemoRunner:
+    """The ModelRunner interface over memoised full forwards of `model`."""
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
+        self.model = model
+        self.vocab_size = vocab_size
+        self.device = torch.device("cpu")
+        self.calls = 0
+        self.seconds = 0.0
+        self.timed = True
+        self._memo: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def new_cache(self) -> PrefixCache:
+        return PrefixCache()
+
+    @torch.inference_mode()
+    def _row(self, prefix: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        if prefix not in self._memo:
+            out = self.model(input_ids=torch.tensor([prefix]), output_hidden_states=True)
+            for i in range(len(prefix)):
+                self._memo[prefix[: i + 1]] = (
+                    out.logits[0, i, : self.vocab_size].float(),
+                    out.hidden_states[-1][0, i],
+                )
+        return self._memo[prefix]
+
+    def extend(self, slot: Any, tokens: list[int], keep: int = 1) -> ForwardOutput:
+        if slot.cache is None:
+            slot.cache = self.new_cache()
+        slot.keep_common_prefix(tokens, limit=len(tokens) - keep)
+        slot.fed.extend(tokens[len(slot.fed) :])
+        slot.cache.rows = [tuple(tokens)]
+        rows = [self._row(tuple(tokens[: i + 1])) for i in range(len(tokens) - keep, len(tokens))]
+        self.calls += 1
+        return ForwardOutput(torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]))
+
+    def step_rows(self, cache: PrefixCache, tokens: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        cache.rows = [row + (int(t),) for row, t in zip(cache.rows, tokens.tolist(), strict=True)]
+        self.calls += 1
+        return torch.stack([self._row(row)[0] for row in cache.rows]), cache
+
+
+def exact_joint(
+    model: torch.nn.Module, prompt: list[int], n: int, sampling: SamplingConfig, vocab: int
+) -> dict[tuple[int, ...], float]:
+    """P(first n generated tokens) under `model` with `sampling`, by enumeration."""
+    runner = MemoRunner(model, vocab)
+    out: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(n):
+        nxt: dict[tuple[int, ...], float] = {}
+        for seq, prob in out.items():
+            p = warp_probs(runner._row(tuple(prompt) + seq)[0], sampling)
+            for x in p.nonzero().flatten().tolist():
+                nxt[seq + (x,)] = prob * float(p[x])
+        out = nxt
+    return out
+
+
+def chi_square_pvalue(
+    counts: dict[tuple[int, ...], int], expected: dict[tuple[int, ...], float]
+) -> float:
+    """Pearson's test; cells expected below 5 are pooled into one, as the test requires."""
+    from scipy.stats import chisquare
+
+    total = sum(counts.values())
+    unexpected = set(counts) - set(expected)
+    assert not unexpected, (
+        f"outcomes with zero probability were generated: {sorted(unexpected)[:5]}"
+    )
+    big = [k for k, v in expected.items() if v * total >= 5]
+    small = [k for k in expected if k not in big]
+    observed = [counts.get(k, 0) for k in big]
+    exp = [expected[k] * total for k in big]
+    if small:
+        observed.append(sum(counts.get(k, 0) for k in small))
+        exp.append(sum(expected[k] for k in small) * total)
+    exp_arr = np.array(exp)
+    exp_arr *= sum(observed) / exp_arr.sum()
+    return float(chisquare(observed, exp_arr).pvalue)
