@@ -1,0 +1,1 @@
+"""Speculative-decoding benchmark: decoding runs and their speed and quality metrics."""
