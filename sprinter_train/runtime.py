@@ -20,10 +20,27 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """AVX512-BF16 or AMX-BF16 in the CPU flags: bfloat16 matmuls run natively (oneDNN)."""
+    try:
+        with open(cpuinfo) as handle:
+            flags = next((line for line in handle if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` is bfloat16 on accelerators and float32 on CPU (CPU half precision is slow)."""
+    """`auto` is bfloat16 on accelerators and on CPUs with native bfloat16, else float32.
+
+    On this project's 2-core EPYC (AVX512-BF16) a SmolLM2-135M decode step takes 25 ms in
+    bfloat16 against 45-60 ms in float32, and a forward over 2-8 new tokens costs the same as
+    one in bfloat16 but 1.6-2x one in float32: speculative decoding only pays in bfloat16.
+    """
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16()):
+            return torch.bfloat16
+        return torch.float32
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[name]

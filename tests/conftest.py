@@ -41,6 +41,8 @@ def compose_cfg(tmp_path: Path):
     """Compose conf/config.yaml with overrides, artifacts under tmp_path, on CPU."""
 
     def _compose(*overrides: str):
-        return compose_config(f"artifacts_root={tmp_path / 'artifacts'}", "device=cpu", *overrides)
+        return compose_config(
+            f"artifacts_root={tmp_path / 'artifacts'}", "device=cpu", "dtype=float32", *overrides
+        )
 
     return _compose

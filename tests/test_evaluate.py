@@ -31,6 +31,9 @@ TINY = (
     "harvest.batch_size=8",
     "train.batch_size=64",
     "tables.min_count=5",
+    "bench.num_prompts=2",
+    "bench.max_new_tokens=8",
+    "bench.latency.reps=2",
 )
 REPORT_AUC_KEYS = {
     "verifier_lam1",
@@ -114,7 +117,16 @@ def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
     cfg, result = chained["cfg"], chained["result"]
     assert result["harvest"]["records"] == 16 * 8
     assert set(result["train"]) == {"verifier_lam1", "verifier_lam1.2", "verifier_lam1.5"}
-    assert result["bench"] == {"skipped": "stage=bench is not built yet"}
+    bench = read_json(Path(result["bench"]["results"]))
+    assert set(bench["methods"]) == set(cfg.bench.methods)  # sprinter and sv found their inputs
+    assert not bench["skipped"]
+    for name, row in bench["methods"].items():
+        assert row["tokens"] > 0 and row["tokens_per_s"] > 0, name
+        assert row["target_calls"] > 0 and row["rouge_l_vs_target"] is not None, name
+    assert bench["methods"]["sprinter"]["target_calls"] <= bench["methods"]["sprinter"]["tokens"]
+    bench_md = (Path(cfg.experiment_dir) / "bench" / "results.md").read_text()
+    assert all(f"| {name} |" in bench_md for name in cfg.bench.methods)
+    assert (Path(cfg.experiment_dir) / "bench" / "pareto.png").stat().st_size > 1000
     eval_dir = Path(cfg.experiment_dir) / "eval"
     report = read_json(eval_dir / "report.json")
     assert set(report["auc"]) == REPORT_AUC_KEYS

@@ -15,6 +15,7 @@ import torch
 
 from sprinter_train.decoding.runner import ForwardOutput, ModelRunner
 from sprinter_train.decoding.state import DecodeStats, SequenceState
+from sprinter_train.metrics import entropy
 from sprinter_train.runtime import synchronize
 from sprinter_train.sampling import SamplingConfig, sample, warp_probs
 
@@ -24,6 +25,16 @@ class DraftStep:
     token: int
     q: torch.Tensor  # (V,) warped draft distribution the token was drawn from
     hidden: torch.Tensor  # (d,) draft hidden state that produced q
+    logits: torch.Tensor  # (V,) the draft's raw logits (entropy-based stopping reads them)
+
+    def entropy(self, warped: bool = False) -> float:
+        """H(q) in nats, of the warped q or of the draft's own softmax (temperature 1).
+
+        At low temperature with top-p the warped q is one-hot at most positions (H = 0), so an
+        entropy rule on it would never stop drafting; SVIP and AdaEDL default to the raw one.
+        """
+        probs = self.q if warped else self.logits.float().softmax(-1)
+        return float(entropy(probs))
 
 
 @dataclass
@@ -63,7 +74,7 @@ class Engine:
         """Draw the next draft token after the committed tokens and `drafts`."""
         out = self.call_model(self.require(self.draft, "draft"), state, "draft", list(drafts), 1)
         q = self.warp(out.logits[0])
-        return DraftStep(self.sample(q, state), q, out.hidden[0])
+        return DraftStep(self.sample(q, state), q, out.hidden[0], out.logits[0])
 
     def target_probs(self, state: SequenceState, drafts: Sequence[int]) -> torch.Tensor:
         """(len(drafts) + 1, V) warped target distributions: at each draft and one past them."""

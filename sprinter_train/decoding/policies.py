@@ -28,7 +28,6 @@ from sprinter_train.decoding.rules import (
     svip_should_stop,
 )
 from sprinter_train.decoding.state import SequenceState
-from sprinter_train.metrics import entropy
 
 StopRule = Callable[[DraftStep], bool]  # True: this drafted token is the round's last
 
@@ -114,11 +113,12 @@ class SVIP:
     h: float
     max_gamma: int
     c: float = 0.15
+    warped_entropy: bool = False
     name: str = "svip"
 
     def step(self, engine: Engine, state: SequenceState) -> list[int]:
         def stop(step: DraftStep) -> bool:
-            return svip_should_stop(float(entropy(step.q)), self.h, self.c)
+            return svip_should_stop(step.entropy(self.warped_entropy), self.h, self.c)
 
         return verify(
             engine, state, draft_tokens(engine, state, draft_room(state, self.max_gamma), stop)
@@ -135,13 +135,15 @@ class AdaEDL:
     gamma_bound: float
     lam: float
     max_gamma: int
+    warped_entropy: bool = False
     name: str = "adaedl"
 
     def step(self, engine: Engine, state: SequenceState) -> list[int]:
         steps: list[DraftStep] = []
         for _ in range(draft_room(state, self.max_gamma)):
             step = engine.draft_step(state, [s.token for s in steps])
-            if steps and adaedl_should_stop(float(entropy(step.q)), self.gamma_bound, self.lam):
+            H = step.entropy(self.warped_entropy)
+            if steps and adaedl_should_stop(H, self.gamma_bound, self.lam):
                 break  # the first draft is always kept: a round must try at least one
             steps.append(step)
         return verify(engine, state, steps)

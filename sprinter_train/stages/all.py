@@ -1,10 +1,10 @@
-"""stage=all: harvest -> train (every λ in train.lams) -> tables -> evaluate for one experiment.
+"""stage=all: harvest -> train (every λ in train.lams) -> tables -> evaluate -> bench.
 
 python -m sprinter_train stage=all experiment=<exp> [data.num_prompts=N]
 
 Each step is the stage itself, called in this process with the same config; a step that has
 nothing to do (a complete harvest) returns at once. `tables` is skipped when the records
-have no companion (evaluate then reports no SV table); `bench` is skipped while it is not built.
+have no companion (evaluate then reports no SV table, bench skips sv).
 """
 
 from __future__ import annotations
@@ -53,11 +53,5 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         log.warning("stage=all: the records have no companion (S, A): skipping stage=tables")
         results["tables"] = {"skipped": "records without a companion"}
     results["evaluate"] = _stage("evaluate", cfg)
-    from sprinter_train.__main__ import STAGES
-
-    if STAGES.get("bench") is None:
-        log.warning("stage=all: stage=bench is not built yet; skipping it (see the open issues)")
-        results["bench"] = {"skipped": "stage=bench is not built yet"}
-    else:
-        results["bench"] = _stage("bench", cfg)
+    results["bench"] = _stage("bench", cfg)
     return results

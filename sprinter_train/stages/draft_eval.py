@@ -9,7 +9,6 @@ the latency ratio c, the cost of verifying gamma + 1 tokens, and the implied SD 
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.bench.latency import measure_step_times
 from sprinter_train.data.sharegpt import assistant_turns, iter_split_conversations
 from sprinter_train.data.split import split_settings
 from sprinter_train.io import atomic_write, write_json
 from sprinter_train.metrics import acceptance_alpha, implied_speedup
-from sprinter_train.models.cache import crop_cache
 from sprinter_train.models.loading import check_tokenizers_agree, load_model, resolve_path
-from sprinter_train.runtime import resolve_device, resolve_dtype, set_threads, synchronize
+from sprinter_train.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.sampling import SamplingConfig, warp_probs
 
 log = logging.getLogger(__name__)
@@ -81,40 +80,18 @@ def measure_alpha(
 def measure_latency(
     draft, target, gammas: list[int], reps: int, context: int, device
 ) -> dict[str, Any]:
-    """Median KV-cached step times, measured in interleaved rounds so machine noise hits all alike."""
-    vocab = min(draft.config.vocab_size, target.config.vocab_size)
-    prefix = torch.randint(0, vocab, (1, context), device=device, generator=None)
-    caches = {}
-    for name, model in (("draft", draft), ("target", target)):
-        caches[name] = model(input_ids=prefix, use_cache=True).past_key_values
+    """Median KV-cached step times (interleaved rounds) and the ratios SD's speedup needs."""
     sizes = sorted({1, *[g + 1 for g in gammas]})
-    times: dict[str, list[float]] = {"draft": [], **{f"target_{n}": [] for n in sizes}}
-
-    def timed(model, cache, n_new: int) -> float:
-        ids = torch.randint(0, vocab, (1, n_new), device=device)
-        synchronize(device)
-        start = time.perf_counter()
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
-        synchronize(device)
-        elapsed = time.perf_counter() - start
-        crop_cache(cache, context)
-        return elapsed
-
-    for _ in range(3):  # warm-up
-        timed(draft, caches["draft"], 1)
-        timed(target, caches["target"], 1)
-    for _ in range(reps):
-        times["draft"].append(timed(draft, caches["draft"], 1))
-        for n in sizes:
-            times[f"target_{n}"].append(timed(target, caches["target"], n))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    step = med["target_1"]
+    med = measure_step_times(
+        {"draft": draft, "target": target}, {"draft": [1], "target": sizes}, reps, context, device
+    )
+    step = med["target"][1]
     return {
-        "draft_step_ms": med["draft"] * 1e3,
+        "draft_step_ms": med["draft"][1] * 1e3,
         "target_step_ms": step * 1e3,
-        "target_forward_ms": {n: med[f"target_{n}"] * 1e3 for n in sizes},
-        "c": med["draft"] / step,
-        "verify_cost": {g: med[f"target_{g + 1}"] / step for g in gammas},
+        "target_forward_ms": {n: med["target"][n] * 1e3 for n in sizes},
+        "c": med["draft"][1] / step,
+        "verify_cost": {g: med["target"][g + 1] / step for g in gammas},
     }
 
 
