@@ -126,6 +126,8 @@ def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
     assert bench["methods"]["sprinter"]["target_calls"] <= bench["methods"]["sprinter"]["tokens"]
     bench_md = (Path(cfg.experiment_dir) / "bench" / "results.md").read_text()
     assert all(f"| {name} |" in bench_md for name in cfg.bench.methods)
+    assert {t["name"] for t in bench["targets"]} == set(cfg.bench.targets)
+    assert "Against the bars" in bench_md and "sd_vs_hf_assisted" in bench_md
     assert (Path(cfg.experiment_dir) / "bench" / "pareto.png").stat().st_size > 1000
     eval_dir = Path(cfg.experiment_dir) / "eval"
     report = read_json(eval_dir / "report.json")

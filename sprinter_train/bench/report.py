@@ -65,6 +65,34 @@ def breakdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _ratio(methods: dict[str, Any], a: str, b: str) -> float | None:
+    if a in methods and b in methods and methods[b]["tokens_per_s"]:
+        return methods[a]["tokens_per_s"] / methods[b]["tokens_per_s"]
+    return None
+
+
+def check_targets(results: dict[str, Any], targets: dict[str, float]) -> list[dict[str, Any]]:
+    """Each bar of `bench.targets` against this run: measured value, bar, met or not."""
+    m = results["methods"]
+    measured: dict[str, float | None] = {
+        "sd_vs_target_only": _ratio(m, "sd", "target_only"),
+        "sd_vs_hf_assisted": _ratio(m, "sd", "hf_assisted"),
+        "sprinter_vs_sd": _ratio(m, "sprinter", "sd"),
+        "svip_vs_sd": _ratio(m, "svip", "sd"),
+        "sprinter_rouge_l_ref_gap": None,
+    }
+    if "sprinter" in m and "sd" in m and m["sd"].get("rouge_l_ref") is not None:
+        measured["sprinter_rouge_l_ref_gap"] = m["sd"]["rouge_l_ref"] - m["sprinter"]["rouge_l_ref"]
+    rows = []
+    for name, bar in targets.items():
+        value = measured.get(name)
+        if value is None:
+            continue
+        met = value <= bar if name.endswith("_gap") else value >= bar
+        rows.append({"name": name, "measured": value, "bar": bar, "met": met})
+    return rows
+
+
 def write_results(out: Path, results: dict[str, Any]) -> None:
     write_json(out / "results.json", results)
     prof = results["latency_profile"]
@@ -91,6 +119,15 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
         breakdown_table(results),
         "",
     ]
+    if results.get("targets"):
+        lines += ["Against the bars (`bench.targets`):", ""]
+        for row in results["targets"]:
+            verdict = "met" if row["met"] else "**NOT met**"
+            sign = "<=" if row["name"].endswith("_gap") else ">="
+            lines.append(
+                f"- {row['name']}: {row['measured']:.2f} (bar {sign} {row['bar']:g}): {verdict}"
+            )
+        lines.append("")
     if results.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in results["skipped"].items()), ""]
     if energy:

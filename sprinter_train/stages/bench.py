@@ -24,7 +24,7 @@ from sprinter_train.bench.latency import LatencyProfile, profile_models
 from sprinter_train.bench.methods import plan_methods
 from sprinter_train.bench.peer import run_hf_assisted
 from sprinter_train.bench.quality import rouge_l, target_perplexity
-from sprinter_train.bench.report import plot_results, write_results
+from sprinter_train.bench.report import check_targets, plot_results, write_results
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding
@@ -194,6 +194,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             },
         }
     )
+    results["targets"] = check_targets(results, OmegaConf.to_container(b.get("targets") or {}))
     out = output_dir(cfg)
     write_results(out, results)
     plot_results(out, Path(cfg.experiment_dir) / "bench")
