@@ -22,6 +22,7 @@ from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
 TINY = (
     "models=tiny_random",
     "device=cpu",
+    "dtype=float32",  # tests compare against float32 recomputations
     "num_threads=1",
     "data.num_prompts=16",
     "data.max_prompt_tokens=48",

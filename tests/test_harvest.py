@@ -37,6 +37,7 @@ TINY = (
     "stage=harvest",
     "models=tiny_random",
     "device=cpu",
+    "dtype=float32",  # tests compare against float32 recomputations
     "data.num_prompts=8",
     "data.max_prompt_tokens=48",
     "harvest.continuation_tokens=6",
