@@ -8,12 +8,15 @@ batching issue) can share one `ModelRunner`.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
+from sprinter_train.harvest.forward import body, head_logits
 from sprinter_train.models.cache import crop_cache
 from sprinter_train.runtime import synchronize
 
@@ -46,23 +49,28 @@ class ModelRunner:
     """Feeds only the tokens a cache lacks and computes the head only where logits are used.
 
     `hidden_layer` -1 is the final normed hidden state (the one the head reads); k >= 0 picks
-    `hidden_states[k]`. Calls and seconds are counted for the bench's time breakdown.
+    `hidden_states[k]`. Seconds inside forwards are summed for the bench's time breakdown
+    (on CPU only: on an accelerator timing each call would need a sync).
     """
 
-    def __init__(
-        self, model: torch.nn.Module, vocab_size: int, hidden_layer: int = -1, name: str = ""
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, vocab_size: int, hidden_layer: int = -1) -> None:
         self.model = model
         self.vocab_size = vocab_size
         self.hidden_layer = hidden_layer
-        self.name = name
         self.device = next(model.parameters()).device
-        self.calls = 0
         self.seconds = 0.0
-        self.timed = self.device.type == "cpu"  # on accelerators timing needs a sync
+        self.timed = self.device.type == "cpu"
 
     def new_cache(self) -> Any:
         return DynamicCache()
+
+    @contextmanager
+    def _clock(self) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        if self.timed:
+            synchronize(self.device)
+            self.seconds += time.perf_counter() - start
 
     @torch.inference_mode()
     def extend(self, slot: CacheSlot, tokens: list[int], keep: int = 1) -> ForwardOutput:
@@ -72,45 +80,24 @@ class ModelRunner:
             slot.cache = self.new_cache()
         slot.keep_common_prefix(tokens, limit=len(tokens) - keep)
         new = tokens[len(slot.fed) :]
-        start = time.perf_counter()
-        ids = torch.tensor([new], device=self.device)
-        out = self.model.base_model(
-            input_ids=ids,
-            past_key_values=slot.cache,
-            use_cache=True,
-            output_hidden_states=self.hidden_layer != -1,
-        )
-        slot.cache = out.past_key_values
+        with self._clock():
+            ids = torch.tensor([new], device=self.device)
+            final, chosen, slot.cache = body(
+                self.model,
+                ids,
+                past_key_values=slot.cache,
+                hidden_layer=self.hidden_layer,
+                use_cache=True,
+            )
+            logits = head_logits(self.model, final[0, -keep:], self.vocab_size).float()
         slot.fed.extend(new)
-        final = out.last_hidden_state[0, -keep:]
-        chosen = (
-            final if self.hidden_layer == -1 else out.hidden_states[self.hidden_layer][0, -keep:]
-        )
-        logits = self.model.get_output_embeddings()(final)[..., : self.vocab_size].float()
-        if self.timed:
-            synchronize(self.device)
-            self.seconds += time.perf_counter() - start
-        self.calls += 1
-        return ForwardOutput(logits, chosen)
+        return ForwardOutput(logits, chosen[0, -keep:])
 
     @torch.inference_mode()
     def step_rows(self, cache: Any, tokens: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """One token per row of a batched cache (MTAD's beams): ((rows, V) logits, cache)."""
-        start = time.perf_counter()
-        out = self.model.base_model(
-            input_ids=tokens.reshape(-1, 1).to(self.device), past_key_values=cache, use_cache=True
-        )
-        final = out.last_hidden_state[:, -1]
-        logits = self.model.get_output_embeddings()(final)[..., : self.vocab_size].float()
-        if self.timed:
-            synchronize(self.device)
-            self.seconds += time.perf_counter() - start
-        self.calls += 1
-        return logits, out.past_key_values
-
-    def enable_timing(self) -> None:
-        """Time calls on an accelerator too (each call then waits for the device)."""
-        self.timed = True
-
-    def reset_counters(self) -> None:
-        self.calls, self.seconds = 0, 0.0
+        with self._clock():
+            ids = tokens.reshape(-1, 1).to(self.device)
+            final, _, cache = body(self.model, ids, past_key_values=cache, use_cache=True)
+            logits = head_logits(self.model, final[:, -1], self.vocab_size).float()
+        return logits, cache

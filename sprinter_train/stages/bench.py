@@ -107,18 +107,19 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     sampling = SamplingConfig.from_cfg(cfg.sampling)
     vocab = models.vocab_size
     engine = Engine(
-        ModelRunner(models.target.model, vocab, name="target"),
+        ModelRunner(models.target.model, vocab),
         sampling,
-        draft=ModelRunner(models.draft.model, vocab, name="draft"),
-        companion=ModelRunner(models.companion.model, vocab, name="companion")
+        draft=ModelRunner(models.draft.model, vocab),
+        companion=ModelRunner(models.companion.model, vocab)
         if models.companion is not None
         else None,
         eos_token_id=models.eos_token_id,
     )
     profile = latency_profile(cfg, models, device)
     alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg)
-    gamma = profile.best_gamma(alpha, range(1, int(b.gamma_max) + 1))
-    if b.sd.gamma != "auto":
+    if b.sd.gamma == "auto":
+        gamma = profile.best_gamma(alpha, range(1, int(b.gamma_max) + 1))
+    else:
         gamma = int(b.sd.gamma)
     plan = plan_methods(cfg, profile, gamma, models.draft.model, models.companion is not None)
     for name, reason in plan.skipped.items():
