@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.bench.latency import measure_step_times
+from sprinter_train.bench.latency import profile_models
 from sprinter_train.data.sharegpt import assistant_turns, iter_split_conversations
 from sprinter_train.data.split import split_settings
 from sprinter_train.io import atomic_write, write_json
@@ -81,17 +81,14 @@ def measure_latency(
     draft, target, gammas: list[int], reps: int, context: int, device
 ) -> dict[str, Any]:
     """Median KV-cached step times (interleaved rounds) and the ratios SD's speedup needs."""
+    profile = profile_models(target, draft, None, max(gammas), reps, context, device)
     sizes = sorted({1, *[g + 1 for g in gammas]})
-    med = measure_step_times(
-        {"draft": draft, "target": target}, {"draft": [1], "target": sizes}, reps, context, device
-    )
-    step = med["target"][1]
     return {
-        "draft_step_ms": med["draft"][1] * 1e3,
-        "target_step_ms": step * 1e3,
-        "target_forward_ms": {n: med["target"][n] * 1e3 for n in sizes},
-        "c": med["draft"][1] / step,
-        "verify_cost": {g: med["target"][g + 1] / step for g in gammas},
+        "draft_step_ms": profile.draft_ms,
+        "target_step_ms": profile.target_ms[1],
+        "target_forward_ms": {n: profile.target_ms[n] for n in sizes},
+        "c": profile.c,
+        "verify_cost": {g: profile.verify_cost(g) for g in gammas},
     }
 
 
