@@ -8,6 +8,7 @@ test_decoding_engine.py, so the two together cover the real runner.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,6 @@ class MemoRunner:
         self.model = model
         self.vocab_size = vocab_size
         self.device = torch.device("cpu")
-        self.calls = 0
         self.seconds = 0.0
         self.timed = True
         self._memo: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -69,13 +69,26 @@ class MemoRunner:
         slot.fed.extend(tokens[len(slot.fed) :])
         slot.cache.rows = [tuple(tokens)]
         rows = [self._row(tuple(tokens[: i + 1])) for i in range(len(tokens) - keep, len(tokens))]
-        self.calls += 1
         return ForwardOutput(torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]))
 
     def step_rows(self, cache: PrefixCache, tokens: torch.Tensor) -> tuple[torch.Tensor, Any]:
         cache.rows = [row + (int(t),) for row, t in zip(cache.rows, tokens.tolist(), strict=True)]
-        self.calls += 1
         return torch.stack([self._row(row)[0] for row in cache.rows]), cache
+
+
+def enumerate_joint(
+    next_probs: Callable[[tuple[int, ...]], torch.Tensor], n: int
+) -> dict[tuple[int, ...], float]:
+    """P(first n generated tokens) when each follows `next_probs(generated so far)`."""
+    out: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(n):
+        nxt: dict[tuple[int, ...], float] = {}
+        for seq, prob in out.items():
+            p = next_probs(seq)
+            for x in p.nonzero().flatten().tolist():
+                nxt[seq + (x,)] = prob * float(p[x])
+        out = nxt
+    return out
 
 
 def exact_joint(
@@ -83,15 +96,7 @@ def exact_joint(
 ) -> dict[tuple[int, ...], float]:
     """P(first n generated tokens) under `model` with `sampling`, by enumeration."""
     runner = MemoRunner(model, vocab)
-    out: dict[tuple[int, ...], float] = {(): 1.0}
-    for _ in range(n):
-        nxt: dict[tuple[int, ...], float] = {}
-        for seq, prob in out.items():
-            p = warp_probs(runner._row(tuple(prompt) + seq)[0], sampling)
-            for x in p.nonzero().flatten().tolist():
-                nxt[seq + (x,)] = prob * float(p[x])
-        out = nxt
-    return out
+    return enumerate_joint(lambda seq: warp_probs(runner._row(tuple(prompt) + seq)[0], sampling), n)
 
 
 def chi_square_pvalue(

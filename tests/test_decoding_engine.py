@@ -30,7 +30,7 @@ from sprinter_train.decoding.runner import CacheSlot, ModelRunner
 from sprinter_train.decoding.state import SequenceState
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.sampling import SamplingConfig, warp_probs
-from tests.decoding_helpers import MemoRunner, chi_square_pvalue, exact_joint
+from tests.decoding_helpers import MemoRunner, chi_square_pvalue, enumerate_joint, exact_joint
 
 VOCAB = 128
 PROMPT = [5, 17, 9, 33]
@@ -164,18 +164,14 @@ class OracleVerifier:
 def sprinter_joint(models, eta_FP: float, n: int) -> dict[tuple[int, ...], float]:
     """Theorem 3.1 at every position: prod_t ((1 - eta_FP) p + eta_FP q)(x_t | prefix)."""
     target, draft = MemoRunner(models["target"], VOCAB), MemoRunner(models["draft"], VOCAB)
-    out: dict[tuple[int, ...], float] = {(): 1.0}
-    for _ in range(n):
-        nxt = {}
-        for seq, prob in out.items():
-            prefix = tuple(PROMPT) + seq
-            p = warp_probs(target._row(prefix)[0], SAMPLING)
-            q = warp_probs(draft._row(prefix)[0], SAMPLING)
-            mix = (1 - eta_FP) * p + eta_FP * q
-            for x in mix.nonzero().flatten().tolist():
-                nxt[seq + (x,)] = prob * float(mix[x])
-        out = nxt
-    return out
+
+    def mixture(seq: tuple[int, ...]) -> torch.Tensor:
+        prefix = tuple(PROMPT) + seq
+        p = warp_probs(target._row(prefix)[0], SAMPLING)
+        q = warp_probs(draft._row(prefix)[0], SAMPLING)
+        return (1 - eta_FP) * p + eta_FP * q
+
+    return enumerate_joint(mixture, n)
 
 
 def test_sprinter_follows_theorem_3_1(models) -> None:
