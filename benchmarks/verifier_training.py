@@ -53,20 +53,27 @@ def main() -> None:
         *args.overrides,
     )
     start = time.perf_counter()
-    records = open_records(cfg.experiment_dir, columns=["split", "ratio"])
+    records = open_records(cfg.experiment_dir, columns=["split", "ratio", "prompt_id"])
     print(f"record columns read in {time.perf_counter() - start:.1f} s ({len(records.frame)} rows)")
     results = {}
     for lam in args.lams:
         start = time.perf_counter()
         metrics = train_verifier(cfg, records, lam)
         seconds = time.perf_counter() - start
+        curve = metrics.get("learning_curve") or []
         results[f"{lam:g}"] = {
             "seconds": round(seconds, 1),
+            "fit_seconds": round(metrics["fit_seconds"], 1),
+            "learning_curve_seconds": round(sum(p["fit_seconds"] for p in curve[:-1]), 1),
             "epochs": metrics["epochs_run"],
             "val_auc": round(metrics["val"]["auc_label_lam"], 4),
             "test_auc_q_le_p": round(metrics["test"]["auc_q_le_p"], 4),
         }
-        print(f"lam={lam:g}: {seconds:.1f} s per λ ({metrics['epochs_run']} epochs)", flush=True)
+        print(
+            f"lam={lam:g}: {seconds:.1f} s per λ, of which the fit {metrics['fit_seconds']:.1f} s "
+            f"({metrics['epochs_run']} epochs)",
+            flush=True,
+        )
     print(
         json.dumps(
             {"rows": args.rows, "d": args.d, "threads": torch.get_num_threads(), "per_lam": results}

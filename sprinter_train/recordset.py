@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,22 @@ class RecordSet:
         if split is None:
             return np.arange(len(self.frame))
         return np.flatnonzero(self.frame["split"].to_numpy() == split)
+
+    def with_train_prompts(self, fraction: float, seed: int) -> RecordSet:
+        """This record set with only a random `fraction` of the train prompts left in the
+        train split (the rest marked `unused`); val and test are untouched. The subsets of
+        one seed are nested: a smaller fraction keeps a prefix of the same prompt order."""
+        if "prompt_id" not in self.frame:
+            raise ValueError("with_train_prompts needs the records' prompt_id column")
+        split = self.frame["split"].to_numpy().copy()
+        train = split == "train"
+        prompts = np.unique(self.frame["prompt_id"].to_numpy()[train])
+        order = np.random.default_rng(seed).permutation(len(prompts))
+        keep = prompts[order[: int(round(fraction * len(prompts)))]]
+        split[train & ~np.isin(self.frame["prompt_id"].to_numpy(), keep)] = "unused"
+        frame = self.frame.copy()
+        frame["split"] = split
+        return replace(self, frame=frame)
 
     def hidden(self, rows: np.ndarray) -> np.ndarray:
         """float16 (len(rows), d) hidden states of the given global rows, in that order."""

@@ -180,3 +180,42 @@ def test_ddp_over_two_cpu_processes(compose_cfg, tmp_path, synthetic) -> None:
     assert result["world_size"] == 2
     assert result["test"]["auc_q_le_p"] > 0.95
     assert result["epochs_run"] >= 1 and np.isfinite(result["best_val_loss"])
+
+
+def test_small_train_splits_get_smaller_batches(synthetic) -> None:
+    records = open_records(synthetic["records_dir"].parent)
+    module = VerifierDataModule(records, FeatureSpec(), 1.2, 4096, min_batches_per_epoch=32)
+    assert module.train_batch_size(9600, 1) == 300  # 32 steps an epoch, not 3
+    assert module.train_batch_size(9600, 2) == 150  # per rank
+    assert module.train_batch_size(1_000_000, 1) == 4096  # the cap
+    assert module.train_batch_size(10, 1) == 1
+
+
+def test_with_train_prompts_keeps_a_nested_share_of_train_prompts(synthetic) -> None:
+    records = open_records(synthetic["records_dir"].parent)
+    split = records.frame["split"].to_numpy()
+    prompts = records.frame["prompt_id"].to_numpy()
+    all_train = set(prompts[split == "train"])
+    kept = {}
+    for fraction in (0.25, 0.5):
+        subset = records.with_train_prompts(fraction, seed=3)
+        sub_split = subset.frame["split"].to_numpy()
+        kept[fraction] = set(prompts[sub_split == "train"])
+        assert len(kept[fraction]) == round(fraction * len(all_train))
+        for other in ("val", "test"):  # untouched
+            assert ((sub_split == other) == (split == other)).all()
+        assert set(prompts[sub_split == "unused"]) == all_train - kept[fraction]
+    assert kept[0.25] < kept[0.5]
+    assert (records.frame["split"].to_numpy() == split).all()  # the original is not modified
+
+
+def test_learning_curve_lands_in_the_sidecar(compose_cfg, tmp_path, synthetic) -> None:
+    cfg = train_cfg(compose_cfg, tmp_path, "train.lam=1", "train.learning_curve=[0.5,0.1]")
+    result = run_stage(cfg)["verifier_lam1"]
+    points = load_verifier(verifier_path(cfg.checkpoint_dir, 1.0)).meta["metrics"]["learning_curve"]
+    assert [p["fraction"] for p in points] == [0.1, 0.5, 1.0]
+    rows = [p["train_rows"] for p in points]
+    assert rows[0] < rows[1] < rows[2] == result["train_rows"]
+    assert points[-1]["test_auc_q_le_p"] == result["test"]["auc_q_le_p"]
+    assert all(0.5 < p["test_auc_q_le_p"] <= 1 for p in points)
+    assert (Path(cfg.experiment_dir) / "train" / "lam1" / "curve-0.1" / "metrics.csv").exists()

@@ -101,3 +101,26 @@ def plot_sv_calibration(
     ax.set_ylabel("mean min(1, p/q) in the cell (test split)")
     ax.set_title("SV table calibration (marker size: test records)")
     return _save(fig, path)
+
+
+KEYS = ("test_auc_q_le_p", "val_auc_q_le_p")
+
+
+def plot_learning_curves(curves: dict[str, dict[str, Any]], path: Path, target: float) -> Path:
+    """Test (solid) and val (dashed) AUC against train records, log2 axis, one colour per
+    verifier; the dotted line is the AUC the issue asks for."""
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for index, (name, entry) in enumerate(curves.items()):
+        points = entry["points"]
+        rows = [p["train_rows"] for p in points]
+        colour = f"C{index}"
+        test, val = ([np.nan if p[k] is None else p[k] for p in points] for k in KEYS)
+        ax.plot(rows, test, "o-", color=colour, label=name)
+        ax.plot(rows, val, "s--", color=colour, alpha=0.5)
+    ax.axhline(target, color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("train records")
+    ax.set_ylabel("AUC against q/p <= 1 (solid: test, dashed: val)")
+    ax.set_title("verifier AUC against training records")
+    ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, path)

@@ -153,6 +153,47 @@ def theorem_section(report: dict[str, Any]) -> str:
     )
 
 
+def learning_section(report: dict[str, Any]) -> str | None:
+    """AUC against train records per verifier, and what the slope says about more data."""
+    curves = report.get("learning_curve") or {}
+    if not curves:
+        return None
+    rows, lines = [], []
+    for name, entry in curves.items():
+        for point in entry["points"]:
+            rows.append(
+                [
+                    name,
+                    point["fraction"],
+                    point["train_prompts"],
+                    point["train_rows"],
+                    point["val_auc_q_le_p"],
+                    point["test_auc_q_le_p"],
+                ]
+            )
+        slope, need = entry["test_auc_per_doubling"], entry["doublings_to_target_test"]
+        if need is None:
+            verdict = "the test AUC does not rise with records: more data will not reach it"
+        elif need == 0:
+            verdict = "reached"
+        else:
+            verdict = f"{need:.1f} more doublings of the train records at this slope"
+        lines.append(
+            f"- {name}: {fmt(slope)} AUC per doubling of train records (test; val "
+            f"{fmt(entry['val_auc_per_doubling'])}); AUC {fmt(entry['target_auc'], 2)}: {verdict}"
+        )
+    return "\n\n".join(
+        [
+            "## Verifier AUC against training records (train.learning_curve)",
+            table(
+                ["verifier", "fraction", "train prompts", "train rows", "val AUC", "test AUC"],
+                rows,
+            ),
+            "\n".join(lines),
+        ]
+    )
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     balance = report["label_balance"]
     parts = [
@@ -172,6 +213,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         ),
         theorem_section(report),
     ]
+    learning = learning_section(report)
+    if learning:
+        parts.insert(3, learning)
     if report.get("transfer"):
         rows = [
             [other, name, value, entry["auc_sampled"].get(name)]

@@ -20,7 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.evaluation.classification import auc, brier, ece, eta_rates, reliability, roc
 from sprinter_train.evaluation.information import discretise, heldout_information, information
+from sprinter_train.evaluation.learning import summarise as summarise_learning
 from sprinter_train.evaluation.plots import (
+    plot_learning_curves,
     plot_reliability,
     plot_roc,
     plot_sv_calibration,
@@ -278,7 +280,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         for name in verifiers
     }
     out_dir = Path(cfg.experiment_dir) / "eval"
+    learning = summarise_learning(
+        {n: c.meta.get("metrics", {}).get("learning_curve") for n, c in verifiers.items()},
+        float(ecfg.target_auc),
+    )
     plots = make_plots(out_dir, metrics, verifiers, table, frame)
+    if learning:
+        plots.append(
+            plot_learning_curves(learning, out_dir / "auc_vs_records.png", float(ecfg.target_auc))
+        )
     report = {
         "stage": "evaluate",
         "experiment": str(cfg.experiment),
@@ -297,6 +307,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "information": information_detail,
         **entropy_table(frame, y_event, y_label),
         "theorem_checks": theorems,
+        "learning_curve": learning,
         "transfer": transfer_report(cfg, verifiers),
         "predictors": {
             **{n: f"SPRINTER verifier trained at λ={c.lam:g}" for n, c in verifiers.items()},

@@ -33,7 +33,7 @@ def lams_of(cfg: DictConfig) -> list[float]:
 def run(cfg: DictConfig) -> dict[str, Any]:
     set_threads(cfg.get("num_threads"))
     spec = FeatureSpec.from_names(list(cfg.train.features))
-    columns = sorted({"split", "ratio", *spec.record_columns()})
+    columns = sorted({"split", "ratio", "prompt_id", *spec.record_columns()})
     records = open_records(cfg.experiment_dir, columns=columns, stage="stage=train")
     results = {}
     for lam in lams_of(cfg):

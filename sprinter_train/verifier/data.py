@@ -91,10 +91,12 @@ class VerifierDataModule(pl.LightningDataModule):
         batch_size: int,
         seed: int = 0,
         embedder: Embedder | None = None,
+        min_batches_per_epoch: int = 1,
     ) -> None:
         super().__init__()
         self.records, self.spec, self.lam = records, spec, float(lam)
         self.batch_size, self.seed, self.embedder = batch_size, seed, embedder
+        self.min_batches_per_epoch = int(min_batches_per_epoch)
         self.data: dict[str, tuple[Features, torch.Tensor]] = {}
         self.mean: torch.Tensor | None = None
         self.scale: torch.Tensor | None = None
@@ -128,10 +130,18 @@ class VerifierDataModule(pl.LightningDataModule):
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
+    def train_batch_size(self, rows: int, world: int) -> int:
+        """`batch_size`, shrunk so that every rank takes at least `min_batches_per_epoch`
+        steps an epoch: with a few thousand records, 4096-row batches give Adam two steps an
+        epoch and early stopping ends training before the weights have settled."""
+        per_rank = max(rows // max(world, 1), 1)
+        return max(1, min(self.batch_size, -(-per_rank // max(self.min_batches_per_epoch, 1))))
+
     def train_dataloader(self) -> BatchIterator:
         rank, world = self._rank_world()
         features, labels = self.load_split("train")
-        return BatchIterator(features, labels, self.batch_size, True, self.seed, rank, world)
+        size = self.train_batch_size(len(labels), world)
+        return BatchIterator(features, labels, size, True, self.seed, rank, world)
 
     def val_dataloader(self) -> BatchIterator:
         rank, world = self._rank_world()

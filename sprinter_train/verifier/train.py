@@ -121,16 +121,27 @@ def split_metrics(
     return out
 
 
-def train_verifier(cfg: DictConfig, records: RecordSet, lam: float) -> dict[str, Any]:
-    """Train, restore the best epoch, export `verifier-lam<λ>` and return its metrics."""
+def fit_verifier(
+    cfg: DictConfig,
+    records: RecordSet,
+    lam: float,
+    spec: FeatureSpec,
+    embedder: DraftEmbedder | None,
+    name: str,
+) -> tuple[LinearVerifier, dict[str, Any], list[dict[str, Any]]]:
+    """Fit on the train split under a Lightning Trainer, early-stopped on the val loss, and
+    return the best epoch's verifier (standardisation folded in), its metrics and layout."""
     tcfg = cfg.train
-    spec = FeatureSpec.from_names(list(tcfg.features))
-    embedder = make_embedder(cfg, spec, records)
-    name = f"lam{lam_name(lam)}"
     start = time.perf_counter()
     pl.seed_everything(int(tcfg.seed), workers=False, verbose=False)
     datamodule = VerifierDataModule(
-        records, spec, lam, int(tcfg.batch_size), int(tcfg.seed), embedder
+        records,
+        spec,
+        lam,
+        int(tcfg.batch_size),
+        int(tcfg.seed),
+        embedder,
+        int(tcfg.min_batches_per_epoch),
     )
     layout = spec.layout(records.d, embedder.dim if embedder else None)
     d_in = sum(block["width"] for block in layout)
@@ -181,8 +192,67 @@ def train_verifier(cfg: DictConfig, records: RecordSet, lam: float) -> dict[str,
         "epochs_run": int(module.epochs_run),
         "fit_seconds": fit_seconds,
         "world_size": trainer.world_size,
+        "train_rows": int(len(records.rows_of("train"))),
         **split_metrics(verifier.eval(), records, spec, lam, embedder),
     }
+    return verifier, metrics, layout
+
+
+def learning_curve(
+    cfg: DictConfig,
+    records: RecordSet,
+    lam: float,
+    spec: FeatureSpec,
+    embedder: DraftEmbedder | None,
+    fractions: list[float],
+    full: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Val/test AUC of verifiers fitted on nested fractions of the train prompts (the same
+    val and test rows): whether more records would still raise the AUC, measured."""
+    points = []
+    for fraction in sorted(f for f in fractions if 0 < f < 1):
+        subset = records.with_train_prompts(fraction, int(cfg.train.seed))
+        if len(subset.rows_of("train")) == 0:
+            continue
+        name = f"lam{lam_name(lam)}/curve-{fraction:g}"
+        _, metrics, _ = fit_verifier(cfg, subset, lam, spec, embedder, name)
+        points.append(curve_point(fraction, subset, metrics))
+    points.append(curve_point(1.0, records, full))
+    return points
+
+
+def curve_point(fraction: float, records: RecordSet, metrics: dict[str, Any]) -> dict[str, Any]:
+    train = records.rows_of("train")
+    return {
+        "fraction": fraction,
+        "train_rows": int(len(train)),
+        "train_prompts": int(records.frame["prompt_id"].iloc[train].nunique())
+        if "prompt_id" in records.frame
+        else None,
+        "val_auc_q_le_p": (metrics.get("val") or {}).get("auc_q_le_p"),
+        "test_auc_q_le_p": (metrics.get("test") or {}).get("auc_q_le_p"),
+        "epochs_run": metrics["epochs_run"],
+        "fit_seconds": metrics["fit_seconds"],
+    }
+
+
+def train_verifier(cfg: DictConfig, records: RecordSet, lam: float) -> dict[str, Any]:
+    """Train, restore the best epoch, export `verifier-lam<λ>` and return its metrics
+    (with the learning curve of `train.learning_curve` when it lists fractions)."""
+    tcfg = cfg.train
+    spec = FeatureSpec.from_names(list(tcfg.features))
+    embedder = make_embedder(cfg, spec, records)
+    name = f"lam{lam_name(lam)}"
+    log_dir = Path(cfg.experiment_dir) / "train"
+    verifier, metrics, layout = fit_verifier(cfg, records, lam, spec, embedder, name)
+    fit_seconds = metrics["fit_seconds"]
+    d_in = sum(block["width"] for block in layout)
+    weight, bias = verifier.linear.weight.detach()[0], verifier.linear.bias.detach()
+    fractions = [float(f) for f in tcfg.get("learning_curve") or []]
+    if fractions:
+        metrics["learning_curve"] = learning_curve(
+            cfg, records, lam, spec, embedder, fractions, metrics
+        )
     balance = class_balance(records, lam)
     draft = records.manifest.get("models", {}).get("draft", {})
     meta = {

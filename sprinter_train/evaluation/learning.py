@@ -1,0 +1,57 @@
+"""How a verifier's AUC grows with its training records (train.learning_curve in the sidecar).
+
+The slope per doubling of records is what tells a reader whether a short AUC is a data
+problem (still rising) or a feature problem (flat), and how far more harvesting would go.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def auc_per_doubling(points: list[dict[str, Any]], key: str = "test_auc_q_le_p") -> float | None:
+    """Least-squares slope of AUC against log2(train rows); None with < 2 usable points."""
+    pairs = [
+        (math.log2(p["train_rows"]), p[key])
+        for p in points
+        if p.get(key) is not None and p.get("train_rows")
+    ]
+    if len(pairs) < 2 or len({x for x, _ in pairs}) < 2:
+        return None
+    x, y = np.array(pairs).T
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def doublings_to_reach(
+    points: list[dict[str, Any]], target: float, key: str, min_slope: float = 1e-3
+) -> float | None:
+    """Doublings of the largest training set the fitted slope needs to reach `target`
+    (0 if reached; None when the AUC rises by less than `min_slope` a doubling, where an
+    extrapolation would be noise)."""
+    slope = auc_per_doubling(points, key)
+    last = max((p for p in points if p.get(key) is not None), key=lambda p: p["train_rows"])
+    if last[key] >= target:
+        return 0.0
+    if slope is None or slope < min_slope:
+        return None
+    return float((target - last[key]) / slope)
+
+
+def summarise(curves: dict[str, list[dict[str, Any]]], target: float) -> dict[str, Any]:
+    """Per verifier: its points, the slope per doubling (val and test) and the doublings the
+    slope says `target` needs."""
+    out: dict[str, Any] = {}
+    for name, points in curves.items():
+        if not points:
+            continue
+        out[name] = {
+            "points": points,
+            "test_auc_per_doubling": auc_per_doubling(points, "test_auc_q_le_p"),
+            "val_auc_per_doubling": auc_per_doubling(points, "val_auc_q_le_p"),
+            "target_auc": target,
+            "doublings_to_target_test": doublings_to_reach(points, target, "test_auc_q_le_p"),
+        }
+    return out
