@@ -181,8 +181,17 @@ def test_evaluate_scores_the_same_rows_as_the_exported_verifier(chained) -> None
 def test_transfer_between_two_tiny_experiments(chained) -> None:
     """SPRINTER Table 4: verifiers of one dataset scored on another's test records, both ways."""
     root = chained["root"]
-    code = compose_at(root, "stage=all", "experiment=code", "data=humaneval")
-    run_stage(code)
+    code = compose_at(
+        root,
+        "stage=all",
+        "experiment=code",
+        "data=humaneval",
+        "all_steps=[evaluate,harvest,train,tables]",  # run in pipeline order whatever the order
+    )
+    steps = run_stage(code)
+    assert list(steps) == ["harvest", "train", "tables", "evaluate", "seconds"]  # no bench
+    with pytest.raises(ValueError, match="unknown step.*'plot'"):
+        run_stage(compose_at(root, "stage=all", "experiment=code", "all_steps=[harvest,plot]"))
     forward = run_stage(
         compose_at(root, "stage=evaluate", "experiment=chat", "evaluate.transfer=[code]")
     )
