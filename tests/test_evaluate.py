@@ -246,3 +246,25 @@ def test_missing_inputs_name_the_stage_that_makes_them(tmp_path, chained) -> Non
     # the planted direction makes the verifiers strong; the synthetic A informs the table
     assert report["auc"]["verifier_lam1"] > 0.9 and report["auc"]["sv_table"] > 0.7
     assert report["entropy_rejected"] > report["entropy_accepted"]
+
+
+def test_ceiling_and_shortfall_sections_explain_a_short_auc(chained) -> None:
+    root = chained["root"]
+    run_stage(
+        compose_at(
+            root,
+            "stage=evaluate",
+            "experiment=chat",
+            "evaluate.ceiling.enabled=true",
+            "evaluate.ceiling.mlp_hidden=8",
+            "evaluate.target_auc=1.01",  # every verifier is short of it
+        )
+    )
+    eval_dir = Path(chained["cfg"].experiment_dir) / "eval"
+    report = read_json(eval_dir / "report.json")
+    models = report["ceiling"]["models"]
+    assert "linear: hidden + q + H(q) + embedding of x" in models  # the tiny draft's embedding
+    assert report["ceiling"]["rows"]["test"] == report["rows"]
+    text = (eval_dir / "report.md").read_text()
+    assert "Below the target AUC, and why" in text and "What the draft's features" in text
+    assert text.count("< 1.01") == 3  # one line per verifier

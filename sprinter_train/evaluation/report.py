@@ -194,6 +194,60 @@ def learning_section(report: dict[str, Any]) -> str | None:
     )
 
 
+def ceiling_section(report: dict[str, Any]) -> str | None:
+    """evaluate.ceiling's models: whether training, inputs or the linear form limit the AUC."""
+    entry = report.get("ceiling")
+    if not entry:
+        return None
+    rows = [
+        [name, m.get("setting"), m.get("val_auc"), m.get("test_auc")]
+        for name, m in entry["models"].items()
+    ]
+    counts = entry["rows"]
+    return "\n\n".join(
+        [
+            "## What the draft's features can predict (evaluate.ceiling)",
+            f"Fitted at q/p <= {entry['lam']:g} on {counts['train']} train records, "
+            f"regularisation chosen on {counts['val']} val records, scored on {counts['test']} "
+            "test records against q/p <= 1. The first linear row has the verifier's own input "
+            "and tuned L2: if it matches the verifier, training is not the limit.",
+            table(["model", "setting (C or alpha)", "val AUC", "test AUC"], rows),
+        ]
+    )
+
+
+def shortfall_lines(report: dict[str, Any]) -> list[str]:
+    """Why a verifier is below evaluate.target_auc, in numbers the report already holds."""
+    target = report.get("target_auc")
+    lines = []
+    for name, value in report["auc"].items():
+        if not name.startswith("verifier_") or value is None or target is None or value >= target:
+            continue
+        line = f"- **{name}: AUC {fmt(value)} < {fmt(target, 2)}.**"
+        curve = (report.get("learning_curve") or {}).get(name)
+        if curve and len(curve["points"]) > 1:
+            before, after = curve["points"][-2], curve["points"][-1]
+            gain = None
+            if before["test_auc_q_le_p"] is not None and after["test_auc_q_le_p"] is not None:
+                gain = after["test_auc_q_le_p"] - before["test_auc_q_le_p"]
+            line += (
+                f" Going from {before['train_rows']} to {after['train_rows']} train records moved "
+                f"the test AUC by {fmt(gain)} (fitted slope {fmt(curve['test_auc_per_doubling'])} "
+                "a doubling of records)."
+            )
+        ceiling_entry = report.get("ceiling")
+        if ceiling_entry:
+            best_name, best = max(
+                ceiling_entry["models"].items(), key=lambda kv: kv[1].get("test_auc") or 0.0
+            )
+            line += (
+                f" The best model on the draft's features, {best_name}, reaches "
+                f"{fmt(best.get('test_auc'))} on the same test rows."
+            )
+        lines.append(line)
+    return lines
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     balance = report["label_balance"]
     parts = [
@@ -213,9 +267,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         ),
         theorem_section(report),
     ]
-    learning = learning_section(report)
-    if learning:
-        parts.insert(3, learning)
+    why = shortfall_lines(report)
+    extra = [
+        "## Below the target AUC, and why\n\n" + "\n".join(why) if why else None,
+        learning_section(report),
+        ceiling_section(report),
+    ]
+    parts[3:3] = [section for section in extra if section]
     if report.get("transfer"):
         rows = [
             [other, name, value, entry["auc_sampled"].get(name)]

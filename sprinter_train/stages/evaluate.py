@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.evaluation.ceiling import ceiling
 from sprinter_train.evaluation.classification import auc, brier, ece, eta_rates, reliability, roc
 from sprinter_train.evaluation.information import discretise, heldout_information, information
 from sprinter_train.evaluation.learning import summarise as summarise_learning
@@ -47,7 +48,7 @@ from sprinter_train.verifier.checkpoint import (
     load_verifier,
     verifier_path,
 )
-from sprinter_train.verifier.features import build_features
+from sprinter_train.verifier.features import FeatureSpec, build_features
 from sprinter_train.verifier.train import make_embedder
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,41 @@ def transfer_report(cfg: DictConfig, verifiers: dict[str, VerifierCheckpoint]) -
     return out
 
 
+def ceiling_report(cfg: DictConfig, records: RecordSet) -> dict[str, Any] | None:
+    """evaluate.ceiling: what the draft's features predict, linear or not (see ceiling.py),
+    on at most `max_train_rows` train rows (a random subset) and every val and test row."""
+    ccfg = cfg.evaluate.ceiling
+    if not ccfg.enabled:
+        return None
+    frame = records.frame
+    split = frame["split"].to_numpy()
+    rng = np.random.default_rng(int(cfg.evaluate.seed))
+    train = np.flatnonzero(split == "train")
+    if len(train) > int(ccfg.max_train_rows):
+        train = np.sort(rng.choice(train, int(ccfg.max_train_rows), replace=False))
+    rows = np.sort(np.concatenate([train, np.flatnonzero((split == "val") | (split == "test"))]))
+    embedding = None
+    if ccfg.embedding:
+        embedder = make_embedder(cfg, FeatureSpec(("hidden", "token_embedding")), records)
+        embedding = embedder(frame["token_id"].to_numpy()[rows])
+    lam = float(ccfg.lam)
+    models = ceiling(
+        records.hidden(rows),
+        frame["q"].to_numpy()[rows],
+        frame["draft_entropy"].to_numpy()[rows],
+        frame["ratio"].to_numpy()[rows],
+        split[rows],
+        lam,
+        embedding=embedding,
+        c_grid=list(ccfg.c_grid),
+        mlp_hidden=int(ccfg.mlp_hidden),
+        mlp_alphas=list(ccfg.mlp_alphas),
+        seed=int(cfg.evaluate.seed),
+    )
+    counts = {s: int((split[rows] == s).sum()) for s in ("train", "val", "test")}
+    return {"lam": lam, "rows": counts, "models": models}
+
+
 def finite(value: Any) -> Any:
     """NaN and infinities become None: report.json stays strict JSON."""
     if isinstance(value, dict):
@@ -308,6 +344,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         **entropy_table(frame, y_event, y_label),
         "theorem_checks": theorems,
         "learning_curve": learning,
+        "ceiling": ceiling_report(cfg, records),
+        "target_auc": float(ecfg.target_auc),
         "transfer": transfer_report(cfg, verifiers),
         "predictors": {
             **{n: f"SPRINTER verifier trained at λ={c.lam:g}" for n, c in verifiers.items()},
