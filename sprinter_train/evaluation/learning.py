@@ -25,24 +25,40 @@ def auc_per_doubling(points: list[dict[str, Any]], key: str = "test_auc_q_le_p")
     return float(np.polyfit(x, y, 1)[0])
 
 
+def last_doubling_gain(points: list[dict[str, Any]], key: str) -> float | None:
+    """AUC gained per doubling between the two largest training sets: the local slope, which
+    is what the next doublings are likely to bring once the curve bends (None with < 2)."""
+    usable = sorted(
+        (p for p in points if p.get(key) is not None and p.get("train_rows")),
+        key=lambda p: p["train_rows"],
+    )
+    if len(usable) < 2 or usable[-1]["train_rows"] == usable[-2]["train_rows"]:
+        return None
+    before, after = usable[-2], usable[-1]
+    return float((after[key] - before[key]) / math.log2(after["train_rows"] / before["train_rows"]))
+
+
 def doublings_to_reach(
     points: list[dict[str, Any]], target: float, key: str, min_slope: float = 1e-3
 ) -> float | None:
-    """Doublings of the largest training set the fitted slope needs to reach `target`
-    (0 if reached; None when the AUC rises by less than `min_slope` a doubling, where an
-    extrapolation would be noise)."""
-    slope = auc_per_doubling(points, key)
-    last = max((p for p in points if p.get(key) is not None), key=lambda p: p["train_rows"])
+    """Doublings of the largest training set that the last doubling's gain needs to reach
+    `target` (0 if reached; None when that gain is below `min_slope`, where more records
+    would not get there)."""
+    usable = [p for p in points if p.get(key) is not None and p.get("train_rows")]
+    if not usable:
+        return None
+    last = max(usable, key=lambda p: p["train_rows"])
     if last[key] >= target:
         return 0.0
+    slope = last_doubling_gain(points, key)
     if slope is None or slope < min_slope:
         return None
     return float((target - last[key]) / slope)
 
 
 def summarise(curves: dict[str, list[dict[str, Any]]], target: float) -> dict[str, Any]:
-    """Per verifier: its points, the slope per doubling (val and test) and the doublings the
-    slope says `target` needs."""
+    """Per verifier: its points, the fitted slope per doubling (val and test), the last
+    doubling's gain and the doublings that gain says `target` needs."""
     out: dict[str, Any] = {}
     for name, points in curves.items():
         if not points:
@@ -51,6 +67,7 @@ def summarise(curves: dict[str, list[dict[str, Any]]], target: float) -> dict[st
             "points": points,
             "test_auc_per_doubling": auc_per_doubling(points, "test_auc_q_le_p"),
             "val_auc_per_doubling": auc_per_doubling(points, "val_auc_q_le_p"),
+            "test_auc_last_doubling": last_doubling_gain(points, "test_auc_q_le_p"),
             "target_auc": target,
             "doublings_to_target_test": doublings_to_reach(points, target, "test_auc_q_le_p"),
         }

@@ -171,16 +171,18 @@ def learning_section(report: dict[str, Any]) -> str | None:
                     point["test_auc_q_le_p"],
                 ]
             )
-        slope, need = entry["test_auc_per_doubling"], entry["doublings_to_target_test"]
+        need = entry["doublings_to_target_test"]
         if need is None:
-            verdict = "the test AUC does not rise with records: more data will not reach it"
+            verdict = "the last doubling barely moved the test AUC: more records will not reach it"
         elif need == 0:
             verdict = "reached"
         else:
-            verdict = f"{need:.1f} more doublings of the train records at this slope"
+            verdict = f"{need:.1f} more doublings of the train records at the last doubling's gain"
         lines.append(
-            f"- {name}: {fmt(slope)} AUC per doubling of train records (test; val "
-            f"{fmt(entry['val_auc_per_doubling'])}); AUC {fmt(entry['target_auc'], 2)}: {verdict}"
+            f"- {name}: test AUC {fmt(entry['test_auc_per_doubling'])} per doubling of train "
+            f"records fitted over the curve (val {fmt(entry['val_auc_per_doubling'])}), "
+            f"{fmt(entry.get('test_auc_last_doubling'))} over the last doubling; AUC "
+            f"{fmt(entry['target_auc'], 2)}: {verdict}"
         )
     return "\n\n".join(
         [
@@ -232,8 +234,8 @@ def shortfall_lines(report: dict[str, Any]) -> list[str]:
                 gain = after["test_auc_q_le_p"] - before["test_auc_q_le_p"]
             line += (
                 f" Going from {before['train_rows']} to {after['train_rows']} train records moved "
-                f"the test AUC by {fmt(gain)} (fitted slope {fmt(curve['test_auc_per_doubling'])} "
-                "a doubling of records)."
+                f"the test AUC by {fmt(gain)} (fitted over the whole curve: "
+                f"{fmt(curve['test_auc_per_doubling'])} a doubling)."
             )
         ceiling_entry = report.get("ceiling")
         if ceiling_entry:
