@@ -268,3 +268,18 @@ def test_ceiling_and_shortfall_sections_explain_a_short_auc(chained) -> None:
     text = (eval_dir / "report.md").read_text()
     assert "Below the target AUC, and why" in text and "What the draft's features" in text
     assert text.count("< 1.01") == 3  # one line per verifier
+
+
+def test_ceiling_leaves_out_an_embedding_it_cannot_load(chained, monkeypatch) -> None:
+    from sprinter_train.recordset import open_records
+    from sprinter_train.stages import evaluate as evaluate_stage
+
+    def other_draft(*args, **kwargs):
+        raise ValueError("the token_embedding feature needs the harvest's draft")
+
+    monkeypatch.setattr(evaluate_stage, "make_embedder", other_draft)
+    cfg = compose_at(chained["root"], "stage=evaluate", "experiment=chat")
+    out = evaluate_stage.ceiling_report(cfg, open_records(cfg.experiment_dir))
+    assert "harvest's draft" in out["embedding_skipped"]
+    assert not any("embedding" in name for name in out["models"])
+    assert "linear: hidden + q + H(q)" in out["models"]

@@ -214,6 +214,7 @@ def ceiling_section(report: dict[str, Any]) -> str | None:
             "test records against q/p <= 1. The first linear row has the verifier's own input "
             "and tuned L2: if it matches the verifier, training is not the limit.",
             table(["model", "setting (C or alpha)", "val AUC", "test AUC"], rows),
+            *([f"Note: {entry['embedding_skipped']}"] if entry.get("embedding_skipped") else []),
         ]
     )
 

@@ -252,10 +252,14 @@ def ceiling_report(cfg: DictConfig, records: RecordSet) -> dict[str, Any] | None
     if len(train) > int(ccfg.max_train_rows):
         train = np.sort(rng.choice(train, int(ccfg.max_train_rows), replace=False))
     rows = np.sort(np.concatenate([train, np.flatnonzero((split == "val") | (split == "test"))]))
-    embedding = None
+    embedding, skipped = None, None
     if ccfg.embedding:
-        embedder = make_embedder(cfg, FeatureSpec(("hidden", "token_embedding")), records)
-        embedding = embedder(frame["token_id"].to_numpy()[rows])
+        try:
+            embedder = make_embedder(cfg, FeatureSpec(("hidden", "token_embedding")), records)
+            embedding = embedder(frame["token_id"].to_numpy()[rows])
+        except (ValueError, OSError) as error:  # another models.draft, or no way to load it
+            skipped = f"the draft's embedding of x was left out: {error}"
+            log.warning("evaluate.ceiling: %s", skipped)
     lam = float(ccfg.lam)
     models = ceiling(
         records.hidden(rows),
@@ -271,7 +275,7 @@ def ceiling_report(cfg: DictConfig, records: RecordSet) -> dict[str, Any] | None
         seed=int(cfg.evaluate.seed),
     )
     counts = {s: int((split[rows] == s).sum()) for s in ("train", "val", "test")}
-    return {"lam": lam, "rows": counts, "models": models}
+    return {"lam": lam, "rows": counts, "models": models, "embedding_skipped": skipped}
 
 
 def finite(value: Any) -> Any:
