@@ -12,13 +12,15 @@ from typing import Any
 import numpy as np
 
 
+def usable(points: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """The points that have an AUC under `key` and a train size, smallest size first."""
+    kept = [p for p in points if p.get(key) is not None and p.get("train_rows")]
+    return sorted(kept, key=lambda p: p["train_rows"])
+
+
 def auc_per_doubling(points: list[dict[str, Any]], key: str = "test_auc_q_le_p") -> float | None:
     """Least-squares slope of AUC against log2(train rows); None with < 2 usable points."""
-    pairs = [
-        (math.log2(p["train_rows"]), p[key])
-        for p in points
-        if p.get(key) is not None and p.get("train_rows")
-    ]
+    pairs = [(math.log2(p["train_rows"]), p[key]) for p in usable(points, key)]
     if len(pairs) < 2 or len({x for x, _ in pairs}) < 2:
         return None
     x, y = np.array(pairs).T
@@ -28,13 +30,10 @@ def auc_per_doubling(points: list[dict[str, Any]], key: str = "test_auc_q_le_p")
 def last_doubling_gain(points: list[dict[str, Any]], key: str) -> float | None:
     """AUC gained per doubling between the two largest training sets: the local slope, which
     is what the next doublings are likely to bring once the curve bends (None with < 2)."""
-    usable = sorted(
-        (p for p in points if p.get(key) is not None and p.get("train_rows")),
-        key=lambda p: p["train_rows"],
-    )
-    if len(usable) < 2 or usable[-1]["train_rows"] == usable[-2]["train_rows"]:
+    kept = usable(points, key)
+    if len(kept) < 2 or kept[-1]["train_rows"] == kept[-2]["train_rows"]:
         return None
-    before, after = usable[-2], usable[-1]
+    before, after = kept[-2], kept[-1]
     return float((after[key] - before[key]) / math.log2(after["train_rows"] / before["train_rows"]))
 
 
@@ -44,10 +43,10 @@ def doublings_to_reach(
     """Doublings of the largest training set that the last doubling's gain needs to reach
     `target` (0 if reached; None when that gain is below `min_slope`, where more records
     would not get there)."""
-    usable = [p for p in points if p.get(key) is not None and p.get("train_rows")]
-    if not usable:
+    kept = usable(points, key)
+    if not kept:
         return None
-    last = max(usable, key=lambda p: p["train_rows"])
+    last = kept[-1]
     if last[key] >= target:
         return 0.0
     slope = last_doubling_gain(points, key)

@@ -103,9 +103,6 @@ def plot_sv_calibration(
     return _save(fig, path)
 
 
-KEYS = ("test_auc_q_le_p", "val_auc_q_le_p")
-
-
 def plot_learning_curves(curves: dict[str, dict[str, Any]], path: Path, target: float) -> Path:
     """Test (solid) and val (dashed) AUC against train records, log2 axis, one colour per
     verifier; the dotted line is the AUC the issue asks for."""
@@ -114,7 +111,10 @@ def plot_learning_curves(curves: dict[str, dict[str, Any]], path: Path, target: 
         points = entry["points"]
         rows = [p["train_rows"] for p in points]
         colour = f"C{index}"
-        test, val = ([np.nan if p[k] is None else p[k] for p in points] for k in KEYS)
+        test, val = (
+            [np.nan if p[k] is None else p[k] for p in points]
+            for k in ("test_auc_q_le_p", "val_auc_q_le_p")
+        )
         ax.plot(rows, test, "o-", color=colour, label=name)
         ax.plot(rows, val, "s--", color=colour, alpha=0.5)
     ax.axhline(target, color="grey", linestyle=":", linewidth=1)
