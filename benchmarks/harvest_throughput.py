@@ -23,16 +23,16 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from sprinter_train.config import compose_config
+from sprinter_train.core.config import compose_config
+from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads, synchronize
+from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import load_prompts
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.driver import HarvestOptions, harvest_prompts, max_context
-from sprinter_train.harvest.forward import HarvestModels, body, head_logits, load_harvest_models
 from sprinter_train.harvest.mixes import assign_mixes
 from sprinter_train.harvest.records import pad_right
 from sprinter_train.harvest.shards import plan_shards, write_shard
-from sprinter_train.runtime import resolve_device, resolve_dtype, set_threads, synchronize
-from sprinter_train.sampling import SamplingConfig
+from sprinter_train.models.forward import HarvestModels, body, head_logits, load_harvest_models
 
 
 @torch.no_grad()

@@ -4,7 +4,7 @@ python benchmarks/verifier_training.py                       # 1M synthetic reco
 python benchmarks/verifier_training.py --rows 100000 --lams 1.2
 
 Writes a synthetic record set in the harvest's format (a known separating direction, see
-sprinter_train/synthetic.py) under --dir (kept for reruns), then times the real training path
+tests/synthetic.py) under --dir (kept for reruns), then times the real training path
 per λ: reading the hidden states, Lightning fit with early stopping, scoring val/test, export.
 """
 
@@ -13,16 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from sprinter_train.config import compose_config
-from sprinter_train.recordset import open_records
-from sprinter_train.synthetic import write_synthetic_records
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.synthetic: test data
+
+from sprinter_train.core.config import compose_config
+from sprinter_train.harvest.reader import open_records
 from sprinter_train.verifier.train import train_verifier
+from tests.synthetic import write_synthetic_records
 
 
 def main() -> None:

@@ -14,19 +14,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-log = logging.getLogger("sprinter_train")
+from sprinter_train.stages import STAGES
 
-# stage name -> module with run(cfg)
-STAGES: dict[str, str] = {
-    "harvest": "sprinter_train.stages.harvest",
-    "train": "sprinter_train.stages.train",
-    "tables": "sprinter_train.stages.tables",
-    "evaluate": "sprinter_train.stages.evaluate",
-    "bench": "sprinter_train.stages.bench",
-    "distill": "sprinter_train.stages.distill",
-    "draft_eval": "sprinter_train.stages.draft_eval",
-    "all": "sprinter_train.stages.all",
-}
+log = logging.getLogger("sprinter_train")
 
 
 def run_stage(cfg: DictConfig) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sprinter_train.config import compose_config
+from sprinter_train.core.config import compose_config
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.runner import ForwardOutput
-from sprinter_train.sampling import SamplingConfig, warp_probs
 
 
 class PrefixCache:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sprinter_train.bench.latency import LatencyProfile, profile_models
-from sprinter_train.metrics import implied_speedup
+from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.models.tiny import build_tiny_model
 
 

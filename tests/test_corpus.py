@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from data_gen.distill_corpus import build_corpus, token_frequencies
-from sprinter_train.io import load_npz
+from sprinter_train.core.io import load_npz
+from sprinter_train.distill.corpus import build_corpus, token_frequencies
 from sprinter_train.models.tiny import build_tiny_tokenizer
 
 

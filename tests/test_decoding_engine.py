@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.engine import DraftStep, Engine
 from sprinter_train.decoding.policies import (
     MTAD,
@@ -29,7 +30,6 @@ from sprinter_train.decoding.policies import (
 from sprinter_train.decoding.runner import CacheSlot, ModelRunner
 from sprinter_train.decoding.state import SequenceState
 from sprinter_train.models.tiny import build_tiny_model
-from sprinter_train.sampling import SamplingConfig, warp_probs
 from tests.decoding_helpers import MemoRunner, chi_square_pvalue, enumerate_joint, exact_joint
 
 VOCAB = 128

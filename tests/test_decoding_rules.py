@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from sprinter_train.decoding.rules import (
+from sprinter_train.core.rules import (
     adaedl_should_stop,
     heuristic_next_gamma,
     mtad_accept_length,
@@ -23,7 +23,7 @@ from sprinter_train.decoding.rules import (
     sv_prob_accept_count,
     svip_should_stop,
 )
-from sprinter_train.sampling import SamplingConfig, sample, warp_probs
+from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
 
 
 def random_dist(rng: np.random.Generator, n: int, zeros: int = 0) -> torch.Tensor:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from sprinter_train.core.io import save_npz
 from sprinter_train.distill.losses import distill_loss, slot_map
 from sprinter_train.distill.trainer import heldout_alpha, load_checkpoint, train
-from sprinter_train.io import save_npz
 from sprinter_train.models.student_init import build_student
 from sprinter_train.models.tiny import build_tiny_model
 

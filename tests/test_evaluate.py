@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.config import compose_config
-from sprinter_train.evaluation.classification import auc, brier, ece, eta_rates
+from sprinter_train.core.classification import auc, brier, ece, eta_rates
+from sprinter_train.core.config import compose_config
+from sprinter_train.core.io import read_json
 from sprinter_train.evaluation.predictors import adaedl_bound, sampled_acceptance, svip_score
-from sprinter_train.io import read_json
-from sprinter_train.recordset import MissingInputError
-from sprinter_train.synthetic import write_synthetic_records
+from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
+from tests.synthetic import write_synthetic_records
 
 # 16 tiny-model prompts, 8 records each; a quarter of the prompts each in val and test
 TINY = (
@@ -164,7 +164,7 @@ def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
 
 def test_evaluate_scores_the_same_rows_as_the_exported_verifier(chained) -> None:
     """report AUC = AUC of the checkpoint's own scores on the test rows (no hidden re-ordering)."""
-    from sprinter_train.recordset import open_records
+    from sprinter_train.harvest.reader import open_records
     from sprinter_train.verifier.data import split_features
 
     cfg = chained["cfg"]
@@ -271,7 +271,7 @@ def test_ceiling_and_shortfall_sections_explain_a_short_auc(chained) -> None:
 
 
 def test_ceiling_leaves_out_an_embedding_it_cannot_load(chained, monkeypatch) -> None:
-    from sprinter_train.recordset import open_records
+    from sprinter_train.harvest.reader import open_records
     from sprinter_train.stages import evaluate as evaluate_stage
 
     def other_draft(*args, **kwargs):

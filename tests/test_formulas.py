@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from sprinter_train.metrics import acceptance_alpha, entropy, implied_speedup
-from sprinter_train.sampling import SamplingConfig, warp_probs
+from sprinter_train.core.distributions import acceptance_alpha, entropy, implied_speedup
+from sprinter_train.core.sampling import SamplingConfig, warp_probs
 
 
 def test_alpha_is_the_sd_acceptance_probability_by_monte_carlo() -> None:

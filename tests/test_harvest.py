@@ -13,24 +13,24 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.config import compose_config
+from sprinter_train.core.config import compose_config
+from sprinter_train.core.distributions import entropy
+from sprinter_train.core.io import read_json
+from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.harvest import driver
 from sprinter_train.harvest.continuations import (
     make_generator,
     sample_continuations,
 )
-from sprinter_train.harvest.forward import load_harvest_models
 from sprinter_train.harvest.mixes import MIXES, assign_mixes
+from sprinter_train.harvest.reader import open_records
 from sprinter_train.harvest.records import token_statistics
 from sprinter_train.harvest.schema import RECORD_SCHEMA, SEQUENCE_SCHEMA
 from sprinter_train.harvest.shards import ShardPlan, shard_is_complete
-from sprinter_train.io import read_json
-from sprinter_train.metrics import entropy
+from sprinter_train.models.forward import load_harvest_models
 from sprinter_train.models.loading import TokenizerMismatchError
 from sprinter_train.models.tiny import build_tiny_model
-from sprinter_train.recordset import open_records
-from sprinter_train.sampling import SamplingConfig, warp_probs
 
 # 8 prompts, 6 records each, 3 prompts per shard (shards of 3, 3, 2), 2 sequences per forward
 TINY = (

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
+from sprinter_train.core.io import load_npz, save_npz
 from sprinter_train.data.sharegpt import first_user_turn, iter_conversations
-from sprinter_train.io import load_npz, save_npz
 
 
 def test_truncated_shard_is_detected(tmp_path) -> None:

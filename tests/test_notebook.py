@@ -9,7 +9,7 @@ import pytest
 from nbclient import NotebookClient
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.synthetic import write_synthetic_records
+from tests.synthetic import write_synthetic_records
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "analysis.ipynb"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from sprinter_train import runtime
+from sprinter_train.core import runtime
 
 
 def test_native_bf16_is_read_from_cpu_flags(tmp_path: Path) -> None:

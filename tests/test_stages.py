@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.metrics import implied_speedup
+from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 TINY_DISTILL = [

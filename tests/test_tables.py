@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from sprinter_train.__main__ import run_stage
+from sprinter_train.core.io import read_json
 from sprinter_train.evaluation.information import discretise, heldout_information, information
-from sprinter_train.io import read_json
-from sprinter_train.recordset import MissingInputError
-from sprinter_train.sv_table import Binning, SVTable, fill_sparse, fit_binning, quantile_edges
-from sprinter_train.synthetic import write_synthetic_records
+from sprinter_train.harvest.reader import MissingInputError
+from sprinter_train.sv.table import Binning, SVTable, fill_sparse, fit_binning, quantile_edges
+from tests.synthetic import write_synthetic_records
 
 
 def brute_information(x: list[int], y: list[int]) -> tuple[float, float, float]:

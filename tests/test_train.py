@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.io import read_json
-from sprinter_train.recordset import MissingInputError, open_records
-from sprinter_train.synthetic import write_synthetic_records
+from sprinter_train.core.io import read_json
+from sprinter_train.harvest.reader import MissingInputError, open_records
 from sprinter_train.verifier import train as train_module
 from sprinter_train.verifier.checkpoint import (
     LinearVerifier,
@@ -26,6 +25,7 @@ from sprinter_train.verifier.checkpoint import (
 from sprinter_train.verifier.data import VerifierDataModule, labels_at, split_features
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.module import VerifierModule
+from tests.synthetic import write_synthetic_records
 
 REPO = Path(__file__).resolve().parents[1]
 

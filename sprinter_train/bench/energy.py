@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from sprinter_train.runtime import synchronize
+from sprinter_train.core.runtime import synchronize
 
 _PACKAGE_ZONE = re.compile(r"intel-rapl:\d+")
 

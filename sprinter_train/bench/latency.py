@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from sprinter_train.io import read_json, write_json
-from sprinter_train.metrics import implied_speedup
+from sprinter_train.core.distributions import implied_speedup
+from sprinter_train.core.io import read_json, write_json
+from sprinter_train.core.runtime import synchronize
 from sprinter_train.models.cache import crop_cache
-from sprinter_train.runtime import synchronize
 
 
 @dataclass

@@ -25,9 +25,9 @@ from sprinter_train.decoding.policies import (
     Sprinter,
     TargetOnly,
 )
-from sprinter_train.decoding.verifier import CheckpointVerifier
-from sprinter_train.sv_table import SVTable
+from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
+from sprinter_train.verifier.scorer import CheckpointVerifier
 
 PEERS = {"hf_assisted": "constant", "hf_assisted_heuristic": "heuristic"}
 ENGINE_METHODS = ("target_only", "sd", "sd_heuristic", "svip", "adaedl", "sprinter", "sv", "mtad")

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, PreTrainedModel
 
-from sprinter_train.runtime import synchronize
-from sprinter_train.sampling import SamplingConfig
+from sprinter_train.core.runtime import synchronize
+from sprinter_train.core.sampling import SamplingConfig
 
 SCHEDULES = ("constant", "heuristic")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sprinter_train.io import read_json, write_json
-from sprinter_train.plots import plt
+from sprinter_train.core.io import read_json, write_json
+from sprinter_train.core.plots import plt
 
 COLUMNS = [
     ("tokens/s", "tokens_per_s", "{:.1f}"),

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from sprinter_train.core.distributions import entropy
+from sprinter_train.core.runtime import synchronize
+from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
 from sprinter_train.decoding.runner import ForwardOutput, ModelRunner
 from sprinter_train.decoding.state import DecodeStats, SequenceState
-from sprinter_train.metrics import entropy
-from sprinter_train.runtime import synchronize
-from sprinter_train.sampling import SamplingConfig, sample, warp_probs
 
 
 @dataclass

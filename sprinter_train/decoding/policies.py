@@ -15,9 +15,7 @@ from typing import Protocol
 
 import torch
 
-from sprinter_train.decoding.beam import beam_draft
-from sprinter_train.decoding.engine import DraftStep, Engine
-from sprinter_train.decoding.rules import (
+from sprinter_train.core.rules import (
     adaedl_should_stop,
     heuristic_next_gamma,
     mtad_accept_length,
@@ -27,6 +25,8 @@ from sprinter_train.decoding.rules import (
     sv_goodput,
     svip_should_stop,
 )
+from sprinter_train.decoding.beam import beam_draft
+from sprinter_train.decoding.engine import DraftStep, Engine
 from sprinter_train.decoding.state import SequenceState
 
 StopRule = Callable[[DraftStep], bool]  # True: this drafted token is the round's last

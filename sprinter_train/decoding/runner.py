@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from sprinter_train.harvest.forward import body, head_logits
+from sprinter_train.core.runtime import synchronize
 from sprinter_train.models.cache import crop_cache
-from sprinter_train.runtime import synchronize
+from sprinter_train.models.forward import body, head_logits
 
 
 @dataclass

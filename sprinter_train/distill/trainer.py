@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from data_gen.teacher_cache import ensure_teacher_shard, teacher_path
+from sprinter_train.core.distributions import acceptance_alpha
+from sprinter_train.core.io import atomic_write, load_npz
 from sprinter_train.distill.losses import distill_loss, slot_map
-from sprinter_train.io import atomic_write, load_npz
-from sprinter_train.metrics import acceptance_alpha
+from sprinter_train.distill.teacher_cache import ensure_teacher_shard, teacher_path
 from sprinter_train.models.student import SprinterDraftForCausalLM
 
 log = logging.getLogger(__name__)

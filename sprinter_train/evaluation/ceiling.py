@@ -19,7 +19,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from sprinter_train.evaluation.classification import auc
+from sprinter_train.core.classification import auc
 
 SPLITS = ("train", "val", "test")
 

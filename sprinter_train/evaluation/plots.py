@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from sprinter_train.plots import plt
+from sprinter_train.core.plots import plt
 
 
 def _save(fig, path: Path) -> Path:

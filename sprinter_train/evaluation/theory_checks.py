@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sprinter_train.evaluation.classification import eta_rates
+from sprinter_train.core.classification import eta_rates
 from sprinter_train.evaluation.theorems import E_N, E_N_truncated, beta_SD, beta_SPRINTER
 
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
+from sprinter_train.core.rules import speculative_step
+from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.rules import speculative_step
-from sprinter_train.harvest.forward import HarvestModels, body, head_logits
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.models.cache import crop_cache
-from sprinter_train.sampling import SamplingConfig, sample, warp_probs
+from sprinter_train.models.forward import HarvestModels, body, head_logits
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,11 @@ from lightning_fabric.strategies import DDPStrategy
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from sprinter_train.core.io import write_json
+from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
+from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.harvest.continuations import HarvestSequence, build_sequences
-from sprinter_train.harvest.forward import HarvestModels, load_harvest_models
 from sprinter_train.harvest.manifest import build_manifest, count_records, harvest_fingerprint
 from sprinter_train.harvest.mixes import assign_mixes
 from sprinter_train.harvest.records import RecordBatch, concat_batches, harvest_batch, hidden_dim
@@ -35,9 +37,7 @@ from sprinter_train.harvest.shards import (
     shard_is_complete,
     write_shard,
 )
-from sprinter_train.io import write_json
-from sprinter_train.runtime import resolve_device, resolve_dtype, set_threads
-from sprinter_train.sampling import SamplingConfig
+from sprinter_train.models.forward import HarvestModels, load_harvest_models
 
 log = logging.getLogger(__name__)
 

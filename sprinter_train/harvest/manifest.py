@@ -14,9 +14,9 @@ import pyarrow as pa
 import torch
 
 import sprinter_train
-from sprinter_train.harvest.forward import HarvestModels
 from sprinter_train.harvest.schema import HIDDEN_DTYPE, RECORD_SCHEMA, SCHEMA_VERSION
 from sprinter_train.harvest.shards import ShardPlan, read_records
+from sprinter_train.models.forward import HarvestModels
 from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_path, tokenizer_hash
 
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sprinter_train.core.distributions import acceptance_alpha, entropy
+from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.harvest.continuations import HarvestSequence, make_generator
-from sprinter_train.harvest.forward import HarvestModels, body, head_logits
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.harvest.schema import NUMPY_DTYPES
-from sprinter_train.metrics import acceptance_alpha, entropy
-from sprinter_train.sampling import SamplingConfig, warp_probs
+from sprinter_train.models.forward import HarvestModels, body, head_logits
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 

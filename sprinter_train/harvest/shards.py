@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sprinter_train.core.io import atomic_write
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.records import RecordBatch
@@ -29,7 +30,6 @@ from sprinter_train.harvest.schema import (
     SCHEMA_VERSION,
     SEQUENCE_SCHEMA,
 )
-from sprinter_train.io import atomic_write
 
 log = logging.getLogger(__name__)
 

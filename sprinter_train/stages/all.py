@@ -17,14 +17,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from sprinter_train.recordset import open_records
+from sprinter_train.harvest.reader import open_records
+from sprinter_train.stages import STAGES
 
 log = logging.getLogger(__name__)
 
 
 def _stage(name: str, cfg: DictConfig) -> dict[str, Any]:
-    from sprinter_train.__main__ import STAGES
-
     module = STAGES.get(name)
     if module is None or name == "all":
         raise ValueError(f"stage=all cannot run stage={name}")

@@ -25,15 +25,15 @@ from sprinter_train.bench.methods import plan_methods
 from sprinter_train.bench.peer import run_hf_assisted
 from sprinter_train.bench.quality import rouge_l, target_perplexity
 from sprinter_train.bench.report import check_targets, plot_results, write_results
+from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
+from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats
-from sprinter_train.harvest.forward import HarvestModels, load_harvest_models
-from sprinter_train.recordset import open_records
-from sprinter_train.runtime import resolve_device, resolve_dtype, set_threads
-from sprinter_train.sampling import SamplingConfig
+from sprinter_train.harvest.reader import open_records
+from sprinter_train.models.forward import HarvestModels, load_harvest_models
 
 log = logging.getLogger(__name__)
 

@@ -19,16 +19,16 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from data_gen.distill_corpus import build_corpus, token_frequencies
-from data_gen.teacher_cache import produce_teacher_shards
+from sprinter_train.core.io import atomic_write, load_npz, read_json, write_json
+from sprinter_train.core.plots import plot_curve
+from sprinter_train.core.runtime import resolve_device, set_threads
+from sprinter_train.distill.corpus import build_corpus, token_frequencies
+from sprinter_train.distill.teacher_cache import produce_teacher_shards
 from sprinter_train.distill.trainer import heldout_alpha, load_checkpoint, train
-from sprinter_train.io import atomic_write, load_npz, read_json, write_json
 from sprinter_train.models import student as student_module
 from sprinter_train.models.loading import REPO_ROOT, load_model
 from sprinter_train.models.student import SprinterDraftConfig, SprinterDraftForCausalLM
 from sprinter_train.models.student_init import build_student
-from sprinter_train.plots import plot_curve
-from sprinter_train.runtime import resolve_device, set_threads
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench.latency import profile_models
+from sprinter_train.core.distributions import acceptance_alpha, implied_speedup
+from sprinter_train.core.io import atomic_write, write_json
+from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
+from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.sharegpt import assistant_turns, iter_split_conversations
 from sprinter_train.data.split import split_settings
-from sprinter_train.io import atomic_write, write_json
-from sprinter_train.metrics import acceptance_alpha, implied_speedup
 from sprinter_train.models.loading import check_tokenizers_agree, load_model, resolve_path
-from sprinter_train.runtime import resolve_device, resolve_dtype, set_threads
-from sprinter_train.sampling import SamplingConfig, warp_probs
 
 log = logging.getLogger(__name__)
 

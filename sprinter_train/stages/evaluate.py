@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.core.classification import auc, brier, ece, eta_rates, reliability, roc
+from sprinter_train.core.io import write_json
+from sprinter_train.core.runtime import set_threads
 from sprinter_train.evaluation.ceiling import ceiling
-from sprinter_train.evaluation.classification import auc, brier, ece, eta_rates, reliability, roc
 from sprinter_train.evaluation.information import discretise, heldout_information, information
 from sprinter_train.evaluation.learning import summarise as summarise_learning
 from sprinter_train.evaluation.plots import (
@@ -38,10 +40,8 @@ from sprinter_train.evaluation.predictors import (
 from sprinter_train.evaluation.report import render_markdown
 from sprinter_train.evaluation.theory_checks import theorem_checks
 from sprinter_train.harvest.manifest import code_version
-from sprinter_train.io import write_json
-from sprinter_train.recordset import RecordSet, file_sha256, open_records
-from sprinter_train.runtime import set_threads
-from sprinter_train.sv_table import SVTable
+from sprinter_train.harvest.reader import RecordSet, file_sha256, open_records
+from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import (
     VerifierCheckpoint,
     lam_name,

@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.core.io import write_json
 from sprinter_train.evaluation.information import discretise, information
 from sprinter_train.evaluation.plots import plot_sv_table
 from sprinter_train.evaluation.predictors import sampled_acceptance
 from sprinter_train.harvest.manifest import code_version
-from sprinter_train.io import write_json
-from sprinter_train.recordset import RecordSet, open_records
-from sprinter_train.sv_table import MAX_RADIUS, Binning, fit_binning
+from sprinter_train.harvest.reader import RecordSet, open_records
+from sprinter_train.sv.table import MAX_RADIUS, Binning, fit_binning
 
 log = logging.getLogger(__name__)
 

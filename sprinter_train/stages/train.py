@@ -15,9 +15,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sprinter_train.io import write_json
-from sprinter_train.recordset import open_records
-from sprinter_train.runtime import set_threads
+from sprinter_train.core.io import write_json
+from sprinter_train.core.runtime import set_threads
+from sprinter_train.harvest.reader import open_records
 from sprinter_train.verifier.checkpoint import lam_name
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.train import train_verifier

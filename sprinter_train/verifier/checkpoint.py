@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from sprinter_train.io import atomic_write, read_json, write_json
-from sprinter_train.recordset import MissingInputError
+from sprinter_train.core.io import atomic_write, read_json, write_json
+from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.verifier.features import FeatureSpec
 
 FORMAT_VERSION = 1

@@ -15,7 +15,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from sprinter_train.recordset import RecordSet
+from sprinter_train.harvest.reader import RecordSet
 from sprinter_train.verifier.features import Embedder, Features, FeatureSpec, build_features
 
 

@@ -14,11 +14,11 @@ from pytorch_lightning.callbacks import EarlyStopping
 from pytorch_lightning.loggers import CSVLogger, Logger
 from pytorch_lightning.strategies import DDPStrategy
 
-from sprinter_train.evaluation.classification import auc
+from sprinter_train.core.classification import auc
+from sprinter_train.core.runtime import resolve_device
 from sprinter_train.harvest.manifest import code_version
+from sprinter_train.harvest.reader import RecordSet
 from sprinter_train.models.loading import describe_spec
-from sprinter_train.recordset import RecordSet
-from sprinter_train.runtime import resolve_device
 from sprinter_train.verifier.checkpoint import (
     LinearVerifier,
     VerifierCheckpoint,

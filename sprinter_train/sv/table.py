@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from sprinter_train.io import read_json
-from sprinter_train.recordset import MissingInputError
+from sprinter_train.core.io import read_json
+from sprinter_train.harvest.reader import MissingInputError
 
 MAX_RADIUS = 2
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sprinter_train.io import load_npz, save_npz
+from sprinter_train.core.io import load_npz, save_npz
 
 
 def teacher_path(cache_dir: Path, corpus_shard: Path, top_k: int) -> Path:

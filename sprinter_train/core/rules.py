@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sprinter_train.sampling import sample
+from sprinter_train.core.sampling import sample
 
 SVIP_C = 0.15  # SVIP's constant c in 1 - sqrt(c H_q) (the authors' code)
 

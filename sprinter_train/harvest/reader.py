@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sprinter_train.core.io import read_json
 from sprinter_train.harvest.schema import HIDDEN_DTYPE
 from sprinter_train.harvest.shards import read_records, shard_files
-from sprinter_train.io import read_json
 
 HARVEST_HINT = "make them with `python -m sprinter_train stage=harvest experiment={exp}`"
 

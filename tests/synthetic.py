@@ -15,11 +15,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sprinter_train.core.io import atomic_write, write_json
 from sprinter_train.data.split import split_of
 from sprinter_train.harvest.mixes import MIXES
 from sprinter_train.harvest.schema import RECORD_SCHEMA, SCHEMA_VERSION, SEQUENCE_SCHEMA
 from sprinter_train.harvest.shards import shard_files
-from sprinter_train.io import atomic_write, write_json
 
 
 def planted_direction(d: int, seed: int) -> np.ndarray:

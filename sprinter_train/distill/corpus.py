@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from sprinter_train.core.io import load_npz, read_json, save_npz, write_json
 from sprinter_train.data.sharegpt import assistant_turns, iter_split_conversations
 from sprinter_train.data.split import split_settings
-from sprinter_train.io import load_npz, read_json, save_npz, write_json
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import time
 
 import torch
 
+from sprinter_train.core.distributions import entropy
 from sprinter_train.decoding.engine import DraftStep, Engine
 from sprinter_train.decoding.state import SequenceState
-from sprinter_train.metrics import entropy
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint
 
 

@@ -1,1 +1,0 @@
-"""Data generation for distillation: tokenised corpora and cached teacher distributions."""

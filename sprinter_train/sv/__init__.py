@@ -1,0 +1,1 @@
+"""SV's binned acceptance table P(accept | S, A): its bins, its fitting and its lookup."""
