@@ -1,36 +1,31 @@
-"""The bench's methods built from `conf/bench`: engine policies, or a reason one cannot run.
+"""The bench's methods: engine policies built from `cfg.methods`, HF's peers from `cfg.bench`.
 
-A method whose artifact is missing (no verifier for sprinter, no SV table or companion for sv)
-is skipped with the command that makes the artifact, so a bench without a harvest still
-measures everything else.
+Each engine method is conf/methods/<name>.yaml, composed into `cfg.methods.<name>`, whose
+`_target_` hydra.utils.instantiate calls with the method's parameters. What a config cannot
+hold is passed in at run time, keyed by the entry that asks for it (`runtime_entries`), so a
+new method needs a yaml, not code here. A method whose artifact is missing (no verifier for
+sprinter, no SV table or companion for sv) is skipped with the command that makes the
+artifact, so a bench without a harvest still measures everything else.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.decoding.policies import (
-    MTAD,
-    SVIP,
-    AdaEDL,
-    HeuristicSD,
-    Policy,
-    SpeculativeDecoding,
-    SpecVerification,
-    Sprinter,
-    TargetOnly,
-)
+from sprinter_train.decoding.policies import Policy
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
 from sprinter_train.verifier.scorer import CheckpointVerifier
 
 PEERS = {"hf_assisted": "constant", "hf_assisted_heuristic": "heuristic"}
-ENGINE_METHODS = ("target_only", "sd", "sd_heuristic", "svip", "adaedl", "sprinter", "sv", "mtad")
 
 
 @dataclass
@@ -43,15 +38,83 @@ class MethodPlan:
     settings: dict[str, dict[str, Any]]
 
 
+@dataclass
+class RunInputs:
+    """What the bench measured or loaded that a method's config refers to."""
+
+    cfg: DictConfig
+    profile: LatencyProfile
+    sd_gamma: int  # the gamma maximising the implied speedup, or methods.sd.gamma when set
+    draft_model: torch.nn.Module
+    has_companion: bool
+
+
+def runtime_entries(node: DictConfig) -> list[str]:
+    """The entries of a method's config the bench fills in: `gamma: auto` (sd's chosen gamma),
+    `verifier` (the exported verifier it describes), `table` (SV's fitted table) and a missing
+    `latency` (the latency profile's round time)."""
+    keys = list(node.keys())
+    wanted = {
+        "gamma": "gamma" in keys and node.gamma == "auto",
+        "verifier": "verifier" in keys,
+        "table": "table" in keys,
+        "latency": "latency" in keys and OmegaConf.is_missing(node, "latency"),
+    }
+    return [key for key, needed in wanted.items() if needed]
+
+
+def _sd_gamma(name: str, node: DictConfig, run: RunInputs) -> tuple[int, int]:
+    return run.sd_gamma, run.sd_gamma
+
+
+def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, Any]]:
+    path = verifier_path(run.cfg.checkpoint_dir, float(node.verifier.lam))
+    checkpoint = load_verifier(path, run.cfg.experiment)  # a missing one names stage=train
+    record = {**OmegaConf.to_container(node.verifier), "path": str(path)}  # type: ignore[dict-item]
+    return CheckpointVerifier(checkpoint, run.draft_model), record
+
+
+def _table(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, Any]]:
+    if not run.has_companion:
+        raise FileNotFoundError(f"{name} needs a companion model (models.companion)")
+    path = Path(run.cfg.experiment_dir) / "tables" / "sv_table.json"
+    table = SVTable.load(path, node.table.binning)  # a missing table names stage=tables
+    record = {**OmegaConf.to_container(node.table), "path": str(path)}  # type: ignore[dict-item]
+    return lambda S, A: float(table.lookup(S, A)), record
+
+
+def _latency(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, str]:
+    return run.profile.sv_round_s, "the latency profile's SV round time (bench/latency.json)"
+
+
+RUNTIME: dict[str, Callable[[str, DictConfig, RunInputs], tuple[Any, Any]]] = {
+    "gamma": _sd_gamma,
+    "verifier": _verifier,
+    "table": _table,
+    "latency": _latency,
+}  # entry -> (the object passed for it, what results.json records of it)
+
+
+def build_policy(name: str, node: DictConfig, run: RunInputs) -> tuple[Policy, dict[str, Any]]:
+    """The method's policy and its settings as results.json records them."""
+    inputs, record = {}, {}
+    for key in runtime_entries(node):
+        inputs[key], record[key] = RUNTIME[key](name, node, run)
+    policy = instantiate(node, **inputs)
+    params = OmegaConf.to_container(node, resolve=True)
+    settings = {k: v for k, v in params.items() if k != "_target_"}  # type: ignore[union-attr]
+    return policy, {**settings, **record}
+
+
 def plan_methods(
     cfg: DictConfig, profile: LatencyProfile, sd_gamma: int, draft_model, has_companion: bool
 ) -> MethodPlan:
     b = cfg.bench
-    unknown = sorted(set(b.methods) - set(ENGINE_METHODS) - set(PEERS))
+    known = (*cfg.methods, *PEERS)
+    unknown = sorted(set(b.methods) - set(known))
     if unknown:
-        raise ValueError(
-            f"unknown bench.methods {unknown}; choose from {', '.join(ENGINE_METHODS + tuple(PEERS))}"
-        )
+        raise ValueError(f"unknown bench.methods {unknown}; choose from {', '.join(known)}")
+    run = RunInputs(cfg, profile, sd_gamma, draft_model, has_companion)
     plan = MethodPlan({}, {}, {}, {})
     for name in b.methods:
         try:
@@ -61,50 +124,9 @@ def plan_methods(
                 plan.peers[name] = {"schedule": PEERS[name], "num_assistant_tokens": n}
                 plan.settings[name] = dict(plan.peers[name])
             else:
-                plan.policies[name], plan.settings[name] = _policy(
-                    name, cfg, profile, sd_gamma, draft_model, has_companion
+                plan.policies[name], plan.settings[name] = build_policy(
+                    name, cfg.methods[name], run
                 )
         except FileNotFoundError as err:
             plan.skipped[name] = str(err)
     return plan
-
-
-def _policy(
-    name: str, cfg: DictConfig, profile: LatencyProfile, sd_gamma: int, draft_model, companion: bool
-) -> tuple[Policy, dict[str, Any]]:
-    b = cfg.bench
-    if name == "target_only":
-        return TargetOnly(), {}
-    if name == "sd":
-        return SpeculativeDecoding(sd_gamma), {"gamma": sd_gamma}
-    if name == "sd_heuristic":
-        s = b.sd_heuristic
-        return HeuristicSD(int(s.gamma_init), int(s.gamma_min)), dict(s)
-    if name == "svip":
-        s = b.svip
-        return SVIP(float(s.h), int(s.max_gamma), float(s.c), bool(s.warped_entropy)), dict(s)
-    if name == "adaedl":
-        s = b.adaedl
-        return AdaEDL(float(s.gamma), float(s.lam), int(s.max_gamma), bool(s.warped_entropy)), dict(
-            s
-        )
-    if name == "mtad":
-        s = b.mtad
-        return MTAD(int(s.gamma), int(s.beam_width), float(s.tau)), dict(s)
-    if name == "sprinter":
-        s = b.sprinter
-        path = verifier_path(cfg.checkpoint_dir, float(s.lam))
-        checkpoint = load_verifier(path, cfg.experiment)
-        verifier = CheckpointVerifier(checkpoint, draft_model)
-        return Sprinter(verifier, float(s.tau), int(s.max_run)), {**dict(s), "verifier": str(path)}
-    if name == "sv":
-        s = b.sv
-        if not companion:
-            raise FileNotFoundError("sv needs a companion model (models.companion)")
-        path = Path(cfg.experiment_dir) / "tables" / "sv_table.json"
-        table = SVTable.load(path, s.binning)  # a missing table names stage=tables
-        policy = SpecVerification(
-            lambda S, A: float(table.lookup(S, A)), profile.sv_round_s, int(s.max_gamma)
-        )
-        return policy, {**dict(s), "table": str(path)}
-    raise ValueError(name)
