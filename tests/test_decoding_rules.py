@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
+from hydra.utils import instantiate
 from scipy.stats import chisquare
 
+from sprinter_train.core.config import compose_config
 from sprinter_train.core.rules import (
     adaedl_should_stop,
     heuristic_next_gamma,
@@ -24,6 +27,9 @@ from sprinter_train.core.rules import (
     svip_should_stop,
 )
 from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
+from sprinter_train.decoding.engine import DraftStep
+from sprinter_train.decoding.state import SequenceState
+from sprinter_train.evaluation.predictors import adaedl_bound, svip_score
 
 
 def random_dist(rng: np.random.Generator, n: int, zeros: int = 0) -> torch.Tensor:
@@ -119,9 +125,64 @@ def test_sv_expected_length_matches_enumeration(gamma: int) -> None:
 
 def test_stopping_rules_at_their_thresholds() -> None:
     h = 0.3  # sqrt(0.15 H) > 0.3  <=>  H > 0.6
-    assert not svip_should_stop(0.59, h) and svip_should_stop(0.61, h)
+    assert not svip_should_stop(0.59, h, 0.15) and svip_should_stop(0.61, h, 0.15)
     # 1 - sqrt(0.5 H) < 0.4  <=>  H > 0.72
     assert not adaedl_should_stop(0.71, 0.5, 0.4) and adaedl_should_stop(0.73, 0.5, 0.4)
+
+
+@dataclass
+class EntropyStep(DraftStep):
+    """A drafted token whose draft entropy is set, not computed from logits."""
+
+    H: float = 0.0
+
+    def entropy(self, warped: bool = False) -> float:
+        return self.H
+
+
+class ScriptedEngine:
+    """Drafts token 1 at a fixed entropy; the target agrees, and records how many drafts it saw."""
+
+    def __init__(self, entropy: float) -> None:
+        self.H = entropy
+        self.one_hot = torch.tensor([0.0, 1.0, 0.0, 0.0])
+        self.verified: int | None = None
+
+    def draft_step(self, state: SequenceState, drafts: list[int]) -> EntropyStep:
+        return EntropyStep(1, self.one_hot, torch.zeros(2), torch.zeros(4), H=self.H)
+
+    def target_probs(self, state: SequenceState, drafts: list[int]) -> torch.Tensor:
+        self.verified = len(drafts)
+        return self.one_hot.repeat(len(drafts) + 1, 1)
+
+
+@pytest.mark.parametrize("method", ["svip", "adaedl"])
+def test_evaluation_score_and_policy_stop_agree(method: str) -> None:
+    """stage=evaluate's score and the bench policy's stop, on the same entropies and the same
+    conf/methods constants: the policy stops exactly where the score crosses its threshold."""
+    node = compose_config().methods[method]
+    if method == "svip":  # stops after the token whose score falls below 1 - h
+        threshold = node.h**2 / node.c
+
+        def evaluation_stops(H: np.ndarray) -> np.ndarray:
+            return svip_score(H, node) < 1.0 - node.h
+    else:  # AdaEDL keeps its first draft, then stops before a token whose bound is below lam
+        threshold = (1.0 - node.lam) ** 2 / node.gamma
+
+        def evaluation_stops(H: np.ndarray) -> np.ndarray:
+            return adaedl_bound(H, node) < node.lam
+
+    entropies = np.concatenate(
+        [np.linspace(0.0, 3 * threshold, 61), np.nextafter(threshold, [-np.inf, np.inf])]
+    )
+    stops = evaluation_stops(entropies)
+    assert stops.any() and not stops.all()  # both sides of the threshold are exercised
+    policy = instantiate(node, max_gamma=3)
+    for H, stop in zip(entropies.tolist(), stops.tolist(), strict=True):
+        engine = ScriptedEngine(H)
+        state = SequenceState([0], 1, 16, torch.Generator().manual_seed(0))
+        policy.step(engine, state)
+        assert engine.verified == (1 if stop else 3), H
 
 
 def test_heuristic_schedule() -> None:

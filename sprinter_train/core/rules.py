@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeVar
 
+import numpy as np
 import torch
 
 from sprinter_train.core.sampling import sample
 
-SVIP_C = 0.15  # SVIP's constant c in 1 - sqrt(c H_q) (the authors' code)
+Entropy = TypeVar("Entropy", float, np.ndarray, torch.Tensor)  # one H_q or many
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -62,8 +64,8 @@ def speculative_step(
     uniforms = torch.rand(len(drafts), generator=generator, device=device, dtype=torch.float64)
     n = speculative_accept_length(p_rows, q_rows, drafts, uniforms.to(p_rows.device))
     if n < len(drafts):
-        return n, sample(residual_distribution(p_rows[n], q_rows[n]), generator)
-    return n, sample(p_rows[n], generator)
+        return n, int(sample(residual_distribution(p_rows[n], q_rows[n]), generator))
+    return n, int(sample(p_rows[n], generator))
 
 
 def sprinter_verify_last(
@@ -75,18 +77,45 @@ def sprinter_verify_last(
     u = torch.rand(1, generator=generator, device=device, dtype=torch.float64).to(p.device)
     if speculative_accept_length(p[None], q[None], [token], u):
         return token
-    return sample(residual_distribution(p, q), generator)
+    return int(sample(residual_distribution(p, q), generator))
 
 
-def svip_should_stop(draft_entropy: float, h: float, c: float = SVIP_C) -> bool:
-    """SVIP Alg. 1 line 7 in the authors' form: stop drafting when sqrt(c H_q) > h."""
-    return math.sqrt(c * max(draft_entropy, 0.0)) > h
+def _entropy_bound(draft_entropy: Entropy, constant: float) -> Entropy:
+    """1 - sqrt(constant H_q), elementwise; an H_q below 0 (rounding) counts as 0."""
+    if isinstance(draft_entropy, torch.Tensor):
+        return 1.0 - (constant * draft_entropy.clamp(min=0.0)).sqrt()
+    if isinstance(draft_entropy, np.ndarray):
+        return 1.0 - np.sqrt(constant * np.maximum(draft_entropy, 0.0))
+    return 1.0 - math.sqrt(constant * max(float(draft_entropy), 0.0))
 
 
-def adaedl_should_stop(draft_entropy: float, gamma: float, lam: float) -> bool:
-    """AdaEDL: stop drafting when the entropy lower bound 1 - sqrt(gamma H_q) on the token's
-    acceptance probability falls below the threshold lambda."""
-    return 1.0 - math.sqrt(gamma * max(draft_entropy, 0.0)) < lam
+def svip_score(draft_entropy: Entropy, c: float) -> Entropy:
+    """SVIP §2.2 eq. (6): a token's acceptance probability is at least 1 - sqrt(c H_q).
+
+    c comes from conf/methods/svip.yaml (the authors' value). Not clipped at 0 (it is
+    negative at high entropy): clipping would tie those tokens and flatten an ROC.
+    """
+    return _entropy_bound(draft_entropy, c)
+
+
+def svip_should_stop(
+    draft_entropy: Entropy, h: float, c: float
+) -> bool | np.ndarray | torch.Tensor:
+    """SVIP Alg. 1 line 7 in the authors' form, stop drafting when sqrt(c H_q) > h, i.e. when
+    the score falls below 1 - h."""
+    return svip_score(draft_entropy, c) < 1.0 - h
+
+
+def adaedl_score(draft_entropy: Entropy, gamma: float) -> Entropy:
+    """AdaEDL's entropy lower bound on a token's acceptance probability, 1 - sqrt(gamma H_q)."""
+    return _entropy_bound(draft_entropy, gamma)
+
+
+def adaedl_should_stop(
+    draft_entropy: Entropy, gamma: float, lam: float
+) -> bool | np.ndarray | torch.Tensor:
+    """AdaEDL: stop drafting when the bound on the token's acceptance falls below lambda."""
+    return adaedl_score(draft_entropy, gamma) < lam
 
 
 def heuristic_next_gamma(gamma: int, accepted: int, drafted: int, minimum: int = 1) -> int:
@@ -140,3 +169,13 @@ def sv_goodput(P: Sequence[float], gamma: int, latency_s: float) -> float:
     correction or a bonus); counting it keeps gamma = 0 comparable with drafting at all.
     """
     return (sv_expected_accepted(P, gamma) + 1.0) / latency_s
+
+
+def sampled_acceptance(accept_prob: np.ndarray, seed: int) -> np.ndarray:
+    """Speculative sampling's accept event on records: u < min(1, p/q), u ~ U(0, 1) seeded.
+
+    One definition for SV's table entropies and the evaluation's sampled label: the same
+    seed gives the same events in both.
+    """
+    u = np.random.default_rng(seed).random(len(accept_prob))
+    return u < np.asarray(accept_prob, dtype=np.float64)
