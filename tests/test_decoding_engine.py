@@ -28,7 +28,7 @@ from sprinter_train.decoding.policies import (
     TargetOnly,
 )
 from sprinter_train.decoding.runner import CacheSlot, ModelRunner
-from sprinter_train.decoding.state import SequenceState
+from sprinter_train.decoding.state import DecodeStats, SequenceState
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import MemoRunner, chi_square_pvalue, enumerate_joint, exact_joint
 
@@ -63,8 +63,8 @@ def lossless_policies() -> list:
     return [
         SpeculativeDecoding(gamma=2),
         HeuristicSD(gamma_init=2),
-        SVIP(h=0.25, max_gamma=4),
-        AdaEDL(gamma_bound=0.3, lam=0.4, max_gamma=4),
+        SVIP(h=0.25, max_gamma=4, c=0.15),
+        AdaEDL(gamma=0.3, lam=0.4, max_gamma=4),
         SpecVerification(
             table=lambda S, A: 0.2 + 0.6 * A * S, latency=lambda g: 1.0 + 0.1 * g, max_gamma=4
         ),
@@ -132,8 +132,11 @@ def test_lossless_policies_keep_the_target_distribution(models, policy) -> None:
     counts = sample_first_tokens(engine, policy, RUNS)
     expected = exact_joint(models["target"], PROMPT, 3, SAMPLING, VOCAB)
     assert chi_square_pvalue(counts, expected) > 1e-3
+    # the test has power: the same counts reject the mixture halfway between the target's and
+    # the draft's law (not the draft's own: it may give generated outcomes probability 0)
     draft = exact_joint(models["draft"], PROMPT, 3, SAMPLING, VOCAB)
-    assert chi_square_pvalue(counts, draft) < 1e-6 if set(counts) <= set(draft) else True
+    halfway = {k: (expected.get(k, 0.0) + draft.get(k, 0.0)) / 2 for k in {*expected, *draft}}
+    assert chi_square_pvalue(counts, halfway) < 1e-6
 
 
 def test_mtad_with_tau_one_is_target_sampling(models) -> None:
@@ -184,6 +187,23 @@ def test_sprinter_follows_theorem_3_1(models) -> None:
     assert set(counts) - set(target) or chi_square_pvalue(counts, target) < 1e-3
 
 
+def test_sprinter_counts_the_verifiers_and_the_targets_acceptances_apart(models) -> None:
+    """`accepted` counts only drafts the target checked and kept, as for sd; tokens committed
+    on the verifier's word are `verifier_accepted`."""
+    engine = engine_for(models, SAMPLING)
+
+    def run(verifier) -> DecodeStats:
+        return engine.generate(PROMPT, Sprinter(verifier, tau=0.5, max_run=4), 12, seed=0).stats
+
+    trusting = run(lambda *args: 1.0)  # every run committed unchecked
+    assert trusting.verifier_accepted == trusting.drafted == 12 and trusting.accepted == 0
+    doubting = run(lambda *args: 0.0)  # every draft checked by the target, one per call
+    assert doubting.verifier_accepted == 0 and 0 < doubting.accepted <= doubting.drafted
+    mixed = run(lambda e, s, d, step: float(step.token % 2))
+    checked = mixed.drafted - mixed.verifier_accepted
+    assert mixed.verifier_accepted > 0 and 0 <= mixed.accepted <= checked
+
+
 @pytest.mark.parametrize("sampling", [SamplingConfig(0), SAMPLING], ids=["greedy", "sampled"])
 def test_every_method_runs_end_to_end(models, sampling) -> None:
     engine = engine_for(models, sampling)
@@ -193,7 +213,7 @@ def test_every_method_runs_end_to_end(models, sampling) -> None:
         result = engine.generate(PROMPT, policy, 16, seed=3)
         assert len(result.tokens) == 16, policy.name
         assert all(0 <= t < VOCAB for t in result.tokens)
-        assert result.stats.accepted <= result.stats.drafted
+        assert result.stats.accepted + result.stats.verifier_accepted <= result.stats.drafted
         assert result.stats.target_calls >= 1 and result.wall_s > 0
 
 

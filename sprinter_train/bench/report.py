@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from sprinter_train.core.io import read_json, write_json
-from sprinter_train.core.plots import plt
+from sprinter_train.core.plots import save, subplots
 
 COLUMNS = [
     ("tokens/s", "tokens_per_s", "{:.1f}"),
@@ -14,8 +14,9 @@ COLUMNS = [
     ("× sd", "speedup_vs_sd", "{:.2f}"),
     ("target calls", "target_calls", "{:d}"),
     ("draft calls", "draft_calls", "{:d}"),
-    ("tokens / target call", "mean_accepted_length", "{:.2f}"),
-    ("acceptance", "acceptance_rate", "{:.3f}"),
+    ("tokens / target call", "tokens_per_target_call", "{:.2f}"),
+    ("acceptance", "acceptance_rate", "{:.3f}"),  # drafts the target checked and kept
+    ("verifier acceptance", "verifier_acceptance_rate", "{:.3f}"),  # committed unchecked
     ("ROUGE-L ref", "rouge_l_ref", "{:.1f}"),
     ("ROUGE-L vs target", "rouge_l_vs_target", "{:.1f}"),
     ("target PPL", "target_ppl", "{:.2f}"),
@@ -113,6 +114,10 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
         "",
         results_table(results),
         "",
+        "`acceptance`: of the drafted tokens the target checked, the share it kept.",
+        "`verifier acceptance`: of the drafted tokens, the share committed on a verifier's word",
+        "without a target check (sprinter's; its acceptance counts only the target's checks).",
+        "",
         "Time breakdown (seconds inside each model's forward; `other` is sampling, Python and, for",
         "the HF peers, everything, since their model time is not separated):",
         "",
@@ -144,15 +149,13 @@ def plot_results(out: Path, bench_root: Path) -> None:
     """Tokens/s per method for this run, and the quality-vs-speed Pareto plot of every run."""
     results = read_json(out / "results.json")
     methods = results["methods"]
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = subplots(figsize=(8, 4))
     names = list(methods)
     ax.bar(names, [methods[n]["tokens_per_s"] for n in names], color="tab:blue")
     ax.set_ylabel("tokens / s")
     ax.set_title(f"{results['experiment']}: decoding speed ({results['device']})")
     ax.tick_params(axis="x", rotation=45)
-    fig.tight_layout()
-    fig.savefig(out / "tokens_per_s.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "tokens_per_s.png")
 
     points = []
     for path in sorted(bench_root.rglob("results.json")):
@@ -164,7 +167,7 @@ def plot_results(out: Path, bench_root: Path) -> None:
                 points.append((row["speedup_vs_target_only"], row["rouge_l_vs_target"], label))
     if not points:
         return
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = subplots(figsize=(7, 5))
     for x, y, label in points:
         ax.scatter(x, y)
         ax.annotate(label, (x, y), fontsize=7)
@@ -173,9 +176,7 @@ def plot_results(out: Path, bench_root: Path) -> None:
     ax.set_xlabel("speedup over target_only (tokens/s ratio)")
     ax.set_ylabel("ROUGE-L against target_only output")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(bench_root / "pareto.png", dpi=110)
-    plt.close(fig)
+    save(fig, bench_root / "pareto.png")
 
 
 def _pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:

@@ -112,7 +112,7 @@ class SVIP:
 
     h: float
     max_gamma: int
-    c: float = 0.15
+    c: float
     warped_entropy: bool = False
     name: str = "svip"
 
@@ -129,10 +129,11 @@ class SVIP:
 class AdaEDL:
     """AdaEDL: stop before a token whose entropy bound 1 - sqrt(gamma H_q) falls below lambda.
 
-    The threshold is fixed (the paper's adaptive-lambda refinement is not implemented).
+    gamma is the bound's constant (the paper's name), not a number of drafts. The threshold is
+    fixed (the paper's adaptive-lambda refinement is not implemented).
     """
 
-    gamma_bound: float
+    gamma: float
     lam: float
     max_gamma: int
     warped_entropy: bool = False
@@ -143,7 +144,7 @@ class AdaEDL:
         for _ in range(draft_room(state, self.max_gamma)):
             step = engine.draft_step(state, [s.token for s in steps])
             H = step.entropy(self.warped_entropy)
-            if steps and adaedl_should_stop(H, self.gamma_bound, self.lam):
+            if steps and adaedl_should_stop(H, self.gamma, self.lam):
                 break  # the first draft is always kept: a round must try at least one
             steps.append(step)
         return verify(engine, state, steps)
@@ -164,7 +165,9 @@ class Sprinter:
     min(1, p/q), else resample from norm(max(0, p - q))). No bonus token: Alg. 2 returns one
     token per target call, which keeps every position's law (1 - eta_FP) p + eta_FP q.
     A run the verifier accepts up to `max_run` (or the token budget) is committed without a
-    target call; the target's cache catches up on those tokens at its next call.
+    target call; the target's cache catches up on those tokens at its next call. Tokens kept on
+    the verifier's word count as `verifier_accepted`, only the target's check counts as
+    `accepted`, so sprinter's acceptance rate means what sd's does.
     """
 
     verifier: Verifier
@@ -185,14 +188,15 @@ class Sprinter:
                 break
         else:  # the verifier accepted the whole run: commit it, the target catches up later
             state.stats.drafted += len(steps)
-            state.stats.accepted += len(steps)
+            state.stats.verifier_accepted += len(steps)
             return [s.token for s in steps]
         drafts = [s.token for s in steps]
         p_rows = engine.target_probs(state, drafts)
         r = len(drafts)
         token = sprinter_verify_last(p_rows[r - 1], steps[-1].q, drafts[-1], state.generator)
         state.stats.drafted += r
-        state.stats.accepted += r - 1 + int(token == drafts[-1])
+        state.stats.verifier_accepted += r - 1
+        state.stats.accepted += int(token == drafts[-1])
         return drafts[:-1] + [token]
 
 

@@ -24,7 +24,8 @@ class DecodeStats:
     verifier_calls: int = 0
     rounds: int = 0
     drafted: int = 0
-    accepted: int = 0  # drafted tokens that were kept
+    accepted: int = 0  # drafted tokens the target's check kept
+    verifier_accepted: int = 0  # drafted tokens committed on a verifier's word, never checked
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
     companion_seconds: float = 0.0

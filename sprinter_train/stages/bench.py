@@ -117,10 +117,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     )
     profile = latency_profile(cfg, models, device)
     alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg)
-    if b.sd.gamma == "auto":
+    if cfg.methods.sd.gamma == "auto":
         gamma = profile.best_gamma(alpha, range(1, int(b.gamma_max) + 1))
     else:
-        gamma = int(b.sd.gamma)
+        gamma = int(cfg.methods.sd.gamma)
     plan = plan_methods(cfg, profile, gamma, models.draft.model, models.companion is not None)
     for name, reason in plan.skipped.items():
         log.warning("bench: skipping %s: %s", name, reason)
@@ -235,8 +235,8 @@ def summarise(
             "target_calls": stats.target_calls,
             "draft_calls": stats.draft_calls,
             "companion_calls": stats.companion_calls,
-            "mean_accepted_length": tokens / max(stats.target_calls, 1),
-            "acceptance_rate": stats.accepted / stats.drafted if stats.drafted else None,
+            "tokens_per_target_call": tokens / max(stats.target_calls, 1),
+            **acceptance(stats),
             "rouge_l_ref": 100 * sum(rouge_l(t, ref) for t, ref in refs) / len(refs)
             if refs
             else None,
@@ -270,6 +270,19 @@ def summarise(
             base = methods.get(ref, {}).get("tokens_per_s")
             row[f"speedup_vs_{ref}"] = row["tokens_per_s"] / base if base else None
     return {"methods": methods, "judge": _judge_name(judge)}
+
+
+def acceptance(stats: DecodeStats) -> dict[str, float | None]:
+    """acceptance_rate: of the drafted tokens the target checked, the share it kept (sd's
+    alpha); verifier_acceptance_rate: of all drafted tokens, the share committed on a
+    verifier's word without a target check (sprinter's; None for methods without one)."""
+    checked = stats.drafted - stats.verifier_accepted
+    return {
+        "acceptance_rate": stats.accepted / checked if checked else None,
+        "verifier_acceptance_rate": stats.verifier_accepted / stats.drafted
+        if stats.verifier_calls and stats.drafted
+        else None,
+    }
 
 
 def _judge_name(judge) -> str | None:

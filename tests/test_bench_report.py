@@ -1,0 +1,67 @@
+"""The bench's figures and table: tokens per target call, and acceptance rates that mean the
+same for every method (sprinter's verifier acceptances apart)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sprinter_train.bench.report import write_results
+from sprinter_train.core.io import read_json
+from sprinter_train.decoding.state import DecodeStats
+from sprinter_train.stages.bench import acceptance
+
+
+def test_acceptance_rates_count_the_targets_checks_only() -> None:
+    sd = DecodeStats(drafted=10, accepted=4)
+    assert acceptance(sd) == {"acceptance_rate": 0.4, "verifier_acceptance_rate": None}
+    # 8 drafts committed on the verifier's word, 2 checked by the target, 1 of them kept
+    sprinter = DecodeStats(drafted=10, accepted=1, verifier_accepted=8, verifier_calls=10)
+    assert acceptance(sprinter) == {
+        "acceptance_rate": pytest.approx(0.5),
+        "verifier_acceptance_rate": pytest.approx(0.8),
+    }
+    trusting = DecodeStats(drafted=4, verifier_accepted=4, verifier_calls=4)
+    assert acceptance(trusting)["acceptance_rate"] is None  # the target checked nothing
+    assert acceptance(DecodeStats()) == {"acceptance_rate": None, "verifier_acceptance_rate": None}
+
+
+def row(tokens_per_call: float, rate: float | None, verifier_rate: float | None) -> dict:
+    return {
+        "tokens_per_s": 10.0,
+        "wall_s": 2.0,
+        "target_calls": 5,
+        "draft_calls": 9,
+        "tokens_per_target_call": tokens_per_call,
+        "acceptance_rate": rate,
+        "verifier_acceptance_rate": verifier_rate,
+        "time_breakdown_s": {"target": 1.0, "draft": 0.5, "companion": 0.0, "verifier": 0.1},
+    }
+
+
+def test_results_md_shows_tokens_per_target_call_and_both_acceptances(tmp_path: Path) -> None:
+    results = {
+        "experiment": "exp",
+        "num_prompts": 1,
+        "max_new_tokens": 8,
+        "sampling": {"temperature": 0.2},
+        "device": "cpu",
+        "dtype": "float32",
+        "threads": 1,
+        "models": {},
+        "sd_gamma": 3,
+        "alpha": 0.5,
+        "alpha_source": "test",
+        "latency_profile": {"target_ms": {"1": 30.0}, "draft_ms": 3.0, "companion_ms": None},
+        "methods": {"sd": row(1.75, 0.321, None), "sprinter": row(2.5, 0.4, 0.875)},
+    }
+    write_results(tmp_path, results)
+    assert read_json(tmp_path / "results.json")["methods"]["sd"]["tokens_per_target_call"] == 1.75
+    lines = (tmp_path / "results.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| method"))
+    assert "| tokens / target call | acceptance | verifier acceptance |" in header
+    assert "| 1.75 | 0.321 | – |" in next(line for line in lines if line.startswith("| sd |"))
+    assert "| 2.50 | 0.400 | 0.875 |" in next(
+        line for line in lines if line.startswith("| sprinter")
+    )
