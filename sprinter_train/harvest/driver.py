@@ -231,7 +231,6 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
             seeds={
                 "harvest": options.seed,
                 "data": int(data_cfg.get("seed", 0)),
-                "global": int(cfg.seed),
             },
             data_cfg=data_cfg,
             plans=plans,
