@@ -120,3 +120,28 @@ def chi_square_pvalue(
     exp_arr = np.array(exp)
     exp_arr *= sum(observed) / exp_arr.sum()
     return float(chisquare(observed, exp_arr).pvalue)
+
+
+class FixedLogits(torch.nn.Module):
+    """A causal LM stand-in whose next-token logits are the same at every position: the
+    hand-set distributions of the engine's smallest exactness cases."""
+
+    def __init__(self, logits: list[float], hidden_size: int = 4) -> None:
+        super().__init__()
+        self.logits = torch.nn.Parameter(torch.tensor(logits), requires_grad=False)
+        self.hidden_size = hidden_size
+
+    @property
+    def base_model(self) -> FixedLogits:
+        return self
+
+    def get_output_embeddings(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda hidden: self.logits.expand(*hidden.shape[:-1], -1)
+
+    def forward(self, input_ids: torch.Tensor, past_key_values: Any = None, **_: Any) -> Any:
+        from types import SimpleNamespace
+
+        hidden = torch.zeros((*input_ids.shape, self.hidden_size))
+        return SimpleNamespace(
+            last_hidden_state=hidden, hidden_states=None, past_key_values=past_key_values
+        )

@@ -1,0 +1,374 @@
+"""The decoding engine: a batch of rows that advance at their own pace.
+
+Policies (policies.py) decide how many tokens each row drafts and how the target checks them;
+the engine gives them batched operations (draft a token in the rows still drafting, read the
+companion, score every row's drafts with the target) and commits what a round emits, cutting
+each row at EOS and at its budget. Rows that finish leave the batch.
+
+What stays on the device during a round: drafted tokens, distributions, acceptance and the
+random streams (`core.streams.RowStreams`: a row's draws depend only on its seed). The host
+learns a round's outcome in one transfer at its end (tokens emitted, cache lengths), and,
+for policies whose drafting length adapts, whether any row still drafts after each step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from sprinter_train.core.batch_rules import sample_rows
+from sprinter_train.core.distributions import entropy
+from sprinter_train.core.runtime import synchronize
+from sprinter_train.core.sampling import SamplingConfig, warp_probs
+from sprinter_train.core.streams import RowStreams
+from sprinter_train.decoding.batch_runner import ModelRunner, RowOutput
+from sprinter_train.decoding.cache import RowCache
+
+ROLES = ("target", "draft", "companion")
+PACK_EVERY = 8  # rounds between squeezing empty slots out of the caches
+
+
+@dataclass
+class DecodeStats:
+    """What the bench reports per method; a batched forward counts as one call."""
+
+    target_calls: int = 0
+    draft_calls: int = 0
+    companion_calls: int = 0
+    verifier_calls: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0  # drafted tokens the target's check kept
+    verifier_accepted: int = 0  # drafted tokens committed on a verifier's word, never checked
+    target_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    companion_seconds: float = 0.0
+    verifier_seconds: float = 0.0
+
+    def add(self, other: DecodeStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class Row:
+    """One sequence on the host: its tokens and budget, and what a policy remembers of it."""
+
+    index: int  # position in the caller's list of prompts
+    tokens: list[int]
+    prompt_len: int
+    max_new_tokens: int
+    finished: bool = False
+    memory: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.generated)
+
+
+@dataclass
+class Batch:
+    """The live rows, their random streams and one `RowCache` per model role.
+
+    `held[role][r]` mirrors on the host how many of row r's committed tokens that cache
+    holds (refreshed from the device once per round), so the next feed is built on the host.
+    """
+
+    rows: list[Row]
+    streams: RowStreams
+    caches: dict[str, RowCache]
+    held: dict[str, list[int]]
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def room(self, limit: int) -> list[int]:
+        """At most `limit` drafts a row, leaving room for the target's token in its budget."""
+        return [max(0, min(limit, row.remaining - 1)) for row in self.rows]
+
+
+@dataclass
+class DraftStep:
+    """One drafting step over the batch; rows not in `active` drew nothing."""
+
+    tokens: torch.Tensor  # (B,) drafted token per row
+    q: torch.Tensor  # (B, V) warped draft distribution the token was drawn from
+    hidden: torch.Tensor  # (B, d) draft hidden state that produced q
+    logits: torch.Tensor  # (B, V) the draft's raw logits (entropy rules read them)
+    active: torch.Tensor  # (B,) bool
+
+    def entropy(self, warped: bool = False) -> torch.Tensor:
+        """(B,) H(q) in nats, of the warped q or of the draft's own softmax (temperature 1).
+
+        At low temperature with top-p the warped q is one-hot at most positions (H = 0), so an
+        entropy rule on it would never stop drafting; SVIP and AdaEDL default to the raw one.
+        """
+        return entropy(self.q if warped else self.logits.float().softmax(-1))
+
+
+@dataclass
+class Round:
+    """The drafts of one round: step j holds every row's j-th draft where `counts` > j."""
+
+    steps: list[DraftStep] = field(default_factory=list)
+    counts: torch.Tensor | None = None  # (B,) drafts kept per row
+    calls: dict[str, int] = field(default_factory=dict)  # draft-side calls per role so far
+
+    def tokens(self) -> torch.Tensor:
+        """(B, G) drafted tokens (entries past a row's count are not its drafts)."""
+        return torch.stack([s.tokens for s in self.steps], 1)
+
+    def q(self) -> torch.Tensor:
+        return torch.stack([s.q for s in self.steps], 1)
+
+
+@dataclass
+class Emitted:
+    """What a round commits: tokens[r, :lengths[r]], of which the first `kept[r]` are drafts
+    the caches were fed in this order (so every cache stays valid up to them), and per-row
+    counts for the stats."""
+
+    tokens: torch.Tensor  # (B, W)
+    lengths: torch.Tensor  # (B,)
+    kept: torch.Tensor  # (B,)
+    drafted: torch.Tensor  # (B,)
+    accepted: torch.Tensor  # (B,) drafts the target's check kept
+    verifier_accepted: torch.Tensor | None = None  # (B,) drafts kept on a verifier's word
+
+    COUNTS = ("drafted", "accepted", "verifier_accepted")
+
+
+class Policy(Protocol):
+    name: str
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        """Draft, verify and say what each row emits (nothing read back to the host but,
+        for adaptive lengths, whether any row still drafts)."""
+        ...
+
+    def update(self, row: Row, drafted: int, accepted: int) -> None:
+        """Per-row memory after the round's outcome reached the host (HF's schedule)."""
+        ...
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated ids, without the prompt
+    wall_s: float  # the whole batch's wall time
+    stats: DecodeStats  # the whole batch's counts
+
+
+class Engine:
+    """Target, optional draft and companion, one sampling for all of them."""
+
+    def __init__(
+        self,
+        target: ModelRunner,
+        sampling: SamplingConfig,
+        draft: ModelRunner | None = None,
+        companion: ModelRunner | None = None,
+        eos_token_id: int | None = None,
+    ) -> None:
+        self.runners = {"target": target, "draft": draft, "companion": companion}
+        self.target, self.draft, self.companion = target, draft, companion
+        self.sampling = sampling
+        self.eos_token_id = eos_token_id
+        self.device = target.device
+
+    # -- the operations policies use ---------------------------------------------------------
+
+    def warp(self, logits: torch.Tensor) -> torch.Tensor:
+        return warp_probs(logits, self.sampling)
+
+    def runner(self, role: str) -> ModelRunner:
+        runner = self.runners[role]
+        if runner is None:
+            raise ValueError(f"this policy needs a {role} model (models.{role} in the config)")
+        return runner
+
+    def feed(
+        self,
+        batch: Batch,
+        role: str,
+        active: torch.Tensor,
+        after: torch.Tensor | None = None,
+        after_counts: torch.Tensor | None = None,
+    ) -> RowOutput:
+        """Feed each active row what `role`'s cache lacks of its committed tokens, then
+        after[r, :after_counts[r]] (drafts on the device); outputs at the fed positions that
+        predict each of those drafts and the token past them: (B, A + 1, ...)."""
+        lack = [row.tokens[held:] for row, held in zip(batch.rows, batch.held[role], strict=True)]
+        width_lack = max(len(x) for x in lack)
+        extra = 0 if after is None else after.shape[1]
+        ids = torch.zeros((len(batch), width_lack + extra), dtype=torch.long)
+        for r, tokens in enumerate(lack):
+            ids[r, : len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
+        ids = ids.to(self.device)
+        lack_n = torch.tensor([len(x) for x in lack], device=self.device)
+        counts = lack_n.clone()
+        if after is not None:
+            offsets = lack_n[:, None] + torch.arange(extra, device=self.device)
+            ids.scatter_(1, offsets, after)
+            counts = counts + after_counts
+        counts = torch.where(active, counts, 0)
+        keep = (lack_n - 1)[:, None] + torch.arange(extra + 1, device=self.device)
+        return self._forward(batch, role, ids, counts, keep)
+
+    def _forward(
+        self,
+        batch: Batch,
+        role: str,
+        ids: torch.Tensor,
+        counts: torch.Tensor,
+        keep: torch.Tensor,
+    ) -> RowOutput:
+        runner = self.runner(role)
+        seconds = runner.seconds
+        out = runner.forward(batch.caches[role], ids, counts, keep)
+        setattr(batch.stats, f"{role}_calls", getattr(batch.stats, f"{role}_calls") + 1)
+        elapsed = runner.seconds - seconds
+        setattr(batch.stats, f"{role}_seconds", getattr(batch.stats, f"{role}_seconds") + elapsed)
+        return out
+
+    def sample(self, probs: torch.Tensor, batch: Batch, active: torch.Tensor) -> torch.Tensor:
+        """(B,) one token per row from (B, V) probabilities; only active rows use a draw."""
+        return sample_rows(probs, batch.streams.uniform(1, active.long())[:, 0])
+
+    def draft_step(
+        self,
+        batch: Batch,
+        rnd: Round,
+        active: torch.Tensor,
+        keep: Callable[[DraftStep], torch.Tensor] | None = None,
+    ) -> DraftStep:
+        """The draft's next distribution in the active rows (after their committed tokens and
+        this round's drafts so far), and a token drawn in the rows that `keep` (decided from
+        q alone, before any draw) lets draft."""
+        out = self.draft_side(batch, "draft", rnd, active)
+        q = self.warp(out.logits[:, 0])
+        step = DraftStep(torch.zeros_like(active, dtype=torch.long), q, out.hidden[:, 0],
+                         out.logits[:, 0], active)
+        if keep is not None:
+            step.active = active & keep(step)
+        step.tokens = self.sample(q, batch, step.active)
+        return step
+
+    def companion_probs(self, batch: Batch, rnd: Round, active: torch.Tensor) -> torch.Tensor:
+        """(B, V) warped companion distribution at the position of each row's next draft."""
+        return self.warp(self.draft_side(batch, "companion", rnd, active).logits[:, 0])
+
+    def draft_side(self, batch: Batch, role: str, rnd: Round, active: torch.Tensor) -> RowOutput:
+        """A draft-side model's k-th call of a round feeds what it lacks of the committed
+        tokens (k = 0) or the round's draft k - 1, one token a row."""
+        k = rnd.calls.get(role, 0)
+        rnd.calls[role] = k + 1
+        if k == 0:
+            return self.feed(batch, role, active)
+        keep = torch.zeros((len(batch), 1), dtype=torch.long, device=self.device)
+        return self._forward(batch, role, rnd.steps[k - 1].tokens[:, None], active.long(), keep)
+
+    def target_probs(self, batch: Batch, rnd: Round, active: torch.Tensor) -> torch.Tensor:
+        """(B, G + 1, V) warped target distributions at each row's drafts and one past them."""
+        if not rnd.steps:
+            return self.warp(self.feed(batch, "target", active).logits)
+        out = self.feed(batch, "target", active, rnd.tokens(), rnd.counts)
+        return self.warp(out.logits)
+
+    @staticmethod
+    def any(flags: torch.Tensor) -> bool:
+        """Whether any row still drafts: the one host read a drafting step may make."""
+        return bool(flags.any())
+
+    # -- generation --------------------------------------------------------------------------
+
+    def new_batch(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, seeds: Sequence[int]
+    ) -> Batch:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("a prompt needs at least one token")
+        rows = [Row(i, list(p), len(p), max_new_tokens) for i, p in enumerate(prompts)]
+        for row in rows:
+            row.finished = max_new_tokens <= 0
+        roles = [r for r in ROLES if self.runners[r] is not None]
+        return Batch(
+            rows,
+            RowStreams(list(seeds), self.device),
+            {r: self.runners[r].new_cache(len(rows)) for r in roles},
+            {r: [0] * len(rows) for r in roles},
+        )
+
+    def commit(self, batch: Batch, emitted: Emitted, policy: Policy | None = None) -> None:
+        """One transfer: the round's tokens and the caches' lengths; then cut each row at EOS
+        and its budget, drop the cache slots past what was kept, and let finished rows go."""
+        start = torch.tensor([len(row.tokens) for row in batch.rows], device=self.device)
+        valid = start + emitted.kept
+        for cache in batch.caches.values():
+            cache.truncate(valid)
+        roles = list(batch.caches)
+        zeros = torch.zeros_like(emitted.lengths)
+        counts = [getattr(emitted, name) for name in Emitted.COUNTS]
+        packet = torch.cat(
+            [emitted.tokens, emitted.lengths[:, None]]
+            + [zeros[:, None] if c is None else c[:, None] for c in counts]
+            + [batch.caches[r].lengths[:, None] for r in roles],
+            dim=1,
+        ).tolist()
+        batch.stats.rounds += 1
+        width = emitted.tokens.shape[1]
+        for r, (row, values) in enumerate(zip(batch.rows, packet, strict=True)):
+            drafted, accepted, by_verifier = values[width + 1 : width + 4]
+            batch.stats.drafted += drafted
+            batch.stats.accepted += accepted
+            batch.stats.verifier_accepted += by_verifier
+            if policy is not None and hasattr(policy, "update"):
+                policy.update(row, drafted, accepted)
+            room = values[: values[width]][: row.remaining]
+            if self.eos_token_id is not None and self.eos_token_id in room:
+                room = room[: room.index(self.eos_token_id) + 1]
+                row.finished = True
+            row.tokens.extend(room)
+            if row.remaining <= 0:
+                row.finished = True
+            for k, role in enumerate(roles):
+                batch.held[role][r] = values[width + 4 + k]
+        live = [r for r, row in enumerate(batch.rows) if not row.finished]
+        if len(live) < len(batch.rows) and live:
+            index = torch.tensor(live, device=self.device)
+            for cache in batch.caches.values():
+                cache.select(index)
+            batch.streams = batch.streams.select(index)
+            batch.rows = [batch.rows[r] for r in live]
+            batch.held = {role: [h[r] for r in live] for role, h in batch.held.items()}
+        if batch.stats.rounds % PACK_EVERY == 0:
+            for role, cache in batch.caches.items():
+                cache.pack(max(batch.held[role]))
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        policy: Policy,
+        max_new_tokens: int,
+        seeds: Sequence[int] | None = None,
+    ) -> list[GenerationResult]:
+        """Decode every prompt with `policy` until EOS or `max_new_tokens`; row i uses
+        seeds[i] (default i). Wall time covers the whole batch."""
+        seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+        batch = self.new_batch(prompts, max_new_tokens, seeds)
+        done = [row for row in batch.rows]
+        synchronize(self.device)
+        start = time.perf_counter()
+        while batch.rows and not all(row.finished for row in batch.rows):
+            self.commit(batch, policy.round(self, batch), policy)
+        synchronize(self.device)
+        wall = time.perf_counter() - start
+        return [GenerationResult(row.generated, wall, batch.stats) for row in done]
+

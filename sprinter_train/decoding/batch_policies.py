@@ -1,0 +1,344 @@
+"""One policy per method, over a batch of rows that each draft and accept at their own pace.
+
+A policy's `round` drafts in the rows that still draft, has the target check them, and says
+what every row emits; what a row must remember between rounds (HF's schedule length) lives in
+`row.memory`, updated in `update` once the round's outcome reached the host.
+
+Exactness rule for every length policy: a drafted token is always verified. The decision to
+draft token j may use anything fixed before it is drawn (the prefix, q_j, the companion's
+c_j and S_j) and the values of the tokens before it; a score computed from x_j's own value
+(A_j, features of x_j) may only decide whether to draft x_{j+1}. Then each position is
+speculative sampling with a stopping time, and the target's law is kept. Lossless: sd,
+sd_heuristic, svip, adaedl, sv. Lossy by design: sprinter (Theorem 3.1's mixture), mtad
+(joint-ratio threshold) and sv_paper (the paper's rule, which drops x_j on A_j's word).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from sprinter_train.core.batch_rules import (
+    residual_rows,
+    sample_rows,
+    speculative_rows,
+)
+from sprinter_train.core.rules import adaedl_should_stop, heuristic_next_gamma, svip_should_stop
+from sprinter_train.decoding.batch_engine import Batch, DraftStep, Emitted, Engine, Round, Row
+
+Rule = Callable[[DraftStep], torch.Tensor]  # (B,) bool per row
+
+
+def draft_round(
+    engine: Engine,
+    batch: Batch,
+    limits: list[int],
+    stop: Rule | None = None,
+    keep: Callable[[int, DraftStep], torch.Tensor] | None = None,
+    rnd: Round | None = None,
+) -> Round:
+    """Draft up to limits[r] tokens in row r. `keep(j, step)` decides from q_j alone whether
+    a row draws its j-th draft (else it stops before it); `stop(step)` says, after the draw,
+    that the row's j-th draft is its last. The host reads whether any row still drafts only
+    when a rule can stop rows early."""
+    rnd = Round() if rnd is None else rnd
+    device = engine.device
+    limit = torch.tensor(limits, device=device)
+    counts = torch.zeros(len(batch), dtype=torch.long, device=device)
+    active = limit > 0
+    adaptive = stop is not None or keep is not None
+    for j in range(max(limits, default=0)):
+        if j > 0 and adaptive and not engine.any(active):
+            break
+        step = engine.draft_step(
+            batch, rnd, active, None if keep is None else (lambda s, j=j: keep(j, s))
+        )
+        rnd.steps.append(step)
+        counts = counts + step.active.long()
+        active = step.active & (counts < limit)
+        if stop is not None:
+            active &= ~stop(step)
+    rnd.counts = counts
+    return rnd
+
+
+def verify(engine: Engine, batch: Batch, rnd: Round) -> Emitted:
+    """Speculative sampling over every row's drafts: its accepted prefix, then a correction
+    from norm(max(0, p - q)) at its first rejection or a bonus token from p."""
+    everyone = torch.ones(len(batch), dtype=torch.bool, device=engine.device)
+    p = engine.target_probs(batch, rnd, everyone)
+    if not rnd.steps:
+        token = engine.sample(p[:, 0], batch, everyone)
+        none = torch.zeros_like(token)
+        return Emitted(token[:, None], none + 1, none, none, none)
+    drafts = rnd.tokens()
+    u = batch.streams.uniform(drafts.shape[1], rnd.counts)
+    accepted, law = speculative_rows(p, rnd.q(), drafts, rnd.counts, u)
+    token = engine.sample(law, batch, everyone)
+    tokens = torch.cat([drafts, drafts[:, :1]], 1).scatter(1, accepted[:, None], token[:, None])
+    return Emitted(tokens, accepted + 1, accepted, rnd.counts, accepted)
+
+
+@dataclass
+class TargetOnly:
+    name: str = "target_only"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        return verify(engine, batch, Round())
+
+
+@dataclass
+class SpeculativeDecoding:
+    """Leviathan et al. with a fixed number gamma of drafts per round."""
+
+    gamma: int
+    name: str = "sd"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        return verify(engine, batch, draft_round(engine, batch, batch.room(self.gamma)))
+
+
+@dataclass
+class HeuristicSD:
+    """Hugging Face's schedule, per row: gamma grows by 2 after a fully accepted round, else
+    shrinks by 1."""
+
+    gamma_init: int
+    gamma_min: int = 1
+    name: str = "sd_heuristic"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        limits = [
+            max(0, min(row.memory.setdefault("gamma", self.gamma_init), row.remaining - 1))
+            for row in batch.rows
+        ]
+        return verify(engine, batch, draft_round(engine, batch, limits))
+
+    def update(self, row: Row, drafted: int, accepted: int) -> None:
+        if drafted:
+            row.memory["gamma"] = heuristic_next_gamma(
+                row.memory["gamma"], accepted, drafted, self.gamma_min
+            )
+
+
+@dataclass
+class SVIP:
+    """SVIP Alg. 1: draft until sqrt(c H_q) > h (the token that tripped it is kept)."""
+
+    h: float
+    max_gamma: int
+    c: float
+    warped_entropy: bool = False
+    name: str = "svip"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        def stop(step: DraftStep) -> torch.Tensor:
+            return svip_should_stop(step.entropy(self.warped_entropy), self.h, self.c)
+
+        return verify(engine, batch, draft_round(engine, batch, batch.room(self.max_gamma), stop))
+
+
+@dataclass
+class AdaEDL:
+    """AdaEDL: stop before a token whose entropy bound 1 - sqrt(gamma H_q) falls below lambda
+    (decided from q_j before the draw; a row's first draft is always drawn).
+
+    gamma is the bound's constant (the paper's name), not a number of drafts. The threshold is
+    fixed (the paper's adaptive-lambda refinement is not implemented).
+    """
+
+    gamma: float
+    lam: float
+    max_gamma: int
+    warped_entropy: bool = False
+    name: str = "adaedl"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        def keep(j: int, step: DraftStep) -> torch.Tensor:
+            if j == 0:
+                return torch.ones_like(step.active)
+            return ~adaedl_should_stop(step.entropy(self.warped_entropy), self.gamma, self.lam)
+
+        return verify(
+            engine, batch, draft_round(engine, batch, batch.room(self.max_gamma), keep=keep)
+        )
+
+
+class Verifier(Protocol):
+    def __call__(self, engine: Engine, batch: Batch, rnd: Round, step: DraftStep) -> torch.Tensor:
+        """(B,) P(q(x)/p(x) <= lambda) for each row's drafted token `step.tokens` (drafted
+        after the row's committed tokens and its earlier drafts in `rnd`)."""
+        ...
+
+
+@dataclass
+class Sprinter:
+    """SPRINTER Alg. 2 per row: draft while the verifier's score >= tau; the target runs once
+    a round, on the rows whose verifier rejected a token, and checks that token only (keep it
+    with min(1, p/q), else draw from norm(max(0, p - q))). No bonus token: Alg. 2 returns one
+    token per target call, which keeps every position's law (1 - eta_FP) p + eta_FP q.
+    A row whose run the verifier accepts up to `max_run` (or its budget) commits it without the
+    target; the target's cache catches up at its next call. Tokens kept on the verifier's word
+    count as `verifier_accepted`, only the target's check counts as `accepted`.
+    """
+
+    verifier: Verifier
+    tau: float
+    max_run: int
+    name: str = "sprinter"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        limits = [max(1, min(self.max_run, row.remaining)) for row in batch.rows]
+        rejected = torch.zeros(len(batch), dtype=torch.bool, device=engine.device)
+        rnd = Round()
+
+        def stop(step: DraftStep) -> torch.Tensor:
+            nonlocal rejected
+            score = self.verifier(engine, batch, rnd, step)
+            batch.stats.verifier_calls += 1
+            said_no = step.active & (score < self.tau)
+            rejected = rejected | said_no
+            return said_no
+
+        draft_round(engine, batch, limits, stop, rnd=rnd)
+        drafts, counts = rnd.tokens(), rnd.counts
+        accepted = torch.zeros_like(counts)
+        if engine.any(rejected):
+            p = engine.target_probs(batch, rnd, rejected)
+            last = (counts - 1).clamp(min=0)
+            at = last[:, None, None].expand(-1, 1, p.shape[-1])
+            p_x, q_x = p.gather(1, at)[:, 0], rnd.q().gather(1, at)[:, 0]
+            x = drafts.gather(1, last[:, None])[:, 0]
+            u = batch.streams.uniform(1, rejected.long())[:, 0]
+            passed = u * q_x.gather(1, x[:, None])[:, 0].double() < p_x.gather(1, x[:, None])[:, 0]
+            fresh = sample_rows(
+                residual_rows(p_x, q_x),
+                batch.streams.uniform(1, (rejected & ~passed).long())[:, 0],
+            )
+            token = torch.where(passed, x, fresh)
+            drafts = drafts.scatter(1, last[:, None], torch.where(rejected, token, x)[:, None])
+            accepted = (rejected & passed).long()
+        kept = counts - rejected.long()
+        return Emitted(drafts, counts, kept, counts, accepted, kept)
+
+
+class AcceptanceTable(Protocol):
+    def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor: ...
+
+    def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
+        """P(accept | S): the table marginalised over A (what is known before a draw)."""
+        ...
+
+
+def companion_features(q: torch.Tensor, c: torch.Tensor, x: torch.Tensor) -> tuple:
+    """SV's S = sum_v min(q, c) and A = min(1, c(x)/q(x)) per row."""
+    S = torch.minimum(q, c).sum(-1)
+    q_x = q.gather(1, x[:, None])[:, 0]
+    c_x = c.gather(1, x[:, None])[:, 0]
+    A = torch.where(q_x > 0, (c_x / q_x.clamp(min=1e-30)).clamp(max=1.0), 0.0)
+    return S, A
+
+
+@dataclass
+class SpecVerification:
+    """SV §5 with its batch scheduler, exact.
+
+    Before row r draws its next draft, the table gives that token's acceptance from S alone
+    (P(accept | S), fixed before the draw); its gain in expected accepted tokens is that times
+    the product of the row's refined acceptances so far, P(accept | S, A) of its drawn drafts.
+    Rows draw in order of gain while the batch's estimated goodput, (expected accepted + one
+    target token per row) / (drafting time + the profiled target forward at this batch size
+    and width), rises; a row that does not draw stops for the round. Every drawn token is
+    verified with speculative sampling, so A_j only shapes the decision about x_{j+1}.
+    Which rows draft depends on their batch-mates (they share the verification's width), so
+    in sampling mode a row's tokens depend on them too; its law does not.
+    """
+
+    table: AcceptanceTable
+    latency: Callable[[int, int], float]  # (batch size, tokens per row) -> target seconds
+    step_cost: Callable[[int], float]  # batch size -> one draft + companion step, seconds
+    max_gamma: int
+    name: str = "sv"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        B = len(batch)
+        rnd = Round()
+        product = torch.ones(B, dtype=torch.float64, device=engine.device)
+        expected = torch.zeros(B, dtype=torch.float64, device=engine.device)
+        companion: list[torch.Tensor] = []
+
+        def keep(j: int, step: DraftStep) -> torch.Tensor:
+            companion.append(engine.companion_probs(batch, rnd, step.active))
+            before = self.table.lookup_s(torch.minimum(step.q, companion[-1]).sum(-1))
+            gain = torch.where(step.active, product * before.double(), 0.0)
+            return self.schedule(B, j, expected, gain)
+
+        def stop(step: DraftStep) -> torch.Tensor:
+            nonlocal product, expected
+            S, A = companion_features(step.q, companion[-1], step.tokens)
+            refined = self.table.lookup(S, A).double()
+            product = torch.where(step.active, product * refined, product)
+            expected = torch.where(step.active, expected + product, expected)
+            return torch.zeros_like(step.active)
+
+        draft_round(engine, batch, batch.room(self.max_gamma), stop, keep, rnd)
+        return verify(engine, batch, rnd)
+
+    def schedule(self, B: int, j: int, expected: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        """Which rows draw draft j: the m rows of highest gain, m maximising the estimated
+        goodput (m = 0 ends the round for every row). Computed on the device."""
+        order = gain.argsort(descending=True)
+        cumulative = gain[order].cumsum(0)
+        base = expected.sum() + B
+        stop_time = j * self.step_cost(B) + self.latency(B, j + 1)
+        go_time = (j + 1) * self.step_cost(B) + self.latency(B, j + 2)
+        goodput = torch.cat([(base / stop_time)[None], (base + cumulative) / go_time])
+        m = goodput.argmax()
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(B, device=gain.device)
+        return (rank < m) & (gain > 0)
+
+
+@dataclass
+class SpecVerificationPaper:
+    """SV §5's rule as published, per row: draw x_j, look up P(accept | S_j, A_j) with A_j
+    from x_j itself, and drop x_j (stop) when it would lower the row's goodput. Lossy: whether
+    x_j is verified depends on x_j's value, so a verified x_j is no longer distributed as q_j
+    (p = q = (1/2, 1/2) with c = (1, 0) emits token 0 with probability 3/4). Kept to measure
+    how far the published rule is from the target law."""
+
+    table: AcceptanceTable
+    latency: Callable[[int, int], float]
+    step_cost: Callable[[int], float]
+    max_gamma: int
+    name: str = "sv_paper"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        B = len(batch)
+        rnd = Round()
+        device = engine.device
+        limit = torch.tensor(batch.room(self.max_gamma), device=device)
+        counts = torch.zeros(B, dtype=torch.long, device=device)
+        active = limit > 0
+        product = torch.ones(B, dtype=torch.float64, device=device)
+        expected = torch.zeros(B, dtype=torch.float64, device=device)
+        for j in range(int(limit.max()) if B else 0):
+            if j > 0 and not engine.any(active):
+                break
+            step = engine.draft_step(batch, rnd, active)
+            c = engine.companion_probs(batch, rnd, active)
+            rnd.steps.append(step)
+            S, A = companion_features(step.q, c, step.tokens)
+            grown = product * self.table.lookup(S, A).double()
+            before = (expected + 1) / (j * self.step_cost(B) + self.latency(B, j + 1))
+            after = (expected + grown + 1) / ((j + 1) * self.step_cost(B) + self.latency(B, j + 2))
+            kept = active & (after >= before)
+            counts = counts + kept.long()
+            product = torch.where(kept, grown, product)
+            expected = torch.where(kept, expected + grown, expected)
+            active = kept & (counts < limit)
+        rnd.counts = counts
+        return verify(engine, batch, rnd)

@@ -1,0 +1,88 @@
+"""One model's KV cache over a batch of rows that each keep their own length.
+
+Rows of a speculative batch accept different numbers of drafts, so after a round they hold
+different numbers of tokens. Two layouts were considered:
+
+- crop every row to the shortest and re-feed what the longer rows lose: simple, but each
+  call then recomputes up to a round's worth of tokens for most rows;
+- keep the physical cache shared and mark, per row, which slots hold a token (and at which
+  position): a rejected draft's slot is simply marked empty. New tokens are appended in one
+  block of `width` slots; a row that feeds fewer leaves the rest of the block empty.
+
+This module is the second: a rejection costs a mask update on the device and nothing is
+recomputed. Every model the engine runs (Llama, Qwen, GPT-2/Neo, the distilled draft) takes
+a 2-D attention mask and explicit position ids, and transformers builds the causal mask from
+them; a row's empty slots are invisible to it, and since a row's tokens occupy increasing
+slots, the physical order is its logical order. Empty slots are squeezed out by `pack`
+(one gather per layer) when they outnumber the rows' tokens, so attention stays short.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+class RowCache:
+    """The KV cache, `position[r, s]` (the position slot s of row r holds, -1 if none) and
+    `lengths[r]` (row r holds positions 0 .. lengths[r] - 1), all on the model's device."""
+
+    def __init__(self, rows: int, device: torch.device) -> None:
+        self.kv = DynamicCache()
+        self.position = torch.empty((rows, 0), dtype=torch.long, device=device)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def slots(self) -> int:
+        return self.position.shape[1]
+
+    def block(self, counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(position ids, attention mask) of a forward appending counts[r] tokens to row r in
+        a block of `width` slots: (rows, width) and (rows, slots + width)."""
+        offsets = torch.arange(width, device=self.lengths.device)
+        filled = offsets[None, :] < counts[:, None]
+        mask = torch.cat([self.position >= 0, filled], dim=1).long()
+        return self.lengths[:, None] + offsets, mask
+
+    def append(self, kv: DynamicCache, counts: torch.Tensor, width: int) -> None:
+        """Record the block `block` described, now written into `kv`."""
+        offsets = torch.arange(width, device=self.lengths.device)
+        block = torch.where(offsets[None, :] < counts[:, None], self.lengths[:, None] + offsets, -1)
+        self.kv = kv
+        self.position = torch.cat([self.position, block], dim=1)
+        self.lengths = self.lengths + counts
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        """Keep positions below lengths[r] in row r (a rejected draft's slot becomes empty)."""
+        lengths = torch.minimum(self.lengths, lengths)
+        self.position = torch.where(self.position < lengths[:, None], self.position, -1)
+        self.lengths = lengths
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep these rows, in this order (finished rows leave; MTAD widens a row to beams)."""
+        if self.kv.get_seq_length() > 0:
+            self.kv.batch_select_indices(rows)
+        self.position = self.position[rows]
+        self.lengths = self.lengths[rows]
+
+    def pack(self, longest: int) -> None:
+        """Move every row's tokens to slots 0 .. length - 1 (`longest` = max length, from the
+        host, so packing costs no sync); only worth it when most slots are empty."""
+        if self.slots == longest or self.kv.get_seq_length() == 0:
+            return
+        filled = self.position >= 0
+        target = torch.where(filled, self.position, longest)  # empty slots go to a spare column
+        source = torch.arange(self.slots, device=target.device).expand_as(target)
+        index = torch.zeros((self.rows, longest + 1), dtype=torch.long, device=target.device)
+        index.scatter_(1, target, source)
+        index = index[:, :longest]
+        for layer in self.kv.layers:
+            spread = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, spread)
+            layer.values = layer.values.gather(2, spread)
+        columns = torch.arange(longest, device=target.device)
+        self.position = torch.where(columns[None, :] < self.lengths[:, None], columns, -1)

@@ -1,0 +1,75 @@
+"""The batched cache: every row's logits equal a full forward of that row's tokens alone,
+through ragged appends, rejected drafts, packing and rows leaving the batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sprinter_train.decoding.batch_runner import ModelRunner
+from sprinter_train.models.tiny import build_tiny_model
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return build_tiny_model({"num_hidden_layers": 2}, seed=1).float()
+
+
+def full_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([tokens])).logits[0, :, :VOCAB].float()
+
+
+def feed(runner: ModelRunner, cache, rows: list[list[int]]) -> torch.Tensor:
+    """Append rows[r] to row r; (rows, width, V) logits at every fed offset."""
+    width = max(1, max(map(len, rows)))
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, new in enumerate(rows):
+        ids[r, : len(new)] = torch.tensor(new, dtype=torch.long)
+    counts = torch.tensor([len(new) for new in rows])
+    keep = torch.arange(width).expand(len(rows), -1)
+    return runner.forward(cache, ids, counts, keep).logits
+
+
+def test_ragged_appends_rejections_packing_and_leaving_rows(model) -> None:
+    runner = ModelRunner(model, VOCAB)
+    seqs = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    cache = runner.new_cache(len(seqs))
+    rng = torch.Generator().manual_seed(0)
+    out = feed(runner, cache, seqs)
+    for r, seq in enumerate(seqs):
+        torch.testing.assert_close(out[r, : len(seq)], full_logits(model, seq), atol=1e-4, rtol=0)
+    for step in range(8):
+        new = [
+            torch.randint(3, VOCAB, (int(torch.randint(0, 4, (1,), generator=rng)),), generator=rng)
+            .tolist()
+            for _ in seqs
+        ]
+        out = feed(runner, cache, new)
+        for r, tokens in enumerate(new):
+            seqs[r] += tokens
+            if tokens:
+                expected = full_logits(model, seqs[r])[-len(tokens) :]
+                torch.testing.assert_close(out[r, : len(tokens)], expected, atol=1e-4, rtol=0)
+        # reject up to two of each row's tokens: their slots become holes
+        drop = torch.randint(0, 3, (len(seqs),), generator=rng)
+        cache.truncate(torch.tensor([len(s) for s in seqs]) - drop)
+        seqs = [s[: len(s) - int(d)] for s, d in zip(seqs, drop, strict=True)]
+        assert cache.lengths.tolist() == [len(s) for s in seqs]
+        if step == 3:
+            cache.pack(max(map(len, seqs)))
+            assert cache.slots == max(map(len, seqs))
+        if step == 5:
+            cache.select(torch.tensor([2, 0]))
+            seqs = [seqs[2], seqs[0]]
+
+
+def test_a_row_alone_gives_the_same_logits_as_in_a_batch(model) -> None:
+    runner = ModelRunner(model, VOCAB)
+    alone, batch = runner.new_cache(1), runner.new_cache(3)
+    prompt = [20, 21, 22, 23]
+    solo = feed(runner, alone, [prompt])[0, :4]
+    mixed = feed(runner, batch, [[30, 31], prompt, [40, 41, 42, 43, 44, 45]])[1, :4]
+    torch.testing.assert_close(solo, mixed, atol=1e-5, rtol=0)
