@@ -7,20 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from sprinter_train.core.plots import plt
-
-
-def _save(fig, path: Path) -> Path:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+from sprinter_train.core.plots import save, subplots
 
 
 def plot_roc(curves: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
     """One ROC curve per entry {name: {fpr, tpr, auc}}; the diagonal is chance."""
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, ax = subplots(figsize=(5.5, 5))
     for name, curve in curves.items():
         if not curve.get("fpr"):
             continue
@@ -31,12 +23,12 @@ def plot_roc(curves: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
     ax.set_ylabel("true-positive rate (η_TP)")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="lower right")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_reliability(panels: dict[str, dict[str, dict[str, list]]], path: Path) -> Path:
     """Observed rate against mean predicted probability per bin; one panel per label."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.8), squeeze=False)
+    fig, axes = subplots(1, len(panels), figsize=(5.2 * len(panels), 4.8), squeeze=False)
     for ax, (label, tables) in zip(axes[0], panels.items(), strict=True):
         for name, table in tables.items():
             points = [
@@ -54,7 +46,7 @@ def plot_reliability(panels: dict[str, dict[str, dict[str, list]]], path: Path) 
         ax.set_ylabel("observed frequency")
         ax.set_title(f"reliability against {label}")
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _edge_labels(edges: list[float], most: int = 9) -> tuple[np.ndarray, list[str]]:
@@ -68,7 +60,7 @@ def plot_sv_table(entry: dict[str, Any], path: Path, title: str) -> Path:
     (adaptive cells differ in width; a cell at A = 1 has zero width)."""
     value = np.asarray(entry["p_accept"], dtype=np.float64)
     counts = np.asarray(entry["counts"])
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    fig, axes = subplots(1, 2, figsize=(11, 4.6))
     image = axes[0].imshow(value, origin="lower", aspect="auto", vmin=0, vmax=1, cmap="viridis")
     fig.colorbar(image, ax=axes[0], label="P(accept | S, A)")
     shown = np.log10(np.maximum(counts, 1))
@@ -82,7 +74,7 @@ def plot_sv_table(entry: dict[str, Any], path: Path, title: str) -> Path:
         ax.set_xlabel("A = min(1, P_c(x) / P_d(x))")
         ax.set_ylabel("S = sum min(P_d, P_c)")
         ax.set_title(f"{title}: {name}")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_sv_calibration(
@@ -90,7 +82,7 @@ def plot_sv_calibration(
 ) -> Path:
     """Per occupied cell: the table's P(accept) (fitted on train) against the test mean."""
     keep = counts > 0
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, ax = subplots(figsize=(5, 5))
     ax.scatter(
         predicted[keep], observed[keep], s=8 + 40 * counts[keep] / max(counts.max(), 1), alpha=0.6
     )
@@ -100,13 +92,13 @@ def plot_sv_calibration(
     ax.set_xlabel("table P(accept | S, A) (fit split)")
     ax.set_ylabel("mean min(1, p/q) in the cell (test split)")
     ax.set_title("SV table calibration (marker size: test records)")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_learning_curves(curves: dict[str, dict[str, Any]], path: Path, target: float) -> Path:
     """Test (solid) and val (dashed) AUC against train records, log2 axis, one colour per
     verifier; the dotted line is the AUC the issue asks for."""
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = subplots(figsize=(6, 4.5))
     for index, (name, entry) in enumerate(curves.items()):
         points = entry["points"]
         rows = [p["train_rows"] for p in points]
@@ -123,4 +115,4 @@ def plot_learning_curves(curves: dict[str, dict[str, Any]], path: Path, target: 
     ax.set_ylabel("AUC against q/p <= 1 (solid: test, dashed: val)")
     ax.set_title("verifier AUC against training records")
     ax.legend(fontsize=8, loc="lower right")
-    return _save(fig, path)
+    return save(fig, path)

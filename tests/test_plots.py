@@ -1,0 +1,40 @@
+"""Plotting leaves matplotlib's global state alone: importing or drawing selects no backend."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+DRAW = """
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("svg")  # a caller's choice (a notebook's inline backend, a GUI) ...
+import sprinter_train.bench.report
+from sprinter_train.core.plots import plot_curve
+from sprinter_train.evaluation.plots import plot_roc
+
+out = Path(sys.argv[1])
+roc = plot_roc({"v": {"fpr": [0, 0.5, 1], "tpr": [0, 0.8, 1], "auc": 0.7}}, out / "roc.png", "t")
+curve = plot_curve([{"tokens": 1e6, "loss": 2.0, "heldout_alpha_t1": 0.5}], out / "c.png", "t")
+assert matplotlib.get_backend() == "svg", matplotlib.get_backend()  # ... survives
+assert "matplotlib.pyplot" not in sys.modules
+print(roc.read_bytes()[:8] == curve.read_bytes()[:8] == b"\\x89PNG\\r\\n\\x1a\\n")
+"""
+
+
+def test_drawing_keeps_the_callers_backend_and_needs_no_pyplot(tmp_path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", DRAW, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True"  # both figures were written as PNG
