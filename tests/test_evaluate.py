@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ from sprinter_train.__main__ import run_stage
 from sprinter_train.core.classification import auc, brier, ece, eta_rates
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
-from sprinter_train.evaluation.predictors import adaedl_bound, sampled_acceptance, svip_score
+from sprinter_train.core.rules import sampled_acceptance
+from sprinter_train.evaluation.predictors import adaedl_bound, svip_score
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
 from tests.synthetic import write_synthetic_records
@@ -35,6 +37,17 @@ TINY = (
     "bench.num_prompts=2",
     "bench.max_new_tokens=8",
     "bench.latency.reps=2",
+)
+# methods whose output is the target's own: at temperature 0 they must emit target_only's tokens
+LOSSLESS = (
+    "sd",
+    "sd_heuristic",
+    "svip",
+    "adaedl",
+    "sv",
+    "mtad",
+    "hf_assisted",
+    "hf_assisted_heuristic",
 )
 REPORT_AUC_KEYS = {
     "verifier_lam1",
@@ -96,13 +109,36 @@ def test_eta_rates_and_baseline_scores() -> None:
     s = np.array([0.9, 0.6, 0.2, 0.7, 0.1])
     assert eta_rates(y, s, 0.5) == {"eta_TP": pytest.approx(2 / 3), "eta_FP": pytest.approx(0.5)}
     h = np.array([0.0, 1.0, 4.0])
-    assert svip_score(h).tolist() == pytest.approx([1.0, 1 - np.sqrt(0.15), 1 - np.sqrt(0.6)])
-    assert adaedl_bound(h, 0.5)[2] == pytest.approx(1 - np.sqrt(2.0))  # not clipped: ranks stay
+    methods = compose_config().methods  # the constants the bench's policies use
+    assert svip_score(h, methods.svip).tolist() == pytest.approx(
+        [1.0, 1 - np.sqrt(0.15), 1 - np.sqrt(0.6)]
+    )
+    assert adaedl_bound(h, methods.adaedl)[2] == pytest.approx(1 - np.sqrt(2.0))  # not clipped
     event = sampled_acceptance(np.full(100_000, 0.3), seed=1)
     assert event.mean() == pytest.approx(0.3, abs=0.006)
     assert (sampled_acceptance(np.ones(10), 0)).all() and not sampled_acceptance(
         np.zeros(10), 0
     ).any()
+
+
+def check_bench_arithmetic(methods: dict[str, dict], most_tokens: int) -> None:
+    """Every derived column of results.json follows from the counts it was derived from."""
+    base, sd = methods["target_only"], methods["sd"]
+    for name, row in methods.items():
+        assert 0 < row["tokens"] <= most_tokens, name  # the prompts' budgets, EOS may stop early
+        assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["wall_s"]), name
+        speedup = row["tokens_per_s"] / base["tokens_per_s"]
+        assert row["speedup_vs_target_only"] == pytest.approx(speedup), name
+        assert row["speedup_vs_sd"] == pytest.approx(row["tokens_per_s"] / sd["tokens_per_s"]), name
+        per_call = row["tokens"] / row["target_calls"]
+        assert row["tokens_per_target_call"] == pytest.approx(per_call), name
+        assert 0 < row["target_calls"] <= row["tokens"], name  # a target call emits >= 1 token
+        if name != "target_only":
+            assert row["draft_calls"] > 0, name
+    # target_only: one target call per token, no draft, nothing to accept
+    assert base["target_calls"] == base["tokens"] and base["tokens_per_target_call"] == 1.0
+    assert base["draft_calls"] == 0 and base["acceptance_rate"] is None
+    assert base["speedup_vs_target_only"] == 1.0 and sd["speedup_vs_sd"] == 1.0
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +157,12 @@ def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
     bench = read_json(Path(result["bench"]["results"]))
     assert set(bench["methods"]) == set(cfg.bench.methods)  # sprinter and sv found their inputs
     assert not bench["skipped"]
-    for name, row in bench["methods"].items():
-        assert row["tokens"] > 0 and row["tokens_per_s"] > 0, name
-        assert row["target_calls"] > 0 and row["rouge_l_vs_target"] is not None, name
-    assert bench["methods"]["sprinter"]["target_calls"] <= bench["methods"]["sprinter"]["tokens"]
+    check_bench_arithmetic(bench["methods"], cfg.bench.num_prompts * cfg.bench.max_new_tokens)
+    assert all(row["rouge_l_vs_target"] is not None for row in bench["methods"].values())
+    assert bench["methods"]["sprinter"]["verifier_acceptance_rate"] is not None
+    assert bench["methods"]["sd"]["verifier_acceptance_rate"] is None
+    assert bench["methods"]["sd"]["tokens_per_target_call"] >= 1.0
+    assert bench["settings"]["svip"]["c"] == cfg.methods.svip.c
     bench_md = (Path(cfg.experiment_dir) / "bench" / "results.md").read_text()
     assert all(f"| {name} |" in bench_md for name in cfg.bench.methods)
     assert {t["name"] for t in bench["targets"]} == set(cfg.bench.targets)
@@ -160,6 +198,36 @@ def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
     json.dumps(report, allow_nan=False)  # strict JSON: no NaN or Infinity
     assert report["notes"] == []  # verifiers and table come from this very record set
     assert all(v["trained_on_this_record_set"] for v in report["inputs"]["verifiers"].values())
+
+
+def test_greedy_lossless_methods_emit_target_onlys_tokens(chained) -> None:
+    """At temperature 0 in float32 every lossless method's output is target_only's: the same
+    token count and the target's perplexity of it equal to the last bit (one forward of the
+    same tokens). The bench runs on a copy of the chain's records and table, so the chain's
+    own bench results stay as they were."""
+    root = chained["root"]
+    experiment = root / "artifacts" / "greedy"
+    for part in ("records", "tables"):
+        shutil.copytree(root / "artifacts" / "chat" / part, experiment / part)
+    cfg = compose_at(
+        root,
+        "stage=bench",
+        "experiment=greedy",
+        "sampling.temperature=0",
+        "bench.judge.enabled=false",
+        f"bench.methods=[target_only,{','.join(LOSSLESS)}]",
+    )
+    run_stage(cfg)
+    bench = read_json(experiment / "bench" / "results.json")
+    assert set(bench["methods"]) == {"target_only", *LOSSLESS} and not bench["skipped"]
+    methods = bench["methods"]
+    check_bench_arithmetic(methods, cfg.bench.num_prompts * cfg.bench.max_new_tokens)
+    base = methods["target_only"]
+    for name in LOSSLESS:
+        row = methods[name]
+        assert row["tokens"] == base["tokens"], name
+        assert row["target_ppl"] == base["target_ppl"], name
+        assert row["rouge_l_vs_target"] == base["rouge_l_vs_target"], name
 
 
 def test_evaluate_scores_the_same_rows_as_the_exported_verifier(chained) -> None:
@@ -271,15 +339,15 @@ def test_ceiling_and_shortfall_sections_explain_a_short_auc(chained) -> None:
 
 
 def test_ceiling_leaves_out_an_embedding_it_cannot_load(chained, monkeypatch) -> None:
+    from sprinter_train.evaluation import ceiling_report as module
     from sprinter_train.harvest.reader import open_records
-    from sprinter_train.stages import evaluate as evaluate_stage
 
     def other_draft(*args, **kwargs):
         raise ValueError("the token_embedding feature needs the harvest's draft")
 
-    monkeypatch.setattr(evaluate_stage, "make_embedder", other_draft)
+    monkeypatch.setattr(module, "make_embedder", other_draft)
     cfg = compose_at(chained["root"], "stage=evaluate", "experiment=chat")
-    out = evaluate_stage.ceiling_report(cfg, open_records(cfg.experiment_dir))
+    out = module.ceiling_report(cfg, open_records(cfg.experiment_dir))
     assert "harvest's draft" in out["embedding_skipped"]
     assert not any("embedding" in name for name in out["models"])
     assert "linear: hidden + q + H(q)" in out["models"]

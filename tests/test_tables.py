@@ -8,13 +8,15 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.core.io import read_json
-from sprinter_train.evaluation.information import discretise, heldout_information, information
 from sprinter_train.harvest.reader import MissingInputError
-from sprinter_train.sv.table import Binning, SVTable, fill_sparse, fit_binning, quantile_edges
+from sprinter_train.sv.fit import fill_sparse, fit_binning, fit_tables
+from sprinter_train.sv.information import discretise, heldout_information, information
+from sprinter_train.sv.table import Binning, SVTable, quantile_edges
 from tests.synthetic import write_synthetic_records
 
 
@@ -166,3 +168,38 @@ def test_tables_need_a_companion_and_records(compose_cfg, synthetic_experiment) 
         run_stage(compose_cfg("stage=tables", "experiment=nothing_here"))
     with pytest.raises(MissingInputError, match="stage=tables"):
         SVTable.load(synthetic_experiment / "tables" / "sv_table.json")
+
+
+def test_fit_tables_fits_only_the_fit_splits_and_checks_its_default() -> None:
+    rng = np.random.default_rng(8)
+    n = 600
+    frame = pd.DataFrame(
+        {
+            "split": np.where(np.arange(n) < 400, "train", "test"),
+            "S": rng.random(n),
+            "A": rng.random(n),
+            "accept_prob": rng.random(n),
+            "ratio": rng.random(n) * 2,
+        }
+    )
+    frame.loc[400:, "accept_prob"] = 1.0  # test rows would lift every mean if they were used
+    tcfg = {
+        "grids": [2],
+        "adaptive": [3, 3],
+        "default": "2x2",
+        "min_count": 1,
+        "x_bins": 4,
+        "fit_splits": ["train"],
+        "seed": 0,
+    }
+    fitted = fit_tables(frame, tcfg)
+    train = frame.iloc[:400]
+    assert fitted["rows"] == 400
+    assert fitted["global_mean_accept"] == pytest.approx(train["accept_prob"].mean())
+    assert sum(map(sum, fitted["binnings"]["2x2"]["counts"])) == 400
+    assert set(fitted["info_gain_bits"]) == {"2x2", "adaptive"}
+    assert fitted["info_gain_bits"]["2x2"] == fitted["binnings"]["2x2"]["entropy_bits"]["X"]["I"]
+    with pytest.raises(ValueError, match="no records in splits"):
+        fit_tables(frame, {**tcfg, "fit_splits": ["val"]})
+    with pytest.raises(ValueError, match="tables.default='9x9' is none of"):
+        fit_tables(frame, {**tcfg, "default": "9x9"})

@@ -131,3 +131,18 @@ def theorem_checks(
             frame[in_mix], acceptable[in_mix], accepted[in_mix], eta_TP, eta_FP
         ),
     }
+
+
+def check_verifiers(
+    frame: pd.DataFrame,
+    scores: dict[str, np.ndarray],
+    names: list[str],
+    tau: float,
+    seed: int,
+    mixes: list[str],
+) -> dict[str, Any]:
+    """theorem_checks for each named verifier. The simulation's u is the seeded draw of the
+    sampled accept event (core.rules.sampled_acceptance with the same seed), so Theorem A.4's
+    simulated acceptance and the report's sampled label share their randomness."""
+    u = np.random.default_rng(seed).random(len(frame))
+    return {name: theorem_checks(frame, scores[name], tau, u, mixes) for name in names}

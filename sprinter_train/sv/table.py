@@ -6,6 +6,7 @@ probability of the drafted token, over the records that fall in it. Equal-width 
 [0, 1]^2; the adaptive grid puts its edges at quantiles of S and of A, so cells are smaller
 where records are dense. A cell with fewer than `min_count` records takes the pooled mean
 of its neighbourhood (radius 1, then 2), else the global mean: a lookup never returns NaN.
+Fitting (counting, filling, the information S and A carry) lives in sv/fit.py.
 
     table = SVTable.load("artifacts/<exp>/tables/sv_table.json")   # the default binning
     table.lookup(S, A)                                               # -> P(accept)
@@ -21,8 +22,6 @@ import numpy as np
 
 from sprinter_train.core.io import read_json
 from sprinter_train.harvest.reader import MissingInputError
-
-MAX_RADIUS = 2
 
 
 @dataclass(frozen=True)
@@ -66,56 +65,6 @@ def quantile_edges(values: np.ndarray, n: int) -> np.ndarray:
     inner = np.unique(np.asarray(inner))
     inner = inner[(inner > 0.0) & (inner <= 1.0)]
     return np.concatenate([[0.0], inner, [1.0]])
-
-
-def fill_sparse(
-    counts: np.ndarray, sums: np.ndarray, min_count: int, global_mean: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """P(accept) per cell and where it came from: 'bin', 'radius1', 'radius2' or 'global'."""
-    n_s, n_a = counts.shape
-    value = np.full(counts.shape, global_mean, dtype=np.float64)
-    source = np.full(counts.shape, "global", dtype=object)
-    for i in range(n_s):
-        for j in range(n_a):
-            for radius in range(MAX_RADIUS + 1):
-                window = (
-                    slice(max(i - radius, 0), i + radius + 1),
-                    slice(max(j - radius, 0), j + radius + 1),
-                )
-                pooled = counts[window].sum()
-                if pooled >= max(min_count, 1):
-                    value[i, j] = sums[window].sum() / pooled
-                    source[i, j] = "bin" if radius == 0 else f"radius{radius}"
-                    break
-    return value, source
-
-
-def fit_binning(
-    binning: Binning, S: np.ndarray, A: np.ndarray, x: np.ndarray, min_count: int
-) -> dict[str, Any]:
-    """Counts, raw cell means (None where empty) and the filled P(accept) table."""
-    n_s, n_a = binning.shape
-    flat = binning.flat(S, A)
-    counts = np.bincount(flat, minlength=n_s * n_a).reshape(n_s, n_a)
-    sums = np.bincount(flat, weights=x, minlength=n_s * n_a).reshape(n_s, n_a)
-    global_mean = float(np.mean(x)) if len(x) else 0.0
-    value, source = fill_sparse(counts, sums, min_count, global_mean)
-    raw = [
-        [None if c == 0 else float(s / c) for c, s in zip(cr, sr, strict=True)]
-        for cr, sr in zip(counts, sums, strict=True)
-    ]
-    return {
-        "s_edges": binning.s_edges.tolist(),
-        "a_edges": binning.a_edges.tolist(),
-        "shape": [n_s, n_a],
-        "cells": n_s * n_a,
-        "occupied": int((counts > 0).sum()),
-        "counts": counts.tolist(),
-        "mean_accept_raw": raw,
-        "p_accept": value.tolist(),
-        "source": source.tolist(),
-        "filled_cells": int((source != "bin").sum()),
-    }
 
 
 @dataclass

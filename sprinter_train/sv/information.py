@@ -1,5 +1,9 @@
 """Discrete entropies and information gain in bits (SV §4.1, §7.4: I(X; Y) = H(X) - H(X | Y)).
 
+How much SV's (S, A) cells tell about acceptance: the table's fit reports it on the records
+it is fitted on, the evaluation on held-out ones. Plain numpy on integer codes, so both (sv
+below evaluation in the layer order) read the same estimator.
+
 Plug-in estimates from counts, as SV reports them, plus the Miller-Madow correction: the
 plug-in I is biased upwards by about (cells used - 1) / (2 N ln 2) bits, so with many bins
 and few samples a positive plug-in I alone proves nothing.

@@ -1,0 +1,96 @@
+"""What stage=evaluate reads (records, verifiers, SV table) and the provenance it reports.
+
+Each input is checked on entry, so a missing one names the stage that makes it; the report's
+`inputs` section says whether the verifiers and the table were fitted on these very records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from sprinter_train.harvest.reader import RecordSet, file_sha256, open_records
+from sprinter_train.sv.table import SVTable
+from sprinter_train.verifier.checkpoint import (
+    VerifierCheckpoint,
+    lam_name,
+    load_verifier,
+    verifier_path,
+)
+
+COLUMNS = [
+    "prompt_id",
+    "split",
+    "mix",
+    "position",
+    "token_id",
+    "q",
+    "ratio",
+    "accept_prob",
+    "beta",
+    "draft_entropy",
+    "S",
+    "A",
+]
+
+
+def table_path(cfg: DictConfig) -> Path:
+    return Path(cfg.experiment_dir) / "tables" / "sv_table.json"
+
+
+def load_inputs(cfg: DictConfig) -> tuple[RecordSet, dict[str, VerifierCheckpoint], SVTable | None]:
+    """Records, verifiers and table, each checked on entry (errors name the stage to run)."""
+    records = open_records(cfg.experiment_dir, columns=COLUMNS, stage="stage=evaluate")
+    verifiers = {
+        f"verifier_lam{lam_name(lam)}": load_verifier(
+            verifier_path(cfg.checkpoint_dir, float(lam)), str(cfg.experiment)
+        )
+        for lam in cfg.evaluate.lams
+    }
+    table = SVTable.load(table_path(cfg)) if records.has_companion else None
+    return records, verifiers, table
+
+
+def input_provenance(
+    cfg: DictConfig,
+    records: RecordSet,
+    verifiers: dict[str, VerifierCheckpoint],
+    table: SVTable | None,
+) -> dict[str, Any]:
+    """Where each input came from, and whether it was fitted on this record set."""
+    return {
+        "records": {"dir": str(records.records_dir), "manifest_sha256": records.manifest_hash},
+        "verifiers": {
+            n: {
+                "path": str(c.path),
+                "sha256": file_sha256(c.path)[:16],
+                "trained_on_this_record_set": c.meta["records"].get("content_id")
+                == records.content_id,
+            }
+            for n, c in verifiers.items()
+        },
+        "sv_table": None
+        if table is None
+        else {
+            "path": str(table_path(cfg)),
+            "binning": table.binning.name,
+            "records_manifest_sha256": table.meta["records"]["manifest_sha256"],
+            "fitted_on_this_record_set": table.meta["records"].get("content_id")
+            == records.content_id,
+        },
+    }
+
+
+def stale_input_notes(inputs: dict[str, Any]) -> list[str]:
+    """A note per input fitted on another record set, naming the stage to rerun."""
+    notes = [
+        f"{name} was trained on another record set: rerun stage=train"
+        for name, meta in inputs["verifiers"].items()
+        if not meta["trained_on_this_record_set"]
+    ]
+    table = inputs["sv_table"]
+    if table is not None and not table["fitted_on_this_record_set"]:
+        notes.append("the SV table was fitted on another record set: rerun stage=tables")
+    return notes

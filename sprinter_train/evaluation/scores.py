@@ -1,0 +1,68 @@
+"""Every acceptance predictor's P(accept) estimate on the same rows, and what each one is.
+
+SPRINTER's verifiers (one per λ) score the records' hidden states; SV's table looks up
+(S, A); SVIP, AdaEDL and q(x) need no training.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from omegaconf import DictConfig
+
+from sprinter_train.evaluation.predictors import adaedl_bound, draft_q, svip_score
+from sprinter_train.harvest.reader import RecordSet
+from sprinter_train.sv.table import SVTable
+from sprinter_train.verifier.checkpoint import VerifierCheckpoint
+from sprinter_train.verifier.features import build_features
+from sprinter_train.verifier.train import make_embedder
+
+
+def verifier_scores(
+    cfg: DictConfig, records: RecordSet, rows: np.ndarray, verifiers: dict[str, VerifierCheckpoint]
+) -> dict[str, np.ndarray]:
+    """Each verifier's sigmoid score on the given rows (hidden states read once)."""
+    hidden = records.hidden(rows)
+    columns = {c: records.frame[c].to_numpy()[rows] for c in ("q", "draft_entropy", "token_id")}
+    out = {}
+    for name, checkpoint in verifiers.items():
+        if int(checkpoint.meta["d"]) != records.d:
+            raise ValueError(
+                f"{name} was trained on d={checkpoint.meta['d']} hidden states; the records of "
+                f"{records.records_dir} have d={records.d} (another draft or layer)"
+            )
+        embedder = make_embedder(cfg, checkpoint.spec, records)
+        features = build_features(checkpoint.spec, hidden, columns, embedder)
+        out[name] = checkpoint.score(features.batch())
+    return out
+
+
+def predictor_scores(
+    cfg: DictConfig,
+    records: RecordSet,
+    rows: np.ndarray,
+    verifiers: dict[str, VerifierCheckpoint],
+    table: SVTable | None,
+) -> dict[str, np.ndarray]:
+    """P(accept) estimates of every predictor on the same rows."""
+    frame = records.frame.iloc[rows]
+    scores = verifier_scores(cfg, records, rows, verifiers)
+    if table is not None:
+        scores["sv_table"] = np.asarray(table.lookup(frame["S"].to_numpy(), frame["A"].to_numpy()))
+    entropy = frame["draft_entropy"].to_numpy()
+    scores["svip_entropy"] = svip_score(entropy, cfg.methods.svip)
+    scores["adaedl_bound"] = adaedl_bound(entropy, cfg.methods.adaedl)
+    scores["draft_q"] = draft_q(frame["q"].to_numpy())
+    return scores
+
+
+def predictor_descriptions(
+    cfg: DictConfig, verifiers: dict[str, VerifierCheckpoint]
+) -> dict[str, str]:
+    """One line per predictor for the report: what its score is."""
+    return {
+        **{n: f"SPRINTER verifier trained at λ={c.lam:g}" for n, c in verifiers.items()},
+        "sv_table": "SV P(accept | S, A), default binning of tables/sv_table.json",
+        "svip_entropy": f"SVIP 1 - sqrt({cfg.methods.svip.c} H_q)",
+        "adaedl_bound": f"AdaEDL 1 - sqrt({cfg.methods.adaedl.gamma} H_q)",
+        "draft_q": "q(x), the draft's probability of its token",
+    }
