@@ -1,5 +1,7 @@
 # make demo: set up .venv and run the main job on the offline default pair
-# make test: the same set-up, then the test suite (what CI runs)
+# make test: the same set-up, then the test suite (what CI runs): every fast test and the
+#   slow ones marked smoke
+# make test-full: every slow test too (--run-slow-all: DDP, the whole ShareGPT file, ...)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

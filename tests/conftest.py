@@ -1,7 +1,8 @@
 """Shared fixtures: Hydra composition with CPU overrides and tmp_path artifacts, tiny models.
 
-Real-model tests are marked `slow`; the default run includes only those also marked `smoke`
-(a bounded subset, what CI runs). `--run-slow-all` runs every slow test.
+Real-model and other costly tests are marked `slow`. The default run (`make test`, CI) keeps
+only the slow tests also marked `smoke`, a bounded subset chosen by cost; `--run-slow-all`
+(`make test-full`) runs every slow test. A `smoke` test must be `slow` too.
 """
 
 from __future__ import annotations
@@ -18,14 +19,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow-all", action="store_true", help="run every slow real-model test")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "smoke: the slow tests that the default (CI) run keeps")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid for item in items if "smoke" in item.keywords and "slow" not in item.keywords
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            f"`smoke` picks among slow tests; mark these `slow` too: {unmarked}"
+        )
     if config.getoption("--run-slow-all"):
         return
-    skip = pytest.mark.skip(reason="slow real-model test: run with --run-slow-all (make test-full)")
+    skip = pytest.mark.skip(
+        reason="slow test outside the smoke subset: --run-slow-all (make test-full)"
+    )
     for item in items:
         if "slow" in item.keywords and "smoke" not in item.keywords:
             item.add_marker(skip)

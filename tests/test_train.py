@@ -172,8 +172,7 @@ def test_hydra_multirun_sweeps_lambda(tmp_path, synthetic) -> None:
     assert not verifier_path(tmp_path / "checkpoints" / "syn", 1.2).exists()
 
 
-@pytest.mark.slow
-@pytest.mark.smoke
+@pytest.mark.slow  # about 75 s on 2 CPU cores (two spawned ranks): outside the smoke subset
 def test_ddp_over_two_cpu_processes(compose_cfg, tmp_path, synthetic) -> None:
     cfg = train_cfg(compose_cfg, tmp_path, "train.lam=1.2", "train.devices=2", "train.strategy=ddp")
     result = run_stage(cfg)["verifier_lam1.2"]
