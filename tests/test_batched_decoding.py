@@ -20,6 +20,7 @@ from scipy.stats import binomtest
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.batch_engine import Batch, DraftStep, Engine, Round
 from sprinter_train.decoding.batch_policies import (
+    MTAD,
     SVIP,
     AdaEDL,
     HeuristicSD,
@@ -287,3 +288,28 @@ def test_rows_stop_at_eos_and_budget_on_their_own(models) -> None:
         for tokens, result in zip(free, results, strict=True):
             cut = tokens[: tokens.index(free[0][3]) + 1] if free[0][3] in tokens else tokens
             assert result.tokens == cut
+
+
+def test_mtad_greedy_rows_equal_target_only_alone_and_batched(models) -> None:
+    engine = engine_for(models, GREEDY)
+    policy = MTAD(gamma=3, beam_width=3, tau=0.5)
+    reference = [engine.generate([p], TargetOnly(), 24)[0].tokens for p in PROMPTS]
+    batched = engine.generate(PROMPTS, policy, 24)
+    alone = [engine.generate([p], policy, 24)[0].tokens for p in PROMPTS]
+    assert [r.tokens for r in batched] == reference == alone
+    assert 0 < batched[0].stats.accepted <= batched[0].stats.drafted
+
+
+def test_mtad_with_tau_one_is_target_sampling_in_ragged_batches(models) -> None:
+    policy = MTAD(gamma=3, beam_width=3, tau=1.0)
+    counts = first_tokens(engine_for(models, SAMPLING), policy, ragged_rows(RUNS // 4))
+    expected = exact_joint(models["target"], PROMPTS[0], 3, SAMPLING, VOCAB)
+    assert chi_square_pvalue(counts[0], expected) > 1e-3
+
+
+def test_mtad_rows_do_not_depend_on_their_batch_mates(models) -> None:
+    engine = engine_for(models, SAMPLING)
+    policy = MTAD(gamma=3, beam_width=3, tau=0.1)
+    alone = engine.generate([PROMPTS[0]], policy, 20, seeds=[7])[0].tokens
+    rows = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]
+    assert engine.generate(rows, policy, 20, seeds=[1, 7, 2])[1].tokens == alone

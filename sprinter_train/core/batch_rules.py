@@ -64,8 +64,11 @@ def speculative_rows(
     return accepted, torch.where(rejected, residual_rows(p_n, q_n), p_n)
 
 
-def mtad_accept_lengths(p_x: torch.Tensor, q_joint: torch.Tensor, tau: float) -> torch.Tensor:
-    """MTAD Alg. 1 per row: the longest j with min(1, p(x_1:j)/q(x_1:j)) > tau (0 if none).
+def mtad_accept_lengths(
+    p_x: torch.Tensor, q_joint: torch.Tensor, counts: torch.Tensor, tau: float
+) -> torch.Tensor:
+    """MTAD Alg. 1 per row: the longest j <= counts[r] with min(1, p(x_1:j)/q(x_1:j)) > tau
+    (0 if none).
 
     p_x: (B, G) target probabilities of the beam's tokens; q_joint: (B, G) the draft's joint
     probability of each beam prefix.
@@ -73,6 +76,6 @@ def mtad_accept_lengths(p_x: torch.Tensor, q_joint: torch.Tensor, tau: float) ->
     p_joint = p_x.double().cumprod(1)
     q = q_joint.double()
     ratio = torch.where(q > 0, (p_joint / q.clamp(min=1e-300)).clamp(max=1.0), 1.0)
-    passed = ratio > tau
     positions = torch.arange(1, p_x.shape[1] + 1, device=p_x.device)
+    passed = (ratio > tau) & (positions[None, :] <= counts[:, None])
     return (passed * positions).max(1).values

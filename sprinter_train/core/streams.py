@@ -52,6 +52,15 @@ class RowStreams:
         self.counters = self.counters + (n if counts is None else counts.to(torch.int64))
         return _shift_right(bits, 11).double() * (1.0 / (1 << 53))
 
+    def grid(self, n: int, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """(rows, n) uniforms for one wide draw (MTAD's Gumbel noise over beams x vocabulary):
+        the row's next number keys a second stream of n, and the counter advances by one."""
+        key = mix64(self.keys + self.counters * _GOLDEN)
+        self.counters = self.counters + (1 if counts is None else counts.to(torch.int64))
+        index = torch.arange(n, device=self.device)
+        bits = mix64(key[:, None] + (index + 1) * _GOLDEN)
+        return _shift_right(bits, 11).double() * (1.0 / (1 << 53))
+
     def select(self, rows: torch.Tensor) -> RowStreams:
         """The streams of these rows (finished rows leave the batch; MTAD widens it)."""
         out = RowStreams.__new__(RowStreams)

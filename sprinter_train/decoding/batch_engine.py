@@ -221,9 +221,9 @@ class Engine:
             counts = counts + after_counts
         counts = torch.where(active, counts, 0)
         keep = (lack_n - 1)[:, None] + torch.arange(extra + 1, device=self.device)
-        return self._forward(batch, role, ids, counts, keep)
+        return self.forward(batch, role, ids, counts, keep)
 
-    def _forward(
+    def forward(
         self,
         batch: Batch,
         role: str,
@@ -231,6 +231,7 @@ class Engine:
         counts: torch.Tensor,
         keep: torch.Tensor,
     ) -> RowOutput:
+        """One forward of `role` over the batch's rows (its call and time counted)."""
         runner = self.runner(role)
         seconds = runner.seconds
         out = runner.forward(batch.caches[role], ids, counts, keep)
@@ -274,7 +275,7 @@ class Engine:
         if k == 0:
             return self.feed(batch, role, active)
         keep = torch.zeros((len(batch), 1), dtype=torch.long, device=self.device)
-        return self._forward(batch, role, rnd.steps[k - 1].tokens[:, None], active.long(), keep)
+        return self.forward(batch, role, rnd.steps[k - 1].tokens[:, None], active.long(), keep)
 
     def target_probs(self, batch: Batch, rnd: Round, active: torch.Tensor) -> torch.Tensor:
         """(B, G + 1, V) warped target distributions at each row's drafts and one past them."""
