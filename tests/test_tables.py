@@ -203,3 +203,29 @@ def test_fit_tables_fits_only_the_fit_splits_and_checks_its_default() -> None:
         fit_tables(frame, {**tcfg, "fit_splits": ["val"]})
     with pytest.raises(ValueError, match="tables.default='9x9' is none of"):
         fit_tables(frame, {**tcfg, "default": "9x9"})
+
+
+def test_device_table_matches_the_numpy_lookup_and_the_s_marginal() -> None:
+    """The decoder's tensor lookup picks the same cells; P(accept | S) is the count-weighted
+    row mean, checked against a brute-force average over records in that S bin."""
+    import torch
+
+    from sprinter_train.sv.table import Binning, SVTable
+
+    rng = np.random.default_rng(0)
+    binning = Binning.equal_width(4)
+    S, A = rng.random(5000), rng.random(5000)
+    X = np.clip(0.2 + 0.5 * A * S + 0.1 * rng.standard_normal(5000), 0, 1)
+    cells = binning.flat(S, A)
+    counts = np.bincount(cells, minlength=16).reshape(4, 4)
+    means = np.bincount(cells, weights=X, minlength=16).reshape(4, 4) / counts
+    table = SVTable(binning, means, counts, {})
+    probe_S, probe_A = rng.random(200), rng.random(200)
+    device = table.on("cpu")
+    got = device.lookup(torch.as_tensor(probe_S), torch.as_tensor(probe_A)).numpy()
+    np.testing.assert_allclose(got, table.lookup(probe_S, probe_A))
+    rows = binning.cells(S, A)[0]
+    for i in range(4):
+        expected = X[rows == i].mean()
+        value = float(device.lookup_s(torch.tensor([(i + 0.5) / 4], dtype=torch.float64))[0])
+        assert value == pytest.approx(expected)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from sprinter_train.core.io import read_json
 from sprinter_train.harvest.reader import MissingInputError
@@ -106,3 +107,43 @@ class SVTable:
         i, j = self.binning.cells(S, A)
         out = self.p_accept[i, j]
         return float(out) if np.ndim(out) == 0 else out
+
+    def marginal_s(self) -> np.ndarray:
+        """P(accept | S-row i): the row's cells averaged with their record counts (the filled
+        cells' plain mean for a row without records). What is known before a token is drawn:
+        S depends only on the draft's and the companion's distributions."""
+        weights = self.counts.astype(np.float64)
+        totals = weights.sum(1)
+        weighted = (self.p_accept * weights).sum(1) / np.maximum(totals, 1.0)
+        return np.where(totals > 0, weighted, self.p_accept.mean(1))
+
+    def on(self, device: torch.device | str) -> DeviceTable:
+        """The same lookups on the decoder's device, for tensors of rows."""
+        return DeviceTable(
+            torch.as_tensor(self.binning.s_edges[1:-1], device=device),
+            torch.as_tensor(self.binning.a_edges[1:-1], device=device),
+            torch.as_tensor(self.p_accept, device=device),
+            torch.as_tensor(self.marginal_s(), device=device),
+        )
+
+
+@dataclass
+class DeviceTable:
+    """SVTable's lookups as tensor operations: no host round trip in the decoding loop."""
+
+    s_inner: torch.Tensor
+    a_inner: torch.Tensor
+    p_accept: torch.Tensor
+    p_given_s: torch.Tensor
+
+    def _row(self, S: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(S.to(self.s_inner.dtype), self.s_inner, right=True)
+
+    def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+        """P(accept | S, A) per row, the same cell as SVTable.lookup."""
+        column = torch.bucketize(A.to(self.a_inner.dtype), self.a_inner, right=True)
+        return self.p_accept[self._row(S), column]
+
+    def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
+        """P(accept | S) per row, before the token is drawn."""
+        return self.p_given_s[self._row(S)]
