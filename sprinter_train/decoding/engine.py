@@ -68,7 +68,7 @@ class Engine:
         return warp_probs(logits, self.sampling)
 
     def sample(self, probs: torch.Tensor, state: SequenceState) -> int:
-        return sample(probs, state.generator)
+        return int(sample(probs, state.generator))
 
     def draft_step(self, state: SequenceState, drafts: Sequence[int]) -> DraftStep:
         """Draw the next draft token after the committed tokens and `drafts`."""

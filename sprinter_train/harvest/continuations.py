@@ -87,7 +87,7 @@ def sample_continuations(
     out: list[list[int]] = [[] for _ in prompts]
     for step in range(n):
         probs = warp_probs(logits, sampling)
-        tokens = [sample(probs[row], generators[row]) for row in range(len(prompts))]
+        tokens = [int(sample(probs[row], generators[row])) for row in range(len(prompts))]
         for row, token in enumerate(tokens):
             out[row].append(token)
         done = [eos_token_id is not None and eos_token_id in row for row in out]
@@ -132,7 +132,7 @@ def speculative_continuation(
                 draft, torch.tensor([feed], device=device), None, None, draft_cache, use_cache=True
             )
             q = warp_probs(head_logits(draft, final[0, -1], vocab_size), sampling)
-            proposals.append(sample(q, generator))
+            proposals.append(int(sample(q, generator)))
             q_rows.append(q)
             feed = proposals[-1:]
         # 2. one target forward scores every proposal (g + 1 distributions)

@@ -3,9 +3,11 @@
 The target's distribution at position t does not depend on the token sampled there, so a
 single forward of draft, companion and target over a whole sequence gives q, p and P_c at
 every position of its region. At each position t we sample x ~ q_t (the warped draft
-distribution, from the prompt's own generator) and record SPRINTER's q(x), p(x) (labels
-q/p <= lam are computed at train time), SV §4.2's S and A, SVIP §2's draft entropy, and the
-draft hidden state at t - 1, the verifier's input.
+distribution) and record SPRINTER's q(x), p(x) (labels q/p <= lam are computed at train
+time), SV §4.2's S and A, SVIP §2's draft entropy, and the draft hidden state at t - 1, the
+verifier's input. x comes from one core.sampling.sample call per sequence with the prompt's
+own generator: the i-th position of a region takes the i-th uniform of its prompt's stream,
+whatever else is in the batch.
 """
 
 from __future__ import annotations
@@ -17,13 +19,18 @@ import numpy as np
 import torch
 
 from sprinter_train.core.distributions import acceptance_alpha, entropy
-from sprinter_train.core.sampling import SamplingConfig, warp_probs
+from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
 from sprinter_train.harvest.continuations import HarvestSequence, make_generator
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.harvest.schema import NUMPY_DTYPES
 from sprinter_train.models.forward import HarvestModels, body, head_logits
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def as_record_half(values: torch.Tensor) -> torch.Tensor:
+    """float16 as records store hidden states: clamped to float16's range first (no inf)."""
+    return values.float().clamp(-FLOAT16_MAX, FLOAT16_MAX).to(torch.float16)
 
 
 @dataclass
@@ -131,7 +138,7 @@ def harvest_batch(
     for seq in sequences:
         end = start + seq.region_end - seq.region_start
         generator = make_generator(prompt_seed(seed, seq.prompt.prompt_id, "records"), device)
-        x[start:end] = torch.multinomial(q[start:end], 1, generator=generator)[:, 0]
+        x[start:end] = sample(q[start:end], generator)
         start = end
     stats = token_statistics(q, p, c, x)
 
@@ -150,7 +157,7 @@ def harvest_batch(
         columns["S"] = np.full(len(x), np.nan, dtype=np.float32)  # written as null
         columns["A"] = np.full(len(x), np.nan, dtype=np.float32)
     columns = {name: columns[name] for name in NUMPY_DTYPES}
-    hidden_np = hidden.float().clamp(-FLOAT16_MAX, FLOAT16_MAX).cpu().numpy().astype(np.float16)
+    hidden_np = as_record_half(hidden).cpu().numpy()
     return RecordBatch(columns, hidden_np)
 
 

@@ -3,17 +3,20 @@
 Extra inputs (for ablations) are `token_embedding` (the draft's input embedding of the
 drafted token x), `q` (its draft probability q(x)) and `draft_entropy` (H(q), nats). The
 feature vector's layout is fixed by FEATURE_ORDER whatever order the config lists them in,
-so a checkpoint's sidecar fully describes the vector a decoder must build.
+so a checkpoint's sidecar fully describes the vector a decoder must build. `assemble` puts
+the parts together for training (from records) and for decoding (verifier/scorer.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+from sprinter_train.harvest.records import as_record_half
 
 FEATURE_ORDER = ("hidden", "token_embedding", "q", "draft_entropy")
 DENSE = ("hidden", "token_embedding")  # float16 blocks, kept half precision in memory
@@ -93,6 +96,27 @@ class Features:
         return mean.float(), std.float()
 
 
+def assemble(spec: FeatureSpec, parts: Mapping[str, torch.Tensor]) -> Features:
+    """The verifier's input of n rows from its parts, in FEATURE_ORDER: (n, width) dense blocks
+    and (n,) scalars. Training and decoding both build through here, so a decoder sees the
+    numbers a verifier was fitted on: dense blocks rounded to float16 (how records store the
+    hidden state), scalars in float32."""
+    missing = [name for name in spec.names if name not in parts]
+    if missing:
+        raise ValueError(f"verifier features {missing} were not given (have {sorted(parts)})")
+    n = int(parts[spec.names[0]].shape[0])
+    blocks = [_half(parts[name]) for name in spec.dense]
+    dense = torch.cat(blocks, dim=1) if blocks else torch.zeros((n, 0), dtype=torch.float16)
+    columns = [parts[name].to(torch.float32) for name in spec.scalars]
+    scalars = torch.stack(columns, dim=1) if columns else torch.zeros((n, 0), dtype=torch.float32)
+    return Features(dense, scalars)
+
+
+def _half(block: torch.Tensor) -> torch.Tensor:
+    """float16 as records store it (a record's hidden state already is)."""
+    return block if block.dtype == torch.float16 else as_record_half(block)
+
+
 def build_features(
     spec: FeatureSpec,
     hidden: np.ndarray,
@@ -100,23 +124,17 @@ def build_features(
     embedder: Embedder | None = None,
 ) -> Features:
     """Features of n records from their float16 hidden states and record columns."""
-    n = hidden.shape[0]
-    blocks = []
-    for name in spec.dense:
-        if name == "hidden":
-            blocks.append(torch.from_numpy(np.ascontiguousarray(hidden, dtype=np.float16)))
-        else:
-            if embedder is None:
-                raise ValueError("the token_embedding feature needs the draft model's embedding")
-            emb = embedder(np.asarray(columns["token_id"], dtype=np.int64))
-            blocks.append(torch.from_numpy(np.ascontiguousarray(emb, dtype=np.float16)))
-    dense = torch.cat(blocks, dim=1) if blocks else torch.zeros((n, 0), dtype=torch.float16)
-    scalars = [
-        torch.from_numpy(np.asarray(columns[SCALAR_COLUMNS[name]], dtype=np.float32))
-        for name in spec.scalars
-    ]
-    extra = torch.stack(scalars, dim=1) if scalars else torch.zeros((n, 0), dtype=torch.float32)
-    return Features(dense, extra)
+    parts: dict[str, torch.Tensor] = {}
+    if "hidden" in spec.names:
+        parts["hidden"] = torch.from_numpy(np.ascontiguousarray(hidden, dtype=np.float16))
+    if "token_embedding" in spec.names:
+        if embedder is None:
+            raise ValueError("the token_embedding feature needs the draft model's embedding")
+        emb = embedder(np.asarray(columns["token_id"], dtype=np.int64))
+        parts["token_embedding"] = torch.from_numpy(np.ascontiguousarray(emb, dtype=np.float32))
+    for name in spec.scalars:
+        parts[name] = torch.from_numpy(np.asarray(columns[SCALAR_COLUMNS[name]], dtype=np.float32))
+    return assemble(spec, parts)
 
 
 class DraftEmbedder:

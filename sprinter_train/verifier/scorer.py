@@ -1,8 +1,8 @@
 """An exported SPRINTER verifier as the engine calls it: features of one drafted token.
 
-The feature vector is built exactly as at training time (verifier/features.py's order): the
-draft's hidden state that produced q (the record's `hidden` at t-1), then the drafted token's
-input embedding, q(x) and H(q) when the checkpoint's spec lists them.
+The parts of the feature vector come from the DraftStep (the draft's hidden state that
+produced q, which is the record's `hidden` at t-1; the drafted token's input embedding; q(x);
+H(q)) and are put together by verifier/features.py's `assemble`, the function training uses.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from sprinter_train.core.distributions import entropy
 from sprinter_train.decoding.engine import DraftStep, Engine
 from sprinter_train.decoding.state import SequenceState
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint
+from sprinter_train.verifier.features import assemble
 
 
 class CheckpointVerifier:
@@ -22,26 +23,30 @@ class CheckpointVerifier:
 
     def __init__(self, checkpoint: VerifierCheckpoint, draft_model: torch.nn.Module) -> None:
         self.checkpoint = checkpoint
-        self.names = checkpoint.spec.names
+        self.spec = checkpoint.spec
         self.embedding = draft_model.get_input_embeddings()
         linear = checkpoint.model.linear
         self.weight = linear.weight.detach().float()[0]
         self.bias = float(linear.bias.detach().float()[0])
 
+    def parts(self, step: DraftStep) -> dict[str, torch.Tensor]:
+        """The spec's inputs of the drafted token as one row each, on the CPU."""
+        names = self.spec.names
+        parts = {}
+        if "hidden" in names:
+            parts["hidden"] = step.hidden.reshape(1, -1)
+        if "token_embedding" in names:
+            token = torch.tensor([step.token], device=step.hidden.device)
+            parts["token_embedding"] = self.embedding(token).reshape(1, -1)
+        if "q" in names:
+            parts["q"] = step.q[step.token].float().reshape(1)
+        if "draft_entropy" in names:
+            parts["draft_entropy"] = entropy(step.q.float()).reshape(1)
+        return {name: part.cpu() for name, part in parts.items()}
+
     @torch.inference_mode()
     def features(self, step: DraftStep) -> torch.Tensor:
-        parts = []
-        for name in self.names:
-            if name == "hidden":
-                parts.append(step.hidden.float().flatten())
-            elif name == "token_embedding":
-                token = torch.tensor([step.token], device=step.hidden.device)
-                parts.append(self.embedding(token).float().flatten())
-            elif name == "q":
-                parts.append(step.q[step.token].float().reshape(1))
-            elif name == "draft_entropy":
-                parts.append(entropy(step.q.float()).reshape(1))
-        vector = torch.cat([p.cpu() for p in parts])
+        vector = assemble(self.spec, self.parts(step)).batch()[0]
         if vector.numel() != self.weight.numel():
             raise ValueError(
                 f"verifier {self.checkpoint.path} expects {self.weight.numel()} features, the "

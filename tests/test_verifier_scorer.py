@@ -1,0 +1,175 @@
+"""The decoder's verifier (CheckpointVerifier on a DraftStep) scores a drafted token exactly as
+training scored its record: both build the feature vector through features.assemble."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sprinter_train.core.io import write_json
+from sprinter_train.core.sampling import SamplingConfig, warp_probs
+from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.engine import DraftStep
+from sprinter_train.decoding.state import SequenceState
+from sprinter_train.harvest.continuations import HarvestSequence
+from sprinter_train.harvest.mixes import MIXES
+from sprinter_train.harvest.reader import open_records
+from sprinter_train.harvest.records import FLOAT16_MAX, RecordBatch, token_statistics
+from sprinter_train.harvest.shards import ShardPlan, write_shard
+from sprinter_train.models.loading import load_model
+from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
+from sprinter_train.verifier.data import split_features
+from sprinter_train.verifier.features import DraftEmbedder, FeatureSpec, assemble
+from sprinter_train.verifier.scorer import CheckpointVerifier
+
+DRAFT = {"path": "tiny_random", "seed": 2, "config": {"num_hidden_layers": 1}}
+VOCAB, EMBED = 128, 64  # the tiny draft's vocabulary and embedding width
+D, ROWS = 24, 40  # recorded hidden width (any: the verifier only reads it), records
+
+
+def write_records(experiment_dir: Path, seed: int = 0) -> dict[str, torch.Tensor]:
+    """ROWS records written by the harvest's own writer, columns from token_statistics."""
+    generator = torch.Generator().manual_seed(seed)
+    q = warp_probs(2 * torch.randn(ROWS, VOCAB, generator=generator), SamplingConfig(top_k=40))
+    p = torch.randn(ROWS, VOCAB, generator=generator).softmax(-1)
+    x = q.argmax(-1)  # any token with q(x) > 0 will do: no sampler in the test
+    hidden = torch.randn(ROWS, D, generator=generator).half()
+    columns: dict[str, np.ndarray] = {
+        "prompt_id": np.full(ROWS, "toy-0", dtype=object),
+        "dataset": np.full(ROWS, "toy", dtype=object),
+        "split": np.full(ROWS, "test", dtype=object),
+        "mix": np.full(ROWS, MIXES[0], dtype=object),
+        "position": np.arange(1, ROWS + 1, dtype=np.int32),
+        "token_id": x.numpy().astype(np.int32),
+        "S": np.full(ROWS, np.nan, dtype=np.float32),
+        "A": np.full(ROWS, np.nan, dtype=np.float32),
+    }
+    for name, values in token_statistics(q, p, None, x).items():
+        columns[name] = values.numpy().astype(np.float32)
+    prompt = Prompt("toy-0", "toy", "test", "", [], None)
+    plan = ShardPlan(0, (prompt,), (MIXES[0],))
+    sequence = HarvestSequence(prompt, MIXES[0], [1] * (ROWS + 1), 1, ROWS + 1)
+    records_dir = experiment_dir / "records"
+    records_dir.mkdir(parents=True)
+    write_shard(records_dir, plan, RecordBatch(columns, hidden.numpy()), [sequence], "toy")
+    manifest = {
+        "experiment": experiment_dir.name,
+        "models": {"draft": {"id": "tiny_random"}},
+        "companion": False,
+        "hidden": {"layer": -1, "d": D, "dtype": "float16"},
+        "shards": [{"name": plan.name, "rows": ROWS}],
+    }
+    write_json(records_dir / "manifest.json", manifest)
+    return {"q": q, "x": x, "hidden": hidden}
+
+
+def export_verifier(checkpoint_dir: Path, names: list[str], d_in: int, seed: int = 0) -> Path:
+    """A verifier with random weights, exported as stage=train exports one."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(d_in, generator=generator) / d_in**0.5
+    bias = torch.randn(1, generator=generator)
+    meta = {"lam": 1.0, "features": {"names": names}}
+    return save_verifier(verifier_path(checkpoint_dir, 1.0), weight, bias, meta)
+
+
+def width(names: list[str]) -> int:
+    return sum(
+        {"hidden": D, "token_embedding": EMBED, "q": 1, "draft_entropy": 1}[n] for n in names
+    )
+
+
+def draft_step(record: dict[str, torch.Tensor], row: int) -> DraftStep:
+    """The engine's view of a record's drafted token (the record's hidden state, in float32)."""
+    q = record["q"][row]
+    return DraftStep(int(record["x"][row]), q, record["hidden"][row].float(), q.log())
+
+
+def new_state() -> SequenceState:
+    return SequenceState([1], 1, 8, torch.Generator())
+
+
+@pytest.fixture(scope="module")
+def draft_model() -> torch.nn.Module:
+    return load_model(DRAFT, "draft", torch.device("cpu"), torch.float32).model
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["hidden"],
+        ["hidden", "token_embedding", "q", "draft_entropy"],
+        ["draft_entropy", "q"],
+        ["token_embedding"],
+    ],
+)
+def test_training_and_decoding_score_a_record_alike(tmp_path, draft_model, names) -> None:
+    record = write_records(tmp_path / "toy")
+    checkpoint = load_verifier(export_verifier(tmp_path / "ck", names, width(names)))
+    records = open_records(tmp_path / "toy")
+    spec = FeatureSpec.from_names(names)
+    features, rows = split_features(records, None, spec, DraftEmbedder(DRAFT))
+    trained = checkpoint.score(features.batch())
+    verifier = CheckpointVerifier(checkpoint, draft_model)
+    decoded = np.array([verifier(None, new_state(), [], draft_step(record, r)) for r in rows])
+    assert ((trained > 0.02) & (trained < 0.98)).mean() > 0.8  # unsaturated: errors would show
+    np.testing.assert_allclose(decoded, trained, rtol=0, atol=1e-5)
+
+
+def test_a_feature_count_mismatch_names_the_checkpoint(tmp_path, draft_model) -> None:
+    record = write_records(tmp_path / "toy")
+    path = export_verifier(tmp_path / "ck", ["hidden", "q"], D + 2)  # trained on another width
+    verifier = CheckpointVerifier(load_verifier(path), draft_model)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + r".*expects 26 features.*25"):
+        verifier(None, new_state(), [], draft_step(record, 0))
+
+
+def test_the_vector_follows_feature_order_whatever_the_sidecar_lists(tmp_path, draft_model):
+    record = write_records(tmp_path / "toy")
+    step = draft_step(record, 3)
+    path = export_verifier(tmp_path / "ck", ["draft_entropy", "hidden", "q"], D + 2)
+    vector = CheckpointVerifier(load_verifier(path), draft_model).features(step)
+    q_x = float(step.q[step.token])
+    entropy = float(-(step.q[step.q > 0] * step.q[step.q > 0].log()).sum())
+    torch.testing.assert_close(vector[:D], step.hidden)
+    assert vector[D:].tolist() == pytest.approx([q_x, entropy], rel=1e-6)
+
+
+def test_the_call_returns_a_float_and_counts_its_time(tmp_path, draft_model) -> None:
+    record = write_records(tmp_path / "toy")
+    verifier = CheckpointVerifier(
+        load_verifier(export_verifier(tmp_path / "ck", ["hidden"], D)), draft_model
+    )
+    state = new_state()
+    scores = [verifier(None, state, [], draft_step(record, r)) for r in range(3)]
+    assert all(type(s) is float and 0 < s < 1 for s in scores)
+    assert state.stats.verifier_seconds > 0
+    # the counter accumulates: one more call adds to it
+    before = state.stats.verifier_seconds
+    verifier(None, state, [], draft_step(record, 4))
+    assert state.stats.verifier_seconds > before
+
+
+def test_decoding_rounds_dense_features_as_records_store_them(tmp_path, draft_model) -> None:
+    """A float32 hidden state is rounded to float16 and clamped to its range (no inf), which is
+    what the harvest writes and what the verifier was fitted on."""
+    record = write_records(tmp_path / "toy")
+    step = draft_step(record, 0)
+    hidden = torch.linspace(-1e6, 1e6, D) + 1e-4
+    step = DraftStep(step.token, step.q, hidden, step.logits)
+    verifier = CheckpointVerifier(
+        load_verifier(export_verifier(tmp_path / "ck", ["hidden"], D)), draft_model
+    )
+    vector = verifier.features(step)
+    expected = hidden.clamp(-FLOAT16_MAX, FLOAT16_MAX).half().float()
+    assert torch.isfinite(vector).all()
+    torch.testing.assert_close(vector, expected, rtol=0, atol=0)
+
+
+def test_assemble_names_a_missing_part() -> None:
+    spec = FeatureSpec.from_names(["hidden", "q"])
+    with pytest.raises(ValueError, match=r"\['q'\] were not given"):
+        assemble(spec, {"hidden": torch.zeros(2, 3)})
