@@ -29,7 +29,12 @@ from sprinter_train.harvest.records import token_statistics
 from sprinter_train.harvest.schema import RECORD_SCHEMA, SEQUENCE_SCHEMA
 from sprinter_train.harvest.shards import ShardPlan, shard_is_complete
 from sprinter_train.models.forward import load_harvest_models
-from sprinter_train.models.loading import TokenizerMismatchError
+from sprinter_train.models.loading import (
+    ModelLoadError,
+    TokenizerMismatchError,
+    load_model,
+    looks_local,
+)
 from sprinter_train.models.tiny import build_tiny_model
 
 # 8 prompts, 6 records each, 3 prompts per shard (shards of 3, 3, 2), 2 sequences per forward
@@ -294,6 +299,18 @@ def test_a_missing_draft_is_named_with_the_stage_that_makes_it(tmp_path) -> None
     cfg = compose_at(tmp_path, "models=offline_default", "models.draft.path=/nonexistent/draft")
     with pytest.raises(FileNotFoundError, match="draft model at /nonexistent/draft.*stage=distill"):
         run_stage(cfg)
+
+
+def test_a_repo_folder_path_is_local_for_the_stage_and_the_loader(tmp_path) -> None:
+    """`checkpoints/x` has one slash like a hub id, but its first part is a repo folder: the
+    stage and the loader both name it as a missing folder instead of asking the hub."""
+    assert not looks_local("openai-community/gpt2") and not looks_local("gpt2")
+    assert looks_local("checkpoints/no-such-draft") and looks_local("./draft")
+    cfg = compose_at(tmp_path, "models=offline_default", "models.draft.path=checkpoints/no-such")
+    with pytest.raises(FileNotFoundError, match="draft model at checkpoints/no-such.*distill"):
+        run_stage(cfg)
+    with pytest.raises(ModelLoadError, match="no-such does not exist"):
+        load_model({"path": "checkpoints/no-such"}, "draft", torch.device("cpu"), torch.float32)
 
 
 def test_p_zero_gives_an_infinite_ratio_never_nan() -> None:

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
+from sprinter_train.stages import train as train_stage
+from sprinter_train.stages.distill import model_card
 
 TINY_DISTILL = [
     "models=tiny_random",
@@ -48,6 +51,24 @@ def test_distill_stage_exports_a_loadable_draft_and_resumes(compose_cfg, tmp_pat
     assert third["tokens"] == 1280
     state = json.loads((out / "training_state.json").read_text())["state"]
     assert [p["tokens"] for p in state["curve"]] == [256, 512, 768, 1024, 1280]
+
+
+def test_the_distill_model_card_names_the_teacher_and_data_of_the_config(compose_cfg) -> None:
+    cfg = compose_cfg(
+        "stage=distill",
+        "models.target.gguf_file=Other-1B-Chat.Q8_0.gguf",
+        "data.name=my_chats",
+    )
+    dcfg = OmegaConf.to_container(cfg.distill, resolve=True)
+    card = model_card(dcfg, {"curve": [], "tokens": 0, "seconds": 0.0}, cfg)
+    assert card.startswith("# Other-1B-Chat draft for speculative decoding")
+    assert "most frequent\n  my_chats tokens" in card and "- data: my_chats (train split" in card
+    assert "SmolLM2" not in card and "ShareGPT" not in card
+
+
+def test_distill_refuses_data_its_corpus_does_not_read(compose_cfg) -> None:
+    with pytest.raises(ValueError, match="from sharegpt_package conversations.*data=humaneval"):
+        run_stage(compose_cfg("stage=distill", "models=tiny_random", "data=humaneval"))
 
 
 def test_draft_eval_writes_the_documented_keys(compose_cfg, tmp_path: Path) -> None:
@@ -109,3 +130,25 @@ def test_draft_eval_writes_its_figures_into_the_model_card(compose_cfg, tmp_path
     card = (folder / "README.md").read_text()
     assert card.startswith("# card") and "## Recipe" in card
     assert card.count("## Measured") == 1 and "best gamma 1" in card
+
+
+def test_stage_all_runs_the_train_stage_once_for_every_lambda(compose_cfg, monkeypatch) -> None:
+    calls = []
+
+    def fake_train(cfg) -> dict:
+        calls.append(train_stage.lams_of(cfg))
+        return {f"verifier_lam{lam:g}": {"lam": lam} for lam in train_stage.lams_of(cfg)}
+
+    monkeypatch.setattr(train_stage, "run", fake_train)
+    result = run_stage(compose_cfg("stage=all", "all_steps=[train]"))
+    assert calls == [[1.0, 1.2, 1.5]]
+    assert list(result) == ["train", "seconds"]
+    assert set(result["train"]) == {"verifier_lam1", "verifier_lam1.2", "verifier_lam1.5"}
+    assert all(set(r) == {"lam", "stage_seconds"} for r in result["train"].values())
+    one = run_stage(compose_cfg("stage=all", "all_steps=[train]", "train.lam=1.2"))
+    assert calls[-1] == [1.2] and set(one["train"]) == {"verifier_lam1.2"}
+
+
+def test_stage_all_refuses_an_empty_step_list(compose_cfg) -> None:
+    with pytest.raises(ValueError, match="all_steps: no step; choose from"):
+        run_stage(compose_cfg("stage=all", "all_steps=[]"))

@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from sprinter_train.data.chat import chat_ids
 from sprinter_train.data.online import (
     OFFLINE_HINT,
     PromptSourceError,
@@ -174,10 +175,7 @@ def _encode(tokenizer: PreTrainedTokenizerBase, text: str, chat: bool) -> list[i
     """Chat prompts through the chat template (it adds the specials); raw text as the model
     tokenises plain text (with its BOS, if it adds one)."""
     if chat:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
-        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+        return chat_ids(tokenizer, text)
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 

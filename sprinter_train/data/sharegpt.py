@@ -100,3 +100,11 @@ def assistant_turns(conversation: dict) -> Iterator[tuple[str, str]]:
             and turn.get("value", "").strip()
         ):
             yield prev.get("value", ""), turn["value"]
+
+
+def first_exchanges(split: str, fractions: dict[str, float]) -> Iterator[tuple[str, str]]:
+    """The first (user message, assistant reply) of every conversation chunk in `split`."""
+    for conversation in iter_split_conversations(split, fractions):
+        exchange = next(assistant_turns(conversation), None)
+        if exchange is not None:
+            yield exchange

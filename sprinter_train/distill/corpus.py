@@ -15,31 +15,23 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from sprinter_train.core.io import load_npz, read_json, save_npz, write_json
+from sprinter_train.data.chat import chat_ids
 from sprinter_train.data.sharegpt import assistant_turns, iter_split_conversations
 from sprinter_train.data.split import split_settings
 
 log = logging.getLogger(__name__)
 
-
-def exchange_text(
-    tokenizer: PreTrainedTokenizerBase, user: str, reply: str, max_user_chars: int
-) -> str:
-    """The exchange as the chat template renders it, user turn shortened (its tokens matter less)."""
-    messages = [
-        {"role": "user", "content": user[:max_user_chars]},
-        {"role": "assistant", "content": reply},
-    ]
-    return tokenizer.apply_chat_template(messages, tokenize=False)
+CORPUS_SOURCE = "sharegpt_package"  # the data source (conf/data) whose conversations it reads
 
 
 def iter_token_stream(
     tokenizer: PreTrainedTokenizerBase, split: str, fractions: dict[str, float], max_user_chars: int
 ) -> Iterator[list[int]]:
-    """Token ids of every exchange in `split` (fractions: seed, val_fraction, test_fraction)."""
+    """Token ids of every exchange in `split` (fractions: seed, val_fraction, test_fraction), as
+    the chat template renders it, user turn shortened (its tokens matter less)."""
     for conversation in iter_split_conversations(split, fractions):
         for user, reply in assistant_turns(conversation):
-            text = exchange_text(tokenizer, user, reply, max_user_chars)
-            yield tokenizer(text, add_special_tokens=False)["input_ids"]
+            yield chat_ids(tokenizer, user, reply, max_user_chars)
 
 
 def build_corpus(

@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,18 @@ def describe_spec(spec: dict[str, Any]) -> str:
     return name
 
 
+QUANT_TAG = re.compile(r"[.-](I?Q\d\w*|BF16|F16|F32)$", re.IGNORECASE)
+
+
+def model_title(spec: dict[str, Any]) -> str:
+    """The model's own name, for titles: the GGUF file's without its quantisation tag, else the
+    path's last part (`SmolLM2-135M-Instruct.Q4_1.gguf` -> `SmolLM2-135M-Instruct`,
+    `Qwen/Qwen2.5-7B-Instruct` -> `Qwen2.5-7B-Instruct`)."""
+    if spec.get("gguf_file"):
+        return QUANT_TAG.sub("", Path(str(spec["gguf_file"])).stem)
+    return str(spec.get("path")).rstrip("/").rsplit("/", 1)[-1]
+
+
 def resolve_path(path: str) -> str:
     """Expand `pkg://name` to an installed package's folder and relative paths to the repo."""
     if path.startswith("pkg://"):
@@ -87,10 +100,17 @@ def resolve_path(path: str) -> str:
     return path  # a hub id
 
 
-def _looks_local(path: str) -> bool:
-    """Hub ids are `name` or `org/name`; anything else with a separator is a filesystem path."""
+def looks_local(path: str) -> bool:
+    """A hub id is `name` or `org/name`; anything else with a separator, or whose first part is
+    a folder here or in the repo (`checkpoints/x`), is a filesystem path: a missing one is an
+    error to name, not a hub download to try."""
+    first = path.split("/")[0]
     return (
-        path.startswith((".", "/", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
+        path.startswith((".", "/", "~"))
+        or path.count("/") > 1
+        or (os.sep != "/" and os.sep in path)
+        or (REPO_ROOT / first).is_dir()
+        or Path(first).is_dir()
     )
 
 
@@ -142,7 +162,7 @@ def load_model(
         model = build_tiny_model(dict(spec.get("config") or {}), seed=int(spec.get("seed", 0)))
         return LoadedModel(role, model.to(device=device, dtype=dtype).eval(), tokenizer, dict(spec))
     resolved = resolve_path(path)
-    if _looks_local(path) and not Path(resolved).exists():
+    if looks_local(path) and not Path(resolved).exists():
         raise ModelLoadError(
             f"the {role} model folder {resolved} does not exist. The offline default draft and "
             "companion ship in git under checkpoints/drafts/; `python -m sprinter_train "

@@ -1,4 +1,6 @@
-"""stage=all: harvest -> train (every λ in train.lams) -> tables -> evaluate -> bench.
+"""stage=all: harvest -> train (every λ in train.lams, or train.lam) -> tables -> evaluate -> bench.
+
+The steps are `all_steps` in conf/config.yaml, run in this pipeline order.
 
 python -m sprinter_train stage=all experiment=<exp> [data.num_prompts=N]
 python -m sprinter_train stage=all experiment=<exp> 'all_steps=[harvest,train,tables,evaluate]'
@@ -15,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.stages import STAGES
@@ -34,27 +36,28 @@ def _stage(name: str, cfg: DictConfig) -> dict[str, Any]:
     return result
 
 
-STEPS = ("harvest", "train", "tables", "evaluate", "bench")
+PIPELINE = ("harvest", "train", "tables", "evaluate", "bench")  # the order; conf picks the steps
 
 
 def steps_of(cfg: DictConfig) -> list[str]:
-    """`all_steps` in pipeline order; unknown names are an error, not a silent skip."""
-    asked = [str(s) for s in cfg.get("all_steps") or STEPS]
-    unknown = sorted(set(asked) - set(STEPS))
-    if unknown:
-        raise ValueError(f"all_steps: unknown step(s) {unknown}; choose from {list(STEPS)}")
-    return [s for s in STEPS if s in asked]
+    """`all_steps` (conf/config.yaml) in pipeline order; unknown names are an error, not a
+    silent skip, and so is an empty list."""
+    asked = [str(s) for s in cfg.all_steps]
+    unknown = sorted(set(asked) - set(PIPELINE))
+    if unknown or not asked:
+        problem = f"unknown step(s) {unknown}" if unknown else "no step"
+        raise ValueError(f"all_steps: {problem}; choose from {list(PIPELINE)}")
+    return [s for s in PIPELINE if s in asked]
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # our copy to edit
     steps = steps_of(cfg)
     start = time.perf_counter()
     results: dict[str, Any] = {}
     if "harvest" in steps:
         results["harvest"] = _stage("harvest", cfg)
     if "train" in steps:
-        results["train"] = train_every_lambda(cfg)
+        results["train"] = train_lambdas(cfg)
     if "tables" in steps:
         results["tables"] = tables_if_companion(cfg)
     for name in ("evaluate", "bench"):
@@ -65,18 +68,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return results
 
 
-def train_every_lambda(cfg: DictConfig) -> dict[str, Any]:
-    trained_all: dict[str, Any] = {}
-    for lam in list(cfg.train.lams):
-        with open_dict(cfg):
-            cfg.train.lam = float(lam)
-        trained = _stage("train", cfg)
-        seconds = trained.pop("seconds")
-        for name, result in trained.items():
-            trained_all[name] = {**result, "stage_seconds": seconds}
-    with open_dict(cfg):
-        cfg.train.lam = None
-    return trained_all
+def train_lambdas(cfg: DictConfig) -> dict[str, Any]:
+    """stage=train once (every λ of train.lams, or train.lam when set); each verifier's result
+    carries the stage's wall time as `stage_seconds`."""
+    trained = _stage("train", cfg)
+    seconds = trained.pop("seconds")
+    return {name: {**result, "stage_seconds": seconds} for name, result in trained.items()}
 
 
 def tables_if_companion(cfg: DictConfig) -> dict[str, Any]:

@@ -22,11 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from sprinter_train.core.io import atomic_write, load_npz, read_json, write_json
 from sprinter_train.core.plots import plot_curve
 from sprinter_train.core.runtime import resolve_device, set_threads
-from sprinter_train.distill.corpus import build_corpus, token_frequencies
+from sprinter_train.distill.corpus import CORPUS_SOURCE, build_corpus, token_frequencies
 from sprinter_train.distill.teacher_cache import produce_teacher_shards
 from sprinter_train.distill.trainer import heldout_alpha, load_checkpoint, train
 from sprinter_train.models import student as student_module
-from sprinter_train.models.loading import REPO_ROOT, load_model
+from sprinter_train.models.loading import REPO_ROOT, load_model, model_title
 from sprinter_train.models.student import SprinterDraftConfig, SprinterDraftForCausalLM
 from sprinter_train.models.student_init import build_student
 
@@ -46,6 +46,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     dcfg: dict[str, Any] = OmegaConf.to_container(cfg.distill, resolve=True)
+    if cfg.data.source != CORPUS_SOURCE:
+        raise ValueError(
+            f"stage=distill builds its corpus from {CORPUS_SOURCE} conversations (data=sharegpt);"
+            f" data={cfg.data.name} reads {cfg.data.source}"
+        )
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
     teacher = load_model(
@@ -219,7 +224,9 @@ def model_card(dcfg: dict, state: dict, cfg: DictConfig) -> str:
         for p in evals
     )
     student = dcfg["student"]
-    return f"""# SmolLM2 {dcfg["role"]} for speculative decoding (sprinter_train)
+    teacher = model_title(OmegaConf.to_container(cfg.models.target, resolve=True))
+    data = cfg.data.name
+    return f"""# {teacher} {dcfg["role"]} for speculative decoding (sprinter_train)
 
 A small student of **{cfg.models.target.path}** ({cfg.models.target.get("gguf_file") or ""})
 with the same tokenizer, distilled for speculative decoding on CPU.
@@ -229,10 +236,10 @@ or with `trust_remote_code=True` without the package.
 ## Recipe
 - init: `{student["init"]}`, target layers {student.get("init_layers")}, embedding rank
   {student.get("embed_rank")}, head restricted to the {student.get("head_vocab")} most frequent
-  ShareGPT tokens (q = 0 outside them)
+  {data} tokens (q = 0 outside them)
 - loss: {dcfg["loss"]["ce_weight"]} x forward KL on the teacher's top-{dcfg["teacher"]["top_k"]}
   + {dcfg["loss"]["tv_weight"]} x (1 - sum min(p, q)) over the same top-k
-- data: ShareGPT V3 (train split by conversation id, seed {cfg.data.seed}), sequences of
+- data: {data} (train split by conversation id, seed {cfg.data.seed}), sequences of
   {dcfg["corpus"]["seq_len"]} chat-formatted tokens
 - optimiser: AdamW lr {dcfg["optim"]["lr"]}, {dcfg["optim"]["batch_sequences"]} sequences per step
 - command: `python -m sprinter_train stage=distill distill={dcfg["name"]}` (resumes from

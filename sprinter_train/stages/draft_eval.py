@@ -2,49 +2,68 @@
 
 python -m sprinter_train stage=draft_eval experiment=<name> [models=...]
 
-Reports alpha (mean sum_x min(p, q)) on held-out ShareGPT assistant text, greedy agreement,
-the latency ratio c, the cost of verifying gamma + 1 tokens, and the implied SD speedup.
+Reports alpha (mean sum_x min(p, q)) on held-out assistant replies (draft_eval.source and
+split: ShareGPT's test split by default), greedy agreement, the latency ratio c, the cost of
+verifying gamma + 1 tokens, and the implied SD speedup.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from transformers import PreTrainedTokenizerBase
 
 from sprinter_train.bench.latency import profile_models
 from sprinter_train.core.distributions import acceptance_alpha, implied_speedup
 from sprinter_train.core.io import atomic_write, write_json
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
-from sprinter_train.data.sharegpt import assistant_turns, iter_split_conversations
-from sprinter_train.data.split import split_settings
+from sprinter_train.data.chat import chat_ids, reply_ids
+from sprinter_train.data.sharegpt import first_exchanges
+from sprinter_train.data.split import SPLITS, split_settings
 from sprinter_train.models.loading import check_tokenizers_agree, load_model, resolve_path
 
 log = logging.getLogger(__name__)
 
 
-def heldout_exchanges(tokenizer, n: int, seq_len: int, data_cfg) -> list[tuple[list[int], int]]:
-    """(token ids, index of the first assistant token) for test-split ShareGPT exchanges."""
-    out: list[tuple[list[int], int]] = []
-    for conversation in iter_split_conversations("test", split_settings(data_cfg)):
-        user, reply = next(assistant_turns(conversation), (None, None))
-        if reply is None:
-            continue
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": user[:1000]}], add_generation_prompt=True, tokenize=False
+Exchanges = Callable[[str, dict[str, float]], Iterator[tuple[str, str]]]
+# draft_eval.source -> (split, split settings) -> (user message, assistant reply) pairs
+EXCHANGE_SOURCES: dict[str, Exchanges] = {"sharegpt_package": first_exchanges}
+
+
+def heldout_exchanges(
+    tokenizer: PreTrainedTokenizerBase, ecfg: Mapping[str, Any], data_cfg: Mapping[str, Any]
+) -> list[tuple[list[int], int]]:
+    """(token ids, index of the first reply token) of `num_sequences` exchanges of
+    `draft_eval.source`'s `split` (split by id as `data` splits): the chat-rendered user turn,
+    cut to its last seq_len * prompt_fraction tokens, then the reply, seq_len tokens in all;
+    exchanges with fewer than `min_reply_tokens` reply tokens left are skipped."""
+    source = str(ecfg["source"])
+    if source not in EXCHANGE_SOURCES:
+        raise ValueError(
+            f"draft_eval.source={source!r} has no (user, reply) exchanges; choose from "
+            f"{', '.join(EXCHANGE_SOURCES)}"
         )
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        reply_ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
-        prompt_ids = prompt_ids[-(seq_len // 2) :]
-        ids = (prompt_ids + reply_ids)[:seq_len]
-        if len(ids) - len(prompt_ids) >= 8:
-            out.append((ids, len(prompt_ids)))
-        if len(out) >= n:
+    split = str(ecfg["split"])
+    if split not in SPLITS:
+        raise ValueError(f"draft_eval.split must be one of {', '.join(SPLITS)}, got {split!r}")
+    seq_len, fraction = int(ecfg["seq_len"]), float(ecfg["prompt_fraction"])
+    if not 0 < fraction < 1:
+        raise ValueError(f"draft_eval.prompt_fraction must lie in (0, 1), got {fraction}")
+    keep = max(1, int(seq_len * fraction))
+    out: list[tuple[list[int], int]] = []
+    for user, reply in EXCHANGE_SOURCES[source](split, split_settings(data_cfg)):
+        prompt = chat_ids(tokenizer, user, max_user_chars=ecfg["max_user_chars"])[-keep:]
+        ids = (prompt + reply_ids(tokenizer, reply))[:seq_len]
+        if len(ids) - len(prompt) >= int(ecfg["min_reply_tokens"]):
+            out.append((ids, len(prompt)))
+        if len(out) >= int(ecfg["num_sequences"]):
             break
     return out
 
@@ -107,7 +126,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "default": default,
         **{f"T={t:g}": SamplingConfig(temperature=float(t)) for t in ecfg.temperatures},
     }
-    exchanges = heldout_exchanges(target.tokenizer, ecfg.num_sequences, ecfg.seq_len, cfg.data)
+    exchanges = heldout_exchanges(target.tokenizer, ecfg, cfg.data)
     quality = measure_alpha(draft.model, target.model, exchanges, settings, device)
     gammas = [int(g) for g in ecfg.gammas]
     latency = measure_latency(
@@ -172,7 +191,8 @@ def update_model_card(card: Path, result: dict[str, Any], cfg: DictConfig) -> No
         f"{CARD_BEGIN}\n## Measured (stage=draft_eval, {time.strftime('%Y-%m-%d', time.gmtime())})\n\n"
         f"`python -m sprinter_train stage=draft_eval experiment={cfg.experiment}` on "
         f"{result['device']} with {result['threads']} threads, {result['sequences']} held-out "
-        f"ShareGPT replies ({result['positions']} positions):\n\n```\n{format_table(result)}\n```\n"
+        f"replies ({cfg.draft_eval.source}, {cfg.draft_eval.split} split; {result['positions']} "
+        f"positions):\n\n```\n{format_table(result)}\n```\n"
         f"{CARD_END}\n"
     )
     if CARD_BEGIN in text and CARD_END in text:

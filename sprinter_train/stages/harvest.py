@@ -15,23 +15,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.harvest.driver import harvest
-from sprinter_train.models.loading import REPO_ROOT, resolve_path
+from sprinter_train.models.loading import looks_local, resolve_path
 
 PRODUCERS = {
     "draft": "python -m sprinter_train stage=distill",
     "companion": "python -m sprinter_train stage=distill distill=companion",
 }
-
-
-def _looks_local(path: str) -> bool:
-    """A hub id is `name` or `org/name`; anything else (or a folder prefix we have) is a path."""
-    first = path.split("/")[0]
-    return (
-        path.startswith(("/", ".", "~"))
-        or path.count("/") > 1
-        or (REPO_ROOT / first).is_dir()
-        or Path(first).is_dir()
-    )
 
 
 def check_inputs(cfg: DictConfig) -> None:
@@ -47,7 +36,7 @@ def check_inputs(cfg: DictConfig) -> None:
         if path == "tiny_random" or path.startswith("pkg://"):
             continue  # built in code, or checked by the loader with an install hint
         resolved = Path(resolve_path(path))
-        if _looks_local(path) and not resolved.exists():
+        if looks_local(path) and not resolved.exists():
             how = PRODUCERS.get(role, "a model download")
             raise FileNotFoundError(
                 f"stage=harvest needs the {role} model at {path} ({resolved}), which does not "
