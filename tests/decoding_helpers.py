@@ -1,9 +1,8 @@
-"""Test doubles and exact references for the decoding tests.
+"""Exact references and test doubles for the decoding tests.
 
-`MemoRunner` answers the engine's calls from full (cache-free) forwards of a real tiny model,
-memoised by prefix: statistical tests need 20k+ generations, and on a small vocabulary they
-revisit the same few prefixes. The KV-cache path itself is tested against full forwards in
-test_decoding_engine.py, so the two together cover the real runner.
+`MemoRunner` gives full (cache-free) forwards of a real tiny model, memoised by prefix: the
+exact laws the engine's batched, cached decoding is compared with. `FixedLogits` is a model
+with hand-set next-token logits for the smallest exactness cases.
 """
 
 from __future__ import annotations
@@ -15,41 +14,16 @@ import numpy as np
 import torch
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
-from sprinter_train.decoding.runner import ForwardOutput
-
-
-class PrefixCache:
-    """Stands in for a KV cache: each row remembers the tokens it has seen."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, ...]] = [()]
-
-    def get_seq_length(self) -> int:
-        return len(self.rows[0])
-
-    def crop(self, count: int) -> None:
-        self.rows = [r[:count] if count >= 0 else r[: len(r) + count] for r in self.rows]
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self.rows = [r for r in self.rows for _ in range(repeats)]
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.rows = [self.rows[i] for i in indices.tolist()]
 
 
 class MemoRunner:
-    """The ModelRunner interface over memoised full forwards of `model`."""
+    """Memoised full (cache-free) forwards of `model`: the exact reference the decoding tests
+    compare the engine's cached, batched forwards and laws with."""
 
     def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
         self.model = model
         self.vocab_size = vocab_size
-        self.device = torch.device("cpu")
-        self.seconds = 0.0
-        self.timed = True
         self._memo: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def new_cache(self) -> PrefixCache:
-        return PrefixCache()
 
     @torch.inference_mode()
     def _row(self, prefix: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,19 +35,6 @@ class MemoRunner:
                     out.hidden_states[-1][0, i],
                 )
         return self._memo[prefix]
-
-    def extend(self, slot: Any, tokens: list[int], keep: int = 1) -> ForwardOutput:
-        if slot.cache is None:
-            slot.cache = self.new_cache()
-        slot.keep_common_prefix(tokens, limit=len(tokens) - keep)
-        slot.fed.extend(tokens[len(slot.fed) :])
-        slot.cache.rows = [tuple(tokens)]
-        rows = [self._row(tuple(tokens[: i + 1])) for i in range(len(tokens) - keep, len(tokens))]
-        return ForwardOutput(torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]))
-
-    def step_rows(self, cache: PrefixCache, tokens: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        cache.rows = [row + (int(t),) for row, t in zip(cache.rows, tokens.tolist(), strict=True)]
-        return torch.stack([self._row(row)[0] for row in cache.rows]), cache
 
 
 def enumerate_joint(

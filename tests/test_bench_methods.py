@@ -84,7 +84,10 @@ def test_sprinter_and_sv_get_the_artifacts_their_configs_name(compose_cfg, tmp_p
     assert isinstance(sprinter.verifier, CheckpointVerifier) and sprinter.verifier.bias == 0.0
     assert result.settings["sprinter"]["verifier"] == {"lam": 1.5, "path": str(path)}
     sv = result.policies["sv"]
-    assert sv.latency(2) == pytest.approx(PROFILE.sv_round_s(2))
-    assert 0.0 <= sv.table(0.5, 0.5) <= 1.0
+    assert sv.latency(4, 3) == pytest.approx(PROFILE.target_batch_s(4, 3))
+    assert sv.step_cost(4) == pytest.approx(PROFILE.draft_step_s(4))
+    half = torch.tensor([0.5])
+    assert 0.0 <= float(sv.table.lookup(half, half)) <= 1.0
+    assert 0.0 <= float(sv.table.lookup_s(half)) <= 1.0
     table = Path(cfg.experiment_dir) / "tables" / "sv_table.json"
     assert result.settings["sv"]["table"] == {"binning": None, "path": str(table)}

@@ -21,9 +21,10 @@ GROUP_OPTIONS = [
 METHODS = sorted(path.stem for path in (CONF / "methods").glob("*.yaml"))
 RUNTIME_STUBS = {  # what the bench passes for the entries a config cannot hold
     "gamma": 2,
-    "verifier": lambda engine, state, drafts, step: 0.5,
-    "table": lambda S, A: 0.5,
-    "latency": lambda gamma: 1.0 + 0.1 * gamma,
+    "verifier": lambda engine, batch, rnd, step: 0.5,
+    "table": object(),
+    "latency": lambda batch_size, tokens: 1.0 + 0.1 * tokens,
+    "step_cost": lambda batch_size: 0.1,
 }
 
 

@@ -1,10 +1,11 @@
-"""The engine on tiny models: caches, greedy equality, and the output laws of every policy.
+"""The batched engine on tiny models: output laws, greedy equality and batch independence.
 
-Lossless policies must emit the target's distribution: the first three generated tokens over
-20k runs are compared with the exact joint law (enumerated) by a chi-square test, in sampling
-mode with temperature, top-k and top-p. SPRINTER with a verifier of known error rates must
-follow Theorem 3.1's (1 - eta_FP) p + eta_FP q at every position; MTAD with tau = 1 is
-target-only sampling.
+Rows of one batch have different prompt lengths and accept different numbers of drafts.
+Lossless policies must emit the target's law: the first three generated tokens of >= 20k rows
+are compared with the exact joint law (enumerated) by a chi-square test, in sampling mode
+(temperature, top-k, top-p). A row's tokens must not depend on its batch-mates (so the law
+measured in large batches is the law at any batch size, 1 and 4 included), and greedy rows
+must equal target-only decoding token for token in float32.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from scipy.stats import binomtest
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
-from sprinter_train.decoding.engine import DraftStep, Engine
+from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (
     MTAD,
     SVIP,
@@ -24,29 +26,38 @@ from sprinter_train.decoding.policies import (
     HeuristicSD,
     SpeculativeDecoding,
     SpecVerification,
+    SpecVerificationPaper,
     Sprinter,
     TargetOnly,
 )
-from sprinter_train.decoding.runner import CacheSlot, ModelRunner
-from sprinter_train.decoding.state import DecodeStats, SequenceState
+from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.state import Batch, DraftStep, Round
 from sprinter_train.models.tiny import build_tiny_model
-from tests.decoding_helpers import MemoRunner, chi_square_pvalue, enumerate_joint, exact_joint
+from tests.decoding_helpers import (
+    FixedLogits,
+    MemoRunner,
+    chi_square_pvalue,
+    enumerate_joint,
+    exact_joint,
+)
 
 VOCAB = 128
-PROMPT = [5, 17, 9, 33]
+PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8], [60, 61, 62]]
 SAMPLING = SamplingConfig(temperature=0.9, top_k=4, top_p=0.95)
-RUNS = 20000
+GREEDY = SamplingConfig(temperature=0)
+RUNS = 20000  # rows of the first prompt; the other prompts ride along as batch-mates
+BATCH = 1000
 
 
 def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
-    """A draft that agrees with the target often but not always."""
-    draft = build_tiny_model({}, seed=0)
-    draft.load_state_dict(model.state_dict())
+    """A model that agrees with `model` often but not always."""
+    copy = build_tiny_model({}, seed=0)
+    copy.load_state_dict(model.state_dict())
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for param in draft.parameters():
+        for param in copy.parameters():
             param.add_(torch.randn(param.shape, generator=gen) * scale)
-    return draft.eval()
+    return copy.eval()
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +66,25 @@ def models() -> dict[str, torch.nn.Module]:
     return {
         "target": target,
         "draft": noisy_copy(target, 0.01, 1),
-        "companion": noisy_copy(target, 0.02, 2),
+        # a companion that disagrees with the draft: A carries real information about x
+        "companion": noisy_copy(target, 0.05, 2),
     }
+
+
+class ATable:
+    """An SV table that leans hard on A: the rule that drops a drafted token on A's word
+    would bias the law visibly."""
+
+    def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+        return 0.05 + 0.9 * A * S
+
+    def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
+        return 0.05 + 0.45 * S
+
+
+def sv(paper: bool = False):
+    kind = SpecVerificationPaper if paper else SpecVerification
+    return kind(ATable(), latency=lambda b, n: 1.0 + 0.1 * n, step_cost=lambda b: 0.05, max_gamma=4)
 
 
 def lossless_policies() -> list:
@@ -65,86 +93,126 @@ def lossless_policies() -> list:
         HeuristicSD(gamma_init=2),
         SVIP(h=0.25, max_gamma=4, c=0.15),
         AdaEDL(gamma=0.3, lam=0.4, max_gamma=4),
-        SpecVerification(
-            table=lambda S, A: 0.2 + 0.6 * A * S, latency=lambda g: 1.0 + 0.1 * g, max_gamma=4
-        ),
+        sv(),
     ]
 
 
-def engine_for(models, sampling: SamplingConfig, runner=ModelRunner) -> Engine:
+def engine_for(models, sampling: SamplingConfig) -> Engine:
     return Engine(
-        runner(models["target"], VOCAB),
+        ModelRunner(models["target"], VOCAB),
         sampling,
-        draft=runner(models["draft"], VOCAB),
-        companion=runner(models["companion"], VOCAB),
+        draft=ModelRunner(models["draft"], VOCAB),
+        companion=ModelRunner(models["companion"], VOCAB),
     )
 
 
-def test_cached_logits_equal_full_forwards(models) -> None:
-    """Extending, cropping to a common prefix and extending again never recomputes wrongly."""
-    runner = ModelRunner(models["target"], VOCAB)
-    slot = CacheSlot()
-    sequences = [
-        PROMPT,
-        PROMPT + [3, 4, 5],
-        PROMPT + [3, 9],
-        PROMPT + [3, 9, 9, 1, 2],
-        PROMPT[:2] + [7],
-    ]
-    for tokens in sequences:
-        out = runner.extend(slot, tokens, keep=2)
-        with torch.no_grad():
-            full = models["target"](input_ids=torch.tensor([tokens])).logits[0, -2:]
-        torch.testing.assert_close(out.logits, full, atol=2e-5, rtol=1e-4)
-        assert slot.fed == tokens and slot.cache.get_seq_length() == len(tokens)
+def ragged_rows(runs: int) -> list[list[int]]:
+    """`runs` rows of PROMPTS[0], each followed by a row of another prompt in turn."""
+    rows = []
+    for i in range(runs):
+        rows += [PROMPTS[0], PROMPTS[1 + i % 3]]
+    return rows
 
 
-def test_restricted_head_draft_runs_in_the_engine() -> None:
-    target = build_tiny_model({}, seed=0)
-    draft = build_tiny_model(
-        {"num_hidden_layers": 1, "embed_rank": 16, "head_vocab_size": 64}, seed=1
-    )
-    engine = Engine(ModelRunner(target, VOCAB), SAMPLING, draft=ModelRunner(draft, VOCAB))
-    result = engine.generate(PROMPT, SpeculativeDecoding(gamma=3), 12, seed=0)
-    assert len(result.tokens) == 12 and result.stats.drafted > 0
-
-
-@pytest.mark.parametrize(
-    "policy", lossless_policies() + [MTAD(gamma=3, beam_width=3, tau=0.5)], ids=lambda p: p.name
-)
-def test_greedy_output_equals_target_only(models, policy) -> None:
-    """Greedy p and q are one-hot, so even MTAD's joint test accepts exactly the agreeing prefix."""
-    engine = engine_for(models, SamplingConfig(temperature=0))
-    for prompt in (PROMPT, [40, 41, 42, 43, 44, 45]):
-        reference = engine.generate(prompt, TargetOnly(), 24).tokens
-        result = engine.generate(prompt, policy, 24)
-        assert result.tokens == reference
-    assert 0 < result.stats.accepted <= result.stats.drafted  # the draft really took part
-
-
-def sample_first_tokens(engine: Engine, policy, runs: int) -> Counter:
-    return Counter(tuple(engine.generate(PROMPT, policy, 3, seed=s).tokens) for s in range(runs))
+def first_tokens(engine: Engine, policy, rows: list[list[int]], n: int = 3) -> list[Counter]:
+    """Counts of the first n generated tokens per prompt of PROMPTS, row i seeded with i."""
+    counts = [Counter() for _ in PROMPTS]
+    for start in range(0, len(rows), BATCH):
+        chunk = rows[start : start + BATCH]
+        seeds = range(start, start + len(chunk))
+        for prompt, result in zip(chunk, engine.generate(chunk, policy, n, seeds), strict=True):
+            counts[PROMPTS.index(prompt)][tuple(result.tokens)] += 1
+    return counts
 
 
 @pytest.mark.parametrize("policy", lossless_policies(), ids=lambda p: p.name)
-def test_lossless_policies_keep_the_target_distribution(models, policy) -> None:
-    engine = engine_for(models, SAMPLING, runner=MemoRunner)
-    counts = sample_first_tokens(engine, policy, RUNS)
-    expected = exact_joint(models["target"], PROMPT, 3, SAMPLING, VOCAB)
-    assert chi_square_pvalue(counts, expected) > 1e-3
-    # the test has power: the same counts reject the mixture halfway between the target's and
-    # the draft's law (not the draft's own: it may give generated outcomes probability 0)
-    draft = exact_joint(models["draft"], PROMPT, 3, SAMPLING, VOCAB)
+def test_lossless_policies_keep_the_target_law_in_ragged_batches(models, policy) -> None:
+    engine = engine_for(models, SAMPLING)
+    counts = first_tokens(engine, policy, ragged_rows(RUNS))
+    for prompt, observed in zip(PROMPTS, counts, strict=True):
+        expected = exact_joint(models["target"], prompt, 3, SAMPLING, VOCAB)
+        assert chi_square_pvalue(observed, expected) > 1e-3, prompt
+    # the test has power: the counts reject the mixture halfway to the draft's law
+    expected = exact_joint(models["target"], PROMPTS[0], 3, SAMPLING, VOCAB)
+    draft = exact_joint(models["draft"], PROMPTS[0], 3, SAMPLING, VOCAB)
     halfway = {k: (expected.get(k, 0.0) + draft.get(k, 0.0)) / 2 for k in {*expected, *draft}}
-    assert chi_square_pvalue(counts, halfway) < 1e-6
+    assert chi_square_pvalue(counts[0], halfway) < 1e-6
 
 
-def test_mtad_with_tau_one_is_target_sampling(models) -> None:
-    engine = engine_for(models, SAMPLING, runner=MemoRunner)
-    counts = sample_first_tokens(engine, MTAD(gamma=3, beam_width=3, tau=1.0), RUNS)
-    assert (
-        chi_square_pvalue(counts, exact_joint(models["target"], PROMPT, 3, SAMPLING, VOCAB)) > 1e-3
+def test_sv_paper_rule_is_measurably_off_the_target_law(models) -> None:
+    """The published rule drops a drawn token on A's word; with this table it shows."""
+    counts = first_tokens(engine_for(models, SAMPLING), sv(paper=True), ragged_rows(RUNS))
+    expected = exact_joint(models["target"], PROMPTS[0], 3, SAMPLING, VOCAB)
+    assert chi_square_pvalue(counts[0], expected) < 1e-6
+
+
+def fixed_engine(sampling: SamplingConfig = SAMPLING) -> Engine:
+    """p = q = (1/2, 1/2) and a companion c = (1, 0), on a two-token vocabulary."""
+    half, sure = FixedLogits([0.0, 0.0]), FixedLogits([0.0, float("-inf")])
+    return Engine(
+        ModelRunner(half, 2), sampling, draft=ModelRunner(half, 2), companion=ModelRunner(sure, 2)
     )
+
+
+class ByA:
+    """P(accept | S, A) = A: token 0 (A = 1) looks certain, token 1 (A = 0) hopeless."""
+
+    def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+        return A
+
+    def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
+        return S
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_the_smallest_case_sv_exact_and_the_paper_rule(batch_size: int) -> None:
+    """p = q = (1/2, 1/2), c = (1, 0): the paper's rule verifies token 0 and drops token 1,
+    so the first token is 0 with probability 3/4; sv keeps 1/2."""
+    sampling = SamplingConfig(temperature=1.0)
+    runs = 4000
+    for paper, share in ((False, 0.5), (True, 0.75)):
+        kind = SpecVerificationPaper if paper else SpecVerification
+        policy = kind(ByA(), lambda b, n: 1.0 + 0.1 * n, lambda b: 0.1, max_gamma=1)
+        engine = fixed_engine(sampling)
+        zeros = drafted = 0
+        for start in range(0, runs, batch_size):
+            seeds = range(start, start + batch_size)
+            results = engine.generate([[0]] * batch_size, policy, 2, seeds)
+            zeros += sum(r.tokens[0] == 0 for r in results)
+            drafted += results[0].stats.drafted
+        assert drafted > runs / batch_size / 4  # the draft was really used
+        assert binomtest(zeros, runs, share).pvalue > 1e-3, (paper, zeros / runs)
+        assert binomtest(zeros, runs, 1.25 - share).pvalue < 1e-6  # and the other share fails
+
+
+@pytest.mark.parametrize(
+    "policy", [TargetOnly(), *lossless_policies(), sv(paper=True)], ids=lambda p: p.name
+)
+def test_greedy_rows_equal_target_only_and_themselves_alone(models, policy) -> None:
+    engine = engine_for(models, GREEDY)
+    reference = [engine.generate([p], TargetOnly(), 24)[0].tokens for p in PROMPTS]
+    batched = engine.generate(PROMPTS, policy, 24)
+    alone = [engine.generate([p], policy, 24)[0].tokens for p in PROMPTS]
+    assert [r.tokens for r in batched] == reference == alone
+    if policy.name not in ("target_only", "sv", "sv_paper"):
+        assert 0 < batched[0].stats.accepted <= batched[0].stats.drafted  # drafts took part
+
+
+def per_row_policies() -> list:
+    """Policies whose rows decide alone (everything but sv's shared scheduler)."""
+    parity = Sprinter(lambda e, b, r, step: (step.tokens % 2).float(), tau=0.5, max_run=5)
+    return [TargetOnly(), *lossless_policies()[:4], sv(paper=True), parity]
+
+
+@pytest.mark.parametrize("policy", per_row_policies(), ids=lambda p: p.name)
+def test_a_rows_sampled_tokens_do_not_depend_on_its_batch_mates(models, policy) -> None:
+    engine = engine_for(models, SAMPLING)
+    alone = engine.generate([PROMPTS[0]], policy, 20, seeds=[7])[0].tokens
+    for mates in ([PROMPTS[1]], [PROMPTS[2], PROMPTS[3], PROMPTS[1]]):
+        rows = [*mates[:1], PROMPTS[0], *mates[1:]]
+        seeds = [100 + i for i in range(len(rows))]
+        seeds[1] = 7
+        assert engine.generate(rows, policy, 20, seeds)[1].tokens == alone
 
 
 class OracleVerifier:
@@ -155,36 +223,34 @@ class OracleVerifier:
         self.target, self.eta_TP, self.eta_FP = target, eta_TP, eta_FP
         self.rng = np.random.default_rng(seed)
 
-    def __call__(
-        self, engine: Engine, state: SequenceState, drafts: list[int], step: DraftStep
-    ) -> float:
-        logits = self.target._row(tuple(state.tokens + drafts))[0]
-        p = engine.warp(logits)
-        acceptable = float(step.q[step.token]) <= float(p[step.token])
-        return float(self.rng.random() < (self.eta_TP if acceptable else self.eta_FP))
+    def __call__(self, engine: Engine, batch: Batch, rnd: Round, step: DraftStep) -> torch.Tensor:
+        scores = torch.zeros(len(batch))
+        drafts = rnd.tokens()[:, :-1].tolist()
+        for r, (row, active) in enumerate(zip(batch.rows, step.active.tolist(), strict=True)):
+            if active:
+                p = engine.warp(self.target._row(tuple(row.tokens + drafts[r]))[0])
+                x = int(step.tokens[r])
+                ok = float(step.q[r, x]) <= float(p[x])
+                scores[r] = float(self.rng.random() < (self.eta_TP if ok else self.eta_FP))
+        return scores
 
 
-def sprinter_joint(models, eta_FP: float, n: int) -> dict[tuple[int, ...], float]:
-    """Theorem 3.1 at every position: prod_t ((1 - eta_FP) p + eta_FP q)(x_t | prefix)."""
+def test_sprinter_follows_theorem_3_1_in_ragged_batches(models) -> None:
+    eta_FP = 0.4
+    verifier = OracleVerifier(MemoRunner(models["target"], VOCAB), 0.8, eta_FP, seed=0)
+    policy = Sprinter(verifier, tau=0.5, max_run=8)
+    counts = first_tokens(engine_for(models, SAMPLING), policy, ragged_rows(RUNS))
     target, draft = MemoRunner(models["target"], VOCAB), MemoRunner(models["draft"], VOCAB)
 
     def mixture(seq: tuple[int, ...]) -> torch.Tensor:
-        prefix = tuple(PROMPT) + seq
+        prefix = tuple(PROMPTS[0]) + seq
         p = warp_probs(target._row(prefix)[0], SAMPLING)
         q = warp_probs(draft._row(prefix)[0], SAMPLING)
         return (1 - eta_FP) * p + eta_FP * q
 
-    return enumerate_joint(mixture, n)
-
-
-def test_sprinter_follows_theorem_3_1(models) -> None:
-    engine = engine_for(models, SAMPLING, runner=MemoRunner)
-    verifier = OracleVerifier(MemoRunner(models["target"], VOCAB), eta_TP=0.8, eta_FP=0.4, seed=0)
-    counts = sample_first_tokens(engine, Sprinter(verifier, tau=0.5, max_run=8), RUNS)
-    assert chi_square_pvalue(counts, sprinter_joint(models, 0.4, 3)) > 1e-3
-    # and it is measurably not the target's law (the test can tell the two apart)
-    target = exact_joint(models["target"], PROMPT, 3, SAMPLING, VOCAB)
-    assert set(counts) - set(target) or chi_square_pvalue(counts, target) < 1e-3
+    assert chi_square_pvalue(counts[0], enumerate_joint(mixture, 3)) > 1e-3
+    law = exact_joint(models["target"], PROMPTS[0], 3, SAMPLING, VOCAB)
+    assert set(counts[0]) - set(law) or chi_square_pvalue(counts[0], law) < 1e-3
 
 
 def test_sprinter_counts_the_verifiers_and_the_targets_acceptances_apart(models) -> None:
@@ -192,34 +258,59 @@ def test_sprinter_counts_the_verifiers_and_the_targets_acceptances_apart(models)
     on the verifier's word are `verifier_accepted`."""
     engine = engine_for(models, SAMPLING)
 
-    def run(verifier) -> DecodeStats:
-        return engine.generate(PROMPT, Sprinter(verifier, tau=0.5, max_run=4), 12, seed=0).stats
+    def run(verifier):
+        return engine.generate([PROMPTS[0]], Sprinter(verifier, 0.5, 4), 12)[0].stats
 
-    trusting = run(lambda *args: 1.0)  # every run committed unchecked
+    trusting = run(lambda e, b, r, step: torch.ones(len(b)))
     assert trusting.verifier_accepted == trusting.drafted == 12 and trusting.accepted == 0
-    doubting = run(lambda *args: 0.0)  # every draft checked by the target, one per call
+    doubting = run(lambda e, b, r, step: torch.zeros(len(b)))
     assert doubting.verifier_accepted == 0 and 0 < doubting.accepted <= doubting.drafted
-    mixed = run(lambda e, s, d, step: float(step.token % 2))
+    mixed = run(lambda e, b, r, step: (step.tokens % 2).float())
     checked = mixed.drafted - mixed.verifier_accepted
     assert mixed.verifier_accepted > 0 and 0 <= mixed.accepted <= checked
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(0), SAMPLING], ids=["greedy", "sampled"])
-def test_every_method_runs_end_to_end(models, sampling) -> None:
-    engine = engine_for(models, sampling)
-    policies = [TargetOnly(), *lossless_policies(), MTAD(gamma=3, beam_width=2, tau=0.1)]
-    policies.append(Sprinter(lambda e, s, d, st: float(st.token % 2), tau=0.5, max_run=5))
-    for policy in policies:
-        result = engine.generate(PROMPT, policy, 16, seed=3)
-        assert len(result.tokens) == 16, policy.name
-        assert all(0 <= t < VOCAB for t in result.tokens)
-        assert result.stats.accepted + result.stats.verifier_accepted <= result.stats.drafted
-        assert result.stats.target_calls >= 1 and result.wall_s > 0
+def test_restricted_head_draft_runs_in_the_engine() -> None:
+    target = build_tiny_model({}, seed=0)
+    draft = build_tiny_model(
+        {"num_hidden_layers": 1, "embed_rank": 16, "head_vocab_size": 64}, seed=1
+    )
+    engine = Engine(ModelRunner(target, VOCAB), SAMPLING, draft=ModelRunner(draft, VOCAB))
+    results = engine.generate(PROMPTS, SpeculativeDecoding(gamma=3), 12)
+    assert all(len(r.tokens) == 12 for r in results) and results[0].stats.drafted > 0
 
 
-def test_generation_stops_at_eos(models) -> None:
-    engine = engine_for(models, SamplingConfig(0))
-    free = engine.generate(PROMPT, TargetOnly(), 10).tokens
-    engine.eos_token_id = free[3]
+def test_rows_stop_at_eos_and_budget_on_their_own(models) -> None:
+    engine = engine_for(models, GREEDY)
+    free = [engine.generate([p], TargetOnly(), 10)[0].tokens for p in PROMPTS]
+    engine.eos_token_id = free[0][3]
     for policy in (TargetOnly(), SpeculativeDecoding(gamma=4)):
-        assert engine.generate(PROMPT, policy, 10).tokens == free[: free.index(free[3]) + 1]
+        results = engine.generate(PROMPTS, policy, 10)
+        for tokens, result in zip(free, results, strict=True):
+            cut = tokens[: tokens.index(free[0][3]) + 1] if free[0][3] in tokens else tokens
+            assert result.tokens == cut
+
+
+def test_mtad_greedy_rows_equal_target_only_alone_and_batched(models) -> None:
+    engine = engine_for(models, GREEDY)
+    policy = MTAD(gamma=3, beam_width=3, tau=0.5)
+    reference = [engine.generate([p], TargetOnly(), 24)[0].tokens for p in PROMPTS]
+    batched = engine.generate(PROMPTS, policy, 24)
+    alone = [engine.generate([p], policy, 24)[0].tokens for p in PROMPTS]
+    assert [r.tokens for r in batched] == reference == alone
+    assert 0 < batched[0].stats.accepted <= batched[0].stats.drafted
+
+
+def test_mtad_with_tau_one_is_target_sampling_in_ragged_batches(models) -> None:
+    policy = MTAD(gamma=3, beam_width=3, tau=1.0)
+    counts = first_tokens(engine_for(models, SAMPLING), policy, ragged_rows(RUNS // 4))
+    expected = exact_joint(models["target"], PROMPTS[0], 3, SAMPLING, VOCAB)
+    assert chi_square_pvalue(counts[0], expected) > 1e-3
+
+
+def test_mtad_rows_do_not_depend_on_their_batch_mates(models) -> None:
+    engine = engine_for(models, SAMPLING)
+    policy = MTAD(gamma=3, beam_width=3, tau=0.1)
+    alone = engine.generate([PROMPTS[0]], policy, 20, seeds=[7])[0].tokens
+    rows = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]
+    assert engine.generate(rows, policy, 20, seeds=[1, 7, 2])[1].tokens == alone

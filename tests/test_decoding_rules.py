@@ -14,21 +14,22 @@ from scipy.stats import chisquare
 
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.rules import (
+    accept_lengths,
     adaedl_should_stop,
     heuristic_next_gamma,
-    mtad_accept_length,
-    residual_distribution,
-    speculative_accept_length,
+    mtad_accept_lengths,
+    residual_rows,
+    speculative_rows,
     speculative_step,
-    sprinter_verify_last,
+    sprinter_check_rows,
     sv_expected_accepted,
     sv_goodput,
     sv_prob_accept_count,
     svip_should_stop,
 )
-from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
-from sprinter_train.decoding.engine import DraftStep
-from sprinter_train.decoding.state import SequenceState
+from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, sample, warp_probs
+from sprinter_train.core.streams import RowStreams
+from sprinter_train.decoding.state import Batch, DraftStep, Row
 from sprinter_train.evaluation.predictors import adaedl_bound, svip_score
 
 
@@ -39,50 +40,71 @@ def random_dist(rng: np.random.Generator, n: int, zeros: int = 0) -> torch.Tenso
 
 
 def test_residual_is_normalised_positive_part() -> None:
-    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
-    q = torch.tensor([0.2, 0.5, 0.1, 0.2])
-    torch.testing.assert_close(residual_distribution(p, q), torch.tensor([0.75, 0.0, 0.25, 0.0]))
-    assert torch.equal(residual_distribution(p, p), p)  # nothing to correct: fall back to p
+    p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.2, 0.5, 0.1, 0.2], [0.25, 0.25, 0.25, 0.25]])
+    residual = residual_rows(p, q)
+    torch.testing.assert_close(residual[0], torch.tensor([0.75, 0.0, 0.25, 0.0]))
+    assert torch.equal(residual[1], p[1])  # nothing to correct: fall back to p
 
 
-def test_accept_length_stops_at_first_failed_ratio() -> None:
-    p = torch.tensor([[0.5, 0.5], [0.1, 0.9], [0.5, 0.5]])
-    q = torch.tensor([[0.5, 0.5], [0.9, 0.1], [0.5, 0.5]])
-    drafts = [0, 0]  # ratios p/q: 1.0 and 0.111
-    assert speculative_accept_length(p, q, drafts, torch.tensor([0.99, 0.05])) == 2
-    assert speculative_accept_length(p, q, drafts, torch.tensor([0.99, 0.2])) == 1
-    assert speculative_accept_length(p, q, [], torch.tensor([])) == 0
+def test_accept_length_stops_at_first_failed_ratio_within_each_rows_count() -> None:
+    p_x = torch.tensor([[0.5, 0.1, 0.5]] * 4)
+    q_x = torch.tensor([[0.5, 0.9, 0.5]] * 4)  # ratios p/q: 1.0, 0.111, 1.0
+    u = torch.tensor([[0.99, 0.05, 0.5], [0.99, 0.2, 0.5], [0.99, 0.05, 0.5], [0.5, 0.5, 0.5]])
+    counts = torch.tensor([3, 3, 1, 0])
+    assert accept_lengths(p_x, q_x, u, counts).tolist() == [3, 1, 1, 0]
 
 
-def test_speculative_step_emits_the_target_distribution() -> None:
-    """x ~ q then the rule: the first emitted token is distributed as p (Leviathan Thm. 1)."""
+def test_speculative_rows_emit_the_target_law_on_every_row() -> None:
+    """x ~ q then the rule, 20k rows at once: the first emitted token is distributed as p
+    (Leviathan Thm. 1), also on rows whose draft is not counted (they emit from p)."""
     rng = np.random.default_rng(0)
     p, q = random_dist(rng, 6, zeros=1), random_dist(rng, 6, zeros=2)
-    gen = torch.Generator().manual_seed(1)
-    counts = np.zeros(6)
-    for _ in range(20000):
-        x = sample(q, gen)
-        n, token = speculative_step(torch.stack([p, p]), q[None], [x], gen)
-        counts[x if n else token] += 1
-    assert counts[p.numpy() == 0].sum() == 0
+    n = 20000
+    streams = RowStreams(list(range(n)))
+    x = inverse_cdf(q.expand(n, -1), streams.uniform(1)[:, 0])
+    counts = torch.tensor([1, 1, 1, 0]).repeat(n // 4)
+    accepted, law = speculative_rows(
+        p.expand(n, 2, -1), q.expand(n, 1, -1), x[:, None], counts, streams.uniform(1)
+    )
+    token = inverse_cdf(law, streams.uniform(1)[:, 0])
+    emitted = torch.where(accepted > 0, x, token).numpy()
+    assert (accepted <= counts).all()
+    tally = np.bincount(emitted, minlength=6)
+    assert tally[p.numpy() == 0].sum() == 0
     support = p.numpy() > 0
-    assert chisquare(counts[support], 20000 * p.numpy()[support]).pvalue > 1e-3
+    assert chisquare(tally[support], n * p.numpy()[support]).pvalue > 1e-3
 
 
-def test_sprinter_verify_last_is_speculative_sampling_of_one_token() -> None:
+def test_the_one_sequence_wrapper_is_the_row_rule() -> None:
+    rng = np.random.default_rng(2)
+    p, q = random_dist(rng, 6), random_dist(rng, 6)
+    gen = torch.Generator().manual_seed(1)
+    tally = np.zeros(6)
+    for _ in range(20000):
+        x = int(sample(q, gen))
+        n, token = speculative_step(torch.stack([p, p]), q[None], [x], gen)
+        tally[x if n else token] += 1
+    assert chisquare(tally, 20000 * p.numpy()).pvalue > 1e-3
+
+
+def test_sprinter_check_is_speculative_sampling_of_one_token() -> None:
     rng = np.random.default_rng(3)
     p, q = random_dist(rng, 5), random_dist(rng, 5)
-    gen = torch.Generator().manual_seed(4)
-    counts = np.bincount(
-        [sprinter_verify_last(p, q, sample(q, gen), gen) for _ in range(20000)], minlength=5
+    n = 20000
+    streams = RowStreams(list(range(n)))
+    x = inverse_cdf(q.expand(n, -1), streams.uniform(1)[:, 0])
+    kept, token = sprinter_check_rows(
+        p.expand(n, -1), q.expand(n, -1), x, streams.uniform(1)[:, 0], streams.uniform(1)[:, 0]
     )
-    assert chisquare(counts, 20000 * p.numpy()).pvalue > 1e-3
+    assert torch.equal(token[kept], x[kept]) and 0 < int(kept.sum()) < n
+    assert chisquare(np.bincount(token.numpy(), minlength=5), n * p.numpy()).pvalue > 1e-3
 
 
 def test_sample_follows_probabilities_and_skips_zeros() -> None:
     probs = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0])
     gen = torch.Generator().manual_seed(0)
-    counts = np.bincount([sample(probs, gen) for _ in range(20000)], minlength=6)
+    counts = np.bincount([int(sample(probs, gen)) for _ in range(20000)], minlength=6)
     assert counts[[0, 2, 5]].sum() == 0
     assert chisquare(counts[[1, 3, 4]], 20000 * np.array([0.1, 0.6, 0.3])).pvalue > 1e-3
 
@@ -99,14 +121,14 @@ def test_nucleus_beyond_the_first_topk_matches_sorting() -> None:
     assert 500 < int((got[0] > 0).sum()) < 1000
 
 
-def test_mtad_takes_the_longest_passing_prefix() -> None:
-    p_rows = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.5, 0.5], [0.5, 0.5]])
-    drafts = [0, 0, 1]
-    # p joint: 0.9, 0.18, 0.09 ; q joint below: ratios 1.0, 0.36, 0.9
-    q_joint = [0.8, 0.5, 0.1]
-    assert mtad_accept_length(p_rows, q_joint, drafts, tau=0.5) == 3  # not contiguous: longest
-    assert mtad_accept_length(p_rows, q_joint, drafts, tau=0.95) == 1
-    assert mtad_accept_length(p_rows, q_joint, drafts, tau=1.0) == 0  # tau -> 1: target only
+def test_mtad_takes_the_longest_passing_prefix_within_each_rows_count() -> None:
+    p_x = torch.tensor([[0.9, 0.2, 0.5]] * 2)  # p joint: 0.9, 0.18, 0.09
+    q_joint = torch.tensor([[0.8, 0.5, 0.1]] * 2)  # ratios 1.0, 0.36, 0.9
+    full, short = torch.tensor([3, 3]), torch.tensor([3, 2])
+    assert mtad_accept_lengths(p_x, q_joint, full, tau=0.5).tolist() == [3, 3]  # the longest
+    assert mtad_accept_lengths(p_x, q_joint, short, tau=0.5).tolist() == [3, 1]
+    assert mtad_accept_lengths(p_x, q_joint, full, tau=0.95).tolist() == [1, 1]
+    assert mtad_accept_lengths(p_x, q_joint, full, tau=1.0).tolist() == [0, 0]  # target only
 
 
 @pytest.mark.parametrize("gamma", [0, 1, 3, 5])
@@ -132,28 +154,46 @@ def test_stopping_rules_at_their_thresholds() -> None:
 
 @dataclass
 class EntropyStep(DraftStep):
-    """A drafted token whose draft entropy is set, not computed from logits."""
+    """Drafted tokens whose draft entropies are set, not computed from logits."""
 
-    H: float = 0.0
+    H: torch.Tensor | None = None
 
-    def entropy(self, warped: bool = False) -> float:
+    def entropy(self, warped: bool = False) -> torch.Tensor:
         return self.H
 
 
 class ScriptedEngine:
-    """Drafts token 1 at a fixed entropy; the target agrees, and records how many drafts it saw."""
+    """Drafts token 1 in every row at that row's fixed entropy; the target agrees."""
 
-    def __init__(self, entropy: float) -> None:
-        self.H = entropy
-        self.one_hot = torch.tensor([0.0, 1.0, 0.0, 0.0])
-        self.verified: int | None = None
+    device = torch.device("cpu")
 
-    def draft_step(self, state: SequenceState, drafts: list[int]) -> EntropyStep:
-        return EntropyStep(1, self.one_hot, torch.zeros(2), torch.zeros(4), H=self.H)
+    def __init__(self, entropies: torch.Tensor) -> None:
+        self.H = entropies
+        self.one_hot = torch.zeros(len(entropies), 4)
+        self.one_hot[:, 1] = 1.0
 
-    def target_probs(self, state: SequenceState, drafts: list[int]) -> torch.Tensor:
-        self.verified = len(drafts)
-        return self.one_hot.repeat(len(drafts) + 1, 1)
+    def any(self, flags: torch.Tensor) -> bool:
+        return bool(flags.any())
+
+    def draft_step(self, batch, rnd, active, keep=None) -> EntropyStep:
+        B = len(self.H)
+        step = EntropyStep(
+            torch.ones(B, dtype=torch.long),
+            self.one_hot,
+            torch.zeros(B, 2),
+            self.one_hot,
+            active,
+            H=self.H,
+        )
+        if keep is not None:
+            step.active = active & keep(step)
+        return step
+
+    def target_probs(self, batch, rnd, active) -> torch.Tensor:
+        return self.one_hot[:, None, :].expand(-1, len(rnd.steps) + 1, -1)
+
+    def sample(self, probs, batch, active) -> torch.Tensor:
+        return probs.argmax(-1)
 
 
 @pytest.mark.parametrize("method", ["svip", "adaedl"])
@@ -178,11 +218,11 @@ def test_evaluation_score_and_policy_stop_agree(method: str) -> None:
     stops = evaluation_stops(entropies)
     assert stops.any() and not stops.all()  # both sides of the threshold are exercised
     policy = instantiate(node, max_gamma=3)
-    for H, stop in zip(entropies.tolist(), stops.tolist(), strict=True):
-        engine = ScriptedEngine(H)
-        state = SequenceState([0], 1, 16, torch.Generator().manual_seed(0))
-        policy.step(engine, state)
-        assert engine.verified == (1 if stop else 3), H
+    rows = [Row(i, [0], 1, 16) for i in range(len(entropies))]
+    batch = Batch(rows, RowStreams(list(range(len(rows)))), {}, {})
+    emitted = policy.round(ScriptedEngine(torch.tensor(entropies)), batch)
+    expected = [1 if stop else 3 for stop in stops.tolist()]
+    assert emitted.drafted.tolist() == expected
 
 
 def test_heuristic_schedule() -> None:

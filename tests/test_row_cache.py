@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sprinter_train.decoding.batch_runner import ModelRunner
+from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
 
 VOCAB = 128
@@ -43,8 +43,9 @@ def test_ragged_appends_rejections_packing_and_leaving_rows(model) -> None:
         torch.testing.assert_close(out[r, : len(seq)], full_logits(model, seq), atol=1e-4, rtol=0)
     for step in range(8):
         new = [
-            torch.randint(3, VOCAB, (int(torch.randint(0, 4, (1,), generator=rng)),), generator=rng)
-            .tolist()
+            torch.randint(
+                3, VOCAB, (int(torch.randint(0, 4, (1,), generator=rng)),), generator=rng
+            ).tolist()
             for _ in seqs
         ]
         out = feed(runner, cache, new)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,8 +14,7 @@ import torch
 from sprinter_train.core.io import write_json
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.engine import DraftStep
-from sprinter_train.decoding.state import SequenceState
+from sprinter_train.decoding.state import DecodeStats, DraftStep
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import MIXES
 from sprinter_train.harvest.reader import open_records
@@ -82,14 +82,18 @@ def width(names: list[str]) -> int:
     )
 
 
-def draft_step(record: dict[str, torch.Tensor], row: int) -> DraftStep:
-    """The engine's view of a record's drafted token (the record's hidden state, in float32)."""
-    q = record["q"][row]
-    return DraftStep(int(record["x"][row]), q, record["hidden"][row].float(), q.log())
+def draft_step(record: dict[str, torch.Tensor], rows: list[int]) -> DraftStep:
+    """The engine's view of records' drafted tokens as a batch's rows (their hidden states
+    in float32)."""
+    index = torch.tensor(rows)
+    q = record["q"][index]
+    active = torch.ones(len(rows), dtype=torch.bool)
+    return DraftStep(record["x"][index].long(), q, record["hidden"][index].float(), q.log(), active)
 
 
-def new_state() -> SequenceState:
-    return SequenceState([1], 1, 8, torch.Generator())
+def new_batch() -> SimpleNamespace:
+    """What the verifier reads of a batch: its stats."""
+    return SimpleNamespace(stats=DecodeStats())
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +118,7 @@ def test_training_and_decoding_score_a_record_alike(tmp_path, draft_model, names
     features, rows = split_features(records, None, spec, DraftEmbedder(DRAFT))
     trained = checkpoint.score(features.batch())
     verifier = CheckpointVerifier(checkpoint, draft_model)
-    decoded = np.array([verifier(None, new_state(), [], draft_step(record, r)) for r in rows])
+    decoded = verifier(None, new_batch(), None, draft_step(record, list(rows))).numpy()
     assert ((trained > 0.02) & (trained < 0.98)).mean() > 0.8  # unsaturated: errors would show
     np.testing.assert_allclose(decoded, trained, rtol=0, atol=1e-5)
 
@@ -124,42 +128,46 @@ def test_a_feature_count_mismatch_names_the_checkpoint(tmp_path, draft_model) ->
     path = export_verifier(tmp_path / "ck", ["hidden", "q"], D + 2)  # trained on another width
     verifier = CheckpointVerifier(load_verifier(path), draft_model)
     with pytest.raises(ValueError, match=re.escape(str(path)) + r".*expects 26 features.*25"):
-        verifier(None, new_state(), [], draft_step(record, 0))
+        verifier(None, new_batch(), None, draft_step(record, [0]))
 
 
 def test_the_vector_follows_feature_order_whatever_the_sidecar_lists(tmp_path, draft_model):
     record = write_records(tmp_path / "toy")
-    step = draft_step(record, 3)
+    step = draft_step(record, [3])
     path = export_verifier(tmp_path / "ck", ["draft_entropy", "hidden", "q"], D + 2)
-    vector = CheckpointVerifier(load_verifier(path), draft_model).features(step)
-    q_x = float(step.q[step.token])
-    entropy = float(-(step.q[step.q > 0] * step.q[step.q > 0].log()).sum())
-    torch.testing.assert_close(vector[:D], step.hidden)
+    vector = CheckpointVerifier(load_verifier(path), draft_model).features(step)[0]
+    q = step.q[0]
+    q_x = float(q[step.tokens[0]])
+    entropy = float(-(q[q > 0] * q[q > 0].log()).sum())
+    torch.testing.assert_close(vector[:D], step.hidden[0])
     assert vector[D:].tolist() == pytest.approx([q_x, entropy], rel=1e-6)
 
 
-def test_the_call_returns_a_float_and_counts_its_time(tmp_path, draft_model) -> None:
+def test_the_call_returns_one_probability_a_row_and_counts_its_time(tmp_path, draft_model):
     record = write_records(tmp_path / "toy")
     verifier = CheckpointVerifier(
         load_verifier(export_verifier(tmp_path / "ck", ["hidden"], D)), draft_model
     )
-    state = new_state()
-    scores = [verifier(None, state, [], draft_step(record, r)) for r in range(3)]
-    assert all(type(s) is float and 0 < s < 1 for s in scores)
-    assert state.stats.verifier_seconds > 0
+    batch = new_batch()
+    scores = verifier(None, batch, None, draft_step(record, [0, 1, 2]))
+    assert scores.shape == (3,) and bool(((scores > 0) & (scores < 1)).all())
+    assert batch.stats.verifier_seconds > 0
+    # a row's score does not depend on the rows beside it
+    alone = verifier(None, batch, None, draft_step(record, [1]))
+    torch.testing.assert_close(alone[0], scores[1])
     # the counter accumulates: one more call adds to it
-    before = state.stats.verifier_seconds
-    verifier(None, state, [], draft_step(record, 4))
-    assert state.stats.verifier_seconds > before
+    before = batch.stats.verifier_seconds
+    verifier(None, batch, None, draft_step(record, [4]))
+    assert batch.stats.verifier_seconds > before
 
 
 def test_decoding_rounds_dense_features_as_records_store_them(tmp_path, draft_model) -> None:
     """A float32 hidden state is rounded to float16 and clamped to its range (no inf), which is
     what the harvest writes and what the verifier was fitted on."""
     record = write_records(tmp_path / "toy")
-    step = draft_step(record, 0)
-    hidden = torch.linspace(-1e6, 1e6, D) + 1e-4
-    step = DraftStep(step.token, step.q, hidden, step.logits)
+    step = draft_step(record, [0])
+    hidden = (torch.linspace(-1e6, 1e6, D) + 1e-4)[None]
+    step = DraftStep(step.tokens, step.q, hidden, step.logits, step.active)
     verifier = CheckpointVerifier(
         load_verifier(export_verifier(tmp_path / "ck", ["hidden"], D)), draft_model
     )

@@ -44,8 +44,15 @@ class LatencyProfile:
         return gamma * self.draft_ms / 1e3 + self.target_s(gamma + 1)
 
     def sv_round_s(self, gamma: int) -> float:
-        per_draft = self.draft_ms + (self.companion_ms or 0.0)
-        return gamma * per_draft / 1e3 + self.target_s(gamma + 1)
+        return gamma * self.draft_step_s(1) + self.target_s(gamma + 1)
+
+    def target_batch_s(self, batch_size: int, new_tokens: int) -> float:
+        """Seconds for a target forward over `new_tokens` a row at this batch size."""
+        return self.target_s(new_tokens)
+
+    def draft_step_s(self, batch_size: int) -> float:
+        """Seconds for one drafting step (draft and companion) at this batch size."""
+        return (self.draft_ms + (self.companion_ms or 0.0)) / 1e3
 
     @property
     def c(self) -> float:

@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.decoding.policies import Policy
+from sprinter_train.decoding.state import Policy
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
 from sprinter_train.verifier.scorer import CheckpointVerifier
@@ -47,18 +47,22 @@ class RunInputs:
     sd_gamma: int  # the gamma maximising the implied speedup, or methods.sd.gamma when set
     draft_model: torch.nn.Module
     has_companion: bool
+    device: torch.device
 
 
 def runtime_entries(node: DictConfig) -> list[str]:
     """The entries of a method's config the bench fills in: `gamma: auto` (sd's chosen gamma),
-    `verifier` (the exported verifier it describes), `table` (SV's fitted table) and a missing
-    `latency` (the latency profile's round time)."""
+    `verifier` (the exported verifier it describes), `table` (SV's fitted table) and
+    `latency: profile`, `step_cost: profile` (the latency profile's target forward and
+    drafting step; a sentinel string, not `???`: Lightning's launcher walks the config and a
+    missing value would stop a DDP harvest)."""
     keys = list(node.keys())
     wanted = {
         "gamma": "gamma" in keys and node.gamma == "auto",
         "verifier": "verifier" in keys,
         "table": "table" in keys,
-        "latency": "latency" in keys and OmegaConf.is_missing(node, "latency"),
+        "latency": node.get("latency") == "profile",
+        "step_cost": node.get("step_cost") == "profile",
     }
     return [key for key, needed in wanted.items() if needed]
 
@@ -80,11 +84,15 @@ def _table(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, 
     path = Path(run.cfg.experiment_dir) / "tables" / "sv_table.json"
     table = SVTable.load(path, node.table.binning)  # a missing table names stage=tables
     record = {**OmegaConf.to_container(node.table), "path": str(path)}  # type: ignore[dict-item]
-    return lambda S, A: float(table.lookup(S, A)), record
+    return table.on(run.device), record
 
 
 def _latency(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, str]:
-    return run.profile.sv_round_s, "the latency profile's SV round time (bench/latency.json)"
+    return run.profile.target_batch_s, "the latency profile's target forward (bench/latency.json)"
+
+
+def _step_cost(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, str]:
+    return run.profile.draft_step_s, "the latency profile's draft + companion step"
 
 
 RUNTIME: dict[str, Callable[[str, DictConfig, RunInputs], tuple[Any, Any]]] = {
@@ -92,6 +100,7 @@ RUNTIME: dict[str, Callable[[str, DictConfig, RunInputs], tuple[Any, Any]]] = {
     "verifier": _verifier,
     "table": _table,
     "latency": _latency,
+    "step_cost": _step_cost,
 }  # entry -> (the object passed for it, what results.json records of it)
 
 
@@ -107,14 +116,19 @@ def build_policy(name: str, node: DictConfig, run: RunInputs) -> tuple[Policy, d
 
 
 def plan_methods(
-    cfg: DictConfig, profile: LatencyProfile, sd_gamma: int, draft_model, has_companion: bool
+    cfg: DictConfig,
+    profile: LatencyProfile,
+    sd_gamma: int,
+    draft_model,
+    has_companion: bool,
+    device: torch.device | str = "cpu",
 ) -> MethodPlan:
     b = cfg.bench
     known = (*cfg.methods, *PEERS)
     unknown = sorted(set(b.methods) - set(known))
     if unknown:
         raise ValueError(f"unknown bench.methods {unknown}; choose from {', '.join(known)}")
-    run = RunInputs(cfg, profile, sd_gamma, draft_model, has_companion)
+    run = RunInputs(cfg, profile, sd_gamma, draft_model, has_companion, torch.device(device))
     plan = MethodPlan({}, {}, {}, {})
     for name in b.methods:
         try:

@@ -13,38 +13,67 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from sprinter_train.core.sampling import sample
+from sprinter_train.core.sampling import inverse_cdf, sample
 
 Entropy = TypeVar("Entropy", float, np.ndarray, torch.Tensor)  # one H_q or many
 
 
-def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Leviathan et al.'s norm(max(0, p - q)): what a rejected position is resampled from.
-
-    It has mass whenever a token was rejected (rejection needs q(x) > p(x)); numerically empty
-    residuals fall back to p, the distribution the residual would renormalise towards.
-    """
+def residual_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Leviathan et al.'s norm(max(0, p - q)) per row; a numerically empty residual (only
+    possible when nothing was rejected) falls back to p."""
     residual = (p - q).clamp(min=0)
-    total = float(residual.sum())
-    return residual / total if total > 0 else p
+    total = residual.sum(-1, keepdim=True)
+    return torch.where(total > 0, residual / total.clamp(min=1e-30), p)
 
 
-def speculative_accept_length(
-    p_rows: torch.Tensor, q_rows: torch.Tensor, drafts: Sequence[int], uniforms: torch.Tensor
-) -> int:
-    """How many leading drafts speculative sampling accepts: x_i passes when u_i < p_i(x)/q_i(x).
+def accept_lengths(
+    p_x: torch.Tensor, q_x: torch.Tensor, u: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """(B,) how many leading drafts pass u_j < p_j(x_j)/q_j(x_j), among each row's counts[r].
 
-    p_rows, q_rows: (>= gamma, V); uniforms: (gamma,) U(0, 1) draws.
+    p_x, q_x, u: (B, G) the drafted tokens' probabilities and one uniform per draft.
     """
-    if not drafts:
-        return 0
-    index = torch.arange(len(drafts))
-    tokens = torch.as_tensor(list(drafts))
-    p_x = p_rows[index, tokens].double()
-    q_x = q_rows[index, tokens].double()
-    passed = uniforms.double() * q_x < p_x  # u < p/q without dividing by q
-    rejected = (~passed).nonzero()
-    return int(rejected[0]) if len(rejected) else len(drafts)
+    passed = u.double() * q_x.double() < p_x.double()
+    passed &= torch.arange(p_x.shape[1], device=p_x.device)[None, :] < counts[:, None]
+    return passed.long().cumprod(1).sum(1)
+
+
+def speculative_rows(
+    p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, counts: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling's verification for every row: (accepted (B,), next-token law (B, V)).
+
+    p: (B, G + 1, V) target distributions at each draft position and one past the last;
+    q: (B, G, V); drafts: (B, G); row r drafted counts[r] <= G tokens. The next token is a
+    correction from norm(max(0, p - q)) at the first rejection, or a bonus from p after all
+    of the row's drafts passed. Greedy decoding is the special case of one-hot p and q.
+    """
+    B, G1, V = p.shape
+    if G1 == 1:
+        return torch.zeros(B, dtype=torch.long, device=p.device), p[:, 0]
+    p_x = p[:, :-1].gather(2, drafts[..., None])[..., 0]
+    q_x = q.gather(2, drafts[..., None])[..., 0]
+    accepted = accept_lengths(p_x, q_x, u, counts)
+    at = accepted[:, None, None].expand(-1, 1, V)
+    p_n = p.gather(1, at)[:, 0]
+    q_n = q.gather(1, at.clamp(max=G1 - 2))[:, 0]
+    rejected = (accepted < counts)[:, None]
+    return accepted, torch.where(rejected, residual_rows(p_n, q_n), p_n)
+
+
+def sprinter_check_rows(
+    p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u: torch.Tensor, u_fresh: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPRINTER Alg. 2's target check of the token each row's verifier rejected: keep x with
+    probability min(1, p(x)/q(x)), else draw from norm(max(0, p - q)). (kept (B,), token (B,))
+
+    p, q: (B, V) at the rejected position; u, u_fresh: (B,) uniforms for the test and the draw.
+    """
+    p_x = p.gather(1, x[:, None])[:, 0]
+    q_x = q.gather(1, x[:, None])[:, 0]
+    kept = u.double() * q_x.double() < p_x.double()
+    fresh = inverse_cdf(residual_rows(p, q), u_fresh)
+    return kept, torch.where(kept, x, fresh)
 
 
 def speculative_step(
@@ -53,31 +82,16 @@ def speculative_step(
     drafts: Sequence[int],
     generator: torch.Generator | None,
 ) -> tuple[int, int]:
-    """One verification of speculative sampling (SVIP App. A, Alg. 2/4): (accepted, next token).
-
-    p_rows: (gamma + 1, V) target distributions at each draft position and one past the last;
-    q_rows: (gamma, V). The next token is a correction from norm(max(0, p - q)) at the first
-    rejection, or a bonus token from p after gamma acceptances. Greedy decoding is the special
-    case of one-hot p and q (accept iff the argmaxes agree, correct with the target's argmax).
-    """
+    """One sequence's verification with a torch.Generator: (accepted, next token), by
+    speculative_rows on a batch of one (harvest's interleaved continuations)."""
     device = generator.device if generator is not None else p_rows.device
-    uniforms = torch.rand(len(drafts), generator=generator, device=device, dtype=torch.float64)
-    n = speculative_accept_length(p_rows, q_rows, drafts, uniforms.to(p_rows.device))
-    if n < len(drafts):
-        return n, int(sample(residual_distribution(p_rows[n], q_rows[n]), generator))
-    return n, int(sample(p_rows[n], generator))
-
-
-def sprinter_verify_last(
-    p: torch.Tensor, q: torch.Tensor, token: int, generator: torch.Generator | None
-) -> int:
-    """SPRINTER Alg. 2's target check of the token the verifier rejected: keep it with
-    probability min(1, p(x)/q(x)), else draw from norm(max(0, p - q))."""
-    device = generator.device if generator is not None else p.device
-    u = torch.rand(1, generator=generator, device=device, dtype=torch.float64).to(p.device)
-    if speculative_accept_length(p[None], q[None], [token], u):
-        return token
-    return int(sample(residual_distribution(p, q), generator))
+    u = torch.rand(len(drafts), generator=generator, device=device, dtype=torch.float64)
+    counts = torch.tensor([len(drafts)], device=p_rows.device)
+    tokens = torch.tensor([list(drafts)], dtype=torch.long, device=p_rows.device)
+    accepted, law = speculative_rows(
+        p_rows[None], q_rows[None], tokens, counts, u.to(p_rows.device)[None]
+    )
+    return int(accepted[0]), int(sample(law[0], generator))
 
 
 def _entropy_bound(draft_entropy: Entropy, constant: float) -> Entropy:
@@ -128,22 +142,21 @@ def sprinter_continue(score: float, tau: float) -> bool:
     return score >= tau
 
 
-def mtad_accept_length(
-    p_rows: torch.Tensor, q_joint: Sequence[float], drafts: Sequence[int], tau: float
-) -> int:
-    """MTAD Alg. 1: the longest j whose joint ratio passes, min(1, p(x_1:j)/q(x_1:j)) > tau.
+def mtad_accept_lengths(
+    p_x: torch.Tensor, q_joint: torch.Tensor, counts: torch.Tensor, tau: float
+) -> torch.Tensor:
+    """MTAD Alg. 1 per row: the longest j <= counts[r] with min(1, p(x_1:j)/q(x_1:j)) > tau
+    (0 if none).
 
-    p_rows: (>= gamma, V) target distributions; q_joint[j-1] = q(x_1:j | input), the draft's
-    joint probability of the beam prefix. Returns 0 when no prefix passes.
+    p_x: (B, G) target probabilities of the beam's tokens; q_joint: (B, G) the draft's joint
+    probability of each beam prefix.
     """
-    best, p_joint = 0, 1.0
-    for j, x in enumerate(drafts, start=1):
-        p_joint *= float(p_rows[j - 1, x])
-        q = float(q_joint[j - 1])
-        ratio = 1.0 if q <= 0 else min(1.0, p_joint / q)
-        if ratio > tau:
-            best = j
-    return best
+    p_joint = p_x.double().cumprod(1)
+    q = q_joint.double()
+    ratio = torch.where(q > 0, (p_joint / q.clamp(min=1e-300)).clamp(max=1.0), 1.0)
+    positions = torch.arange(1, p_x.shape[1] + 1, device=p_x.device)
+    passed = (ratio > tau) & (positions[None, :] <= counts[:, None])
+    return (passed * positions).max(1).values
 
 
 def sv_prob_accept_count(P: Sequence[float], gamma: int) -> list[float]:

@@ -81,7 +81,9 @@ class RowCache:
         index.scatter_(1, target, source)
         index = index[:, :longest]
         for layer in self.kv.layers:
-            spread = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            spread = index[:, None, :, None].expand(
+                -1, layer.keys.shape[1], -1, layer.keys.shape[3]
+            )
             layer.keys = layer.keys.gather(2, spread)
             layer.values = layer.values.gather(2, spread)
         columns = torch.arange(longest, device=target.device)

@@ -1,47 +1,39 @@
-"""The decoding engine: owns the models, the sampling and the commit of new tokens.
+"""The decoding engine: a batch of rows that advance at their own pace.
 
-Policies (policies.py) decide how many tokens to draft and how to verify them; the engine
-gives them three operations (draft a token, score tokens with the target, read the companion)
-and commits what they return, cutting at EOS and at the token budget.
+Policies (policies.py) decide how many tokens each row drafts and how the target checks them;
+the engine gives them batched operations (draft a token in the rows still drafting, read the
+companion, score every row's drafts with the target) and commits what a round emits, cutting
+each row at EOS and at its budget. Rows that finish leave the batch.
+
+What stays on the device during a round: drafted tokens, distributions, acceptance and the
+random streams (`core.streams.RowStreams`: a row's draws depend only on its seed). The host
+learns a round's outcome in one transfer at its end (tokens emitted, cache lengths), and,
+for policies whose drafting length adapts, whether any row still drafts after each step.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import torch
 
-from sprinter_train.core.distributions import entropy
 from sprinter_train.core.runtime import synchronize
-from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
-from sprinter_train.decoding.runner import ForwardOutput, ModelRunner
-from sprinter_train.decoding.state import DecodeStats, SequenceState
+from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
+from sprinter_train.core.streams import RowStreams
+from sprinter_train.decoding.runner import ModelRunner, RowOutput
+from sprinter_train.decoding.state import (
+    Batch,
+    DraftStep,
+    Emitted,
+    GenerationResult,
+    Policy,
+    Round,
+    Row,
+)
 
-
-@dataclass
-class DraftStep:
-    token: int
-    q: torch.Tensor  # (V,) warped draft distribution the token was drawn from
-    hidden: torch.Tensor  # (d,) draft hidden state that produced q
-    logits: torch.Tensor  # (V,) the draft's raw logits (entropy-based stopping reads them)
-
-    def entropy(self, warped: bool = False) -> float:
-        """H(q) in nats, of the warped q or of the draft's own softmax (temperature 1).
-
-        At low temperature with top-p the warped q is one-hot at most positions (H = 0), so an
-        entropy rule on it would never stop drafting; SVIP and AdaEDL default to the raw one.
-        """
-        probs = self.q if warped else self.logits.float().softmax(-1)
-        return float(entropy(probs))
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[int]  # generated ids, without the prompt
-    wall_s: float
-    stats: DecodeStats
+ROLES = ("target", "draft", "companion")
+PACK_EVERY = 8  # rounds between squeezing empty slots out of the caches
 
 
 class Engine:
@@ -55,9 +47,8 @@ class Engine:
         companion: ModelRunner | None = None,
         eos_token_id: int | None = None,
     ) -> None:
-        self.target = target
-        self.draft = draft
-        self.companion = companion
+        self.runners = {"target": target, "draft": draft, "companion": companion}
+        self.target, self.draft, self.companion = target, draft, companion
         self.sampling = sampling
         self.eos_token_id = eos_token_id
         self.device = target.device
@@ -67,75 +58,191 @@ class Engine:
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         return warp_probs(logits, self.sampling)
 
-    def sample(self, probs: torch.Tensor, state: SequenceState) -> int:
-        return int(sample(probs, state.generator))
-
-    def draft_step(self, state: SequenceState, drafts: Sequence[int]) -> DraftStep:
-        """Draw the next draft token after the committed tokens and `drafts`."""
-        out = self.call_model(self.require(self.draft, "draft"), state, "draft", list(drafts), 1)
-        q = self.warp(out.logits[0])
-        return DraftStep(self.sample(q, state), q, out.hidden[0], out.logits[0])
-
-    def target_probs(self, state: SequenceState, drafts: Sequence[int]) -> torch.Tensor:
-        """(len(drafts) + 1, V) warped target distributions: at each draft and one past them."""
-        out = self.call_model(self.target, state, "target", list(drafts), len(drafts) + 1)
-        return self.warp(out.logits)
-
-    def companion_probs(self, state: SequenceState, drafts: Sequence[int]) -> torch.Tensor:
-        """(V,) warped companion distribution at the position of the next draft token."""
-        out = self.call_model(
-            self.require(self.companion, "companion"), state, "companion", drafts, 1
-        )
-        return self.warp(out.logits[0])
-
-    def call_model(
-        self, runner: ModelRunner, state: SequenceState, role: str, drafts: list[int], keep: int
-    ) -> ForwardOutput:
-        seconds = runner.seconds
-        out = runner.extend(state.slot(role), state.tokens + list(drafts), keep)
-        setattr(state.stats, f"{role}_calls", getattr(state.stats, f"{role}_calls") + 1)
-        elapsed = runner.seconds - seconds
-        setattr(state.stats, f"{role}_seconds", getattr(state.stats, f"{role}_seconds") + elapsed)
-        return out
-
-    @staticmethod
-    def require(runner: ModelRunner | None, role: str) -> ModelRunner:
+    def runner(self, role: str) -> ModelRunner:
+        runner = self.runners[role]
         if runner is None:
             raise ValueError(f"this policy needs a {role} model (models.{role} in the config)")
         return runner
 
+    def feed(
+        self,
+        batch: Batch,
+        role: str,
+        active: torch.Tensor,
+        after: torch.Tensor | None = None,
+        after_counts: torch.Tensor | None = None,
+    ) -> RowOutput:
+        """Feed each active row what `role`'s cache lacks of its committed tokens, then
+        after[r, :after_counts[r]] (drafts on the device); outputs at the fed positions that
+        predict each of those drafts and the token past them: (B, A + 1, ...)."""
+        lack = [row.tokens[held:] for row, held in zip(batch.rows, batch.held[role], strict=True)]
+        width_lack = max(len(x) for x in lack)
+        extra = 0 if after is None else after.shape[1]
+        ids = torch.zeros((len(batch), width_lack + extra), dtype=torch.long)
+        for r, tokens in enumerate(lack):
+            ids[r, : len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
+        ids = ids.to(self.device)
+        lack_n = torch.tensor([len(x) for x in lack], device=self.device)
+        counts = lack_n.clone()
+        if after is not None:
+            offsets = lack_n[:, None] + torch.arange(extra, device=self.device)
+            ids.scatter_(1, offsets, after)
+            counts = counts + after_counts
+        counts = torch.where(active, counts, 0)
+        keep = (lack_n - 1)[:, None] + torch.arange(extra + 1, device=self.device)
+        return self.forward(batch, role, ids, counts, keep)
+
+    def forward(
+        self,
+        batch: Batch,
+        role: str,
+        ids: torch.Tensor,
+        counts: torch.Tensor,
+        keep: torch.Tensor,
+    ) -> RowOutput:
+        """One forward of `role` over the batch's rows (its call and time counted)."""
+        runner = self.runner(role)
+        seconds = runner.seconds
+        out = runner.forward(batch.caches[role], ids, counts, keep)
+        setattr(batch.stats, f"{role}_calls", getattr(batch.stats, f"{role}_calls") + 1)
+        elapsed = runner.seconds - seconds
+        setattr(batch.stats, f"{role}_seconds", getattr(batch.stats, f"{role}_seconds") + elapsed)
+        return out
+
+    def sample(self, probs: torch.Tensor, batch: Batch, active: torch.Tensor) -> torch.Tensor:
+        """(B,) one token per row from (B, V) probabilities; only active rows use a draw."""
+        return inverse_cdf(probs, batch.streams.uniform(1, active.long())[:, 0])
+
+    def draft_step(
+        self,
+        batch: Batch,
+        rnd: Round,
+        active: torch.Tensor,
+        keep: Callable[[DraftStep], torch.Tensor] | None = None,
+    ) -> DraftStep:
+        """The draft's next distribution in the active rows (after their committed tokens and
+        this round's drafts so far), and a token drawn in the rows that `keep` (decided from
+        q alone, before any draw) lets draft."""
+        out = self.draft_side(batch, "draft", rnd, active)
+        q = self.warp(out.logits[:, 0])
+        step = DraftStep(
+            torch.zeros_like(active, dtype=torch.long),
+            q,
+            out.hidden[:, 0],
+            out.logits[:, 0],
+            active,
+        )
+        if keep is not None:
+            step.active = active & keep(step)
+        step.tokens = self.sample(q, batch, step.active)
+        return step
+
+    def companion_probs(self, batch: Batch, rnd: Round, active: torch.Tensor) -> torch.Tensor:
+        """(B, V) warped companion distribution at the position of each row's next draft."""
+        return self.warp(self.draft_side(batch, "companion", rnd, active).logits[:, 0])
+
+    def draft_side(self, batch: Batch, role: str, rnd: Round, active: torch.Tensor) -> RowOutput:
+        """A draft-side model's k-th call of a round feeds what it lacks of the committed
+        tokens (k = 0) or the round's draft k - 1, one token a row."""
+        k = rnd.calls.get(role, 0)
+        rnd.calls[role] = k + 1
+        if k == 0:
+            return self.feed(batch, role, active)
+        keep = torch.zeros((len(batch), 1), dtype=torch.long, device=self.device)
+        return self.forward(batch, role, rnd.steps[k - 1].tokens[:, None], active.long(), keep)
+
+    def target_probs(self, batch: Batch, rnd: Round, active: torch.Tensor) -> torch.Tensor:
+        """(B, G + 1, V) warped target distributions at each row's drafts and one past them."""
+        if not rnd.steps:
+            return self.warp(self.feed(batch, "target", active).logits)
+        out = self.feed(batch, "target", active, rnd.tokens(), rnd.counts)
+        return self.warp(out.logits)
+
+    @staticmethod
+    def any(flags: torch.Tensor) -> bool:
+        """Whether any row still drafts: the one host read a drafting step may make."""
+        return bool(flags.any())
+
     # -- generation --------------------------------------------------------------------------
 
-    def new_state(self, prompt_ids: Sequence[int], max_new_tokens: int, seed: int) -> SequenceState:
-        if not prompt_ids:
+    def new_batch(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, seeds: Sequence[int]
+    ) -> Batch:
+        if any(len(p) == 0 for p in prompts):
             raise ValueError("a prompt needs at least one token")
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(seed)
-        state = SequenceState(
-            list(prompt_ids), len(prompt_ids), max_new_tokens, generator, self.eos_token_id
+        rows = [Row(i, list(p), len(p), max_new_tokens) for i, p in enumerate(prompts)]
+        for row in rows:
+            row.finished = max_new_tokens <= 0
+        roles = [r for r in ROLES if self.runners[r] is not None]
+        return Batch(
+            rows,
+            RowStreams(list(seeds), self.device),
+            {r: self.runners[r].new_cache(len(rows)) for r in roles},
+            {r: [0] * len(rows) for r in roles},
         )
-        state.finished = max_new_tokens <= 0
-        return state
 
-    def commit(self, state: SequenceState, new_tokens: Sequence[int]) -> None:
-        """Append a round's tokens, stopping at EOS and at the budget."""
-        room = list(new_tokens)[: state.remaining]
-        if state.eos_token_id is not None and state.eos_token_id in room:
-            room = room[: room.index(state.eos_token_id) + 1]
-            state.finished = True
-        state.tokens.extend(room)
-        state.stats.rounds += 1
-        if state.remaining <= 0:
-            state.finished = True
+    def commit(self, batch: Batch, emitted: Emitted, policy: Policy | None = None) -> None:
+        """One transfer: the round's tokens and the caches' lengths; then cut each row at EOS
+        and its budget, drop the cache slots past what was kept, and let finished rows go."""
+        start = torch.tensor([len(row.tokens) for row in batch.rows], device=self.device)
+        valid = start + emitted.kept
+        for cache in batch.caches.values():
+            cache.truncate(valid)
+        roles = list(batch.caches)
+        zeros = torch.zeros_like(emitted.lengths)
+        counts = [getattr(emitted, name) for name in Emitted.COUNTS]
+        packet = torch.cat(
+            [emitted.tokens, emitted.lengths[:, None]]
+            + [zeros[:, None] if c is None else c[:, None] for c in counts]
+            + [batch.caches[r].lengths[:, None] for r in roles],
+            dim=1,
+        ).tolist()
+        batch.stats.rounds += 1
+        width = emitted.tokens.shape[1]
+        for r, (row, values) in enumerate(zip(batch.rows, packet, strict=True)):
+            drafted, accepted, by_verifier = values[width + 1 : width + 4]
+            batch.stats.drafted += drafted
+            batch.stats.accepted += accepted
+            batch.stats.verifier_accepted += by_verifier
+            if policy is not None and hasattr(policy, "update"):
+                policy.update(row, drafted, accepted)
+            room = values[: values[width]][: row.remaining]
+            if self.eos_token_id is not None and self.eos_token_id in room:
+                room = room[: room.index(self.eos_token_id) + 1]
+                row.finished = True
+            row.tokens.extend(room)
+            if row.remaining <= 0:
+                row.finished = True
+            for k, role in enumerate(roles):
+                batch.held[role][r] = values[width + 4 + k]
+        live = [r for r, row in enumerate(batch.rows) if not row.finished]
+        if len(live) < len(batch.rows) and live:
+            index = torch.tensor(live, device=self.device)
+            for cache in batch.caches.values():
+                cache.select(index)
+            batch.streams = batch.streams.select(index)
+            batch.rows = [batch.rows[r] for r in live]
+            batch.held = {role: [h[r] for r in live] for role, h in batch.held.items()}
+        if batch.stats.rounds % PACK_EVERY == 0:
+            for role, cache in batch.caches.items():
+                cache.pack(max(batch.held[role]))
 
     def generate(
-        self, prompt_ids: Sequence[int], policy, max_new_tokens: int, seed: int = 0
-    ) -> GenerationResult:
-        """Run `policy` round by round until EOS or `max_new_tokens`; wall time includes all."""
-        state = self.new_state(prompt_ids, max_new_tokens, seed)
+        self,
+        prompts: Sequence[Sequence[int]],
+        policy: Policy,
+        max_new_tokens: int,
+        seeds: Sequence[int] | None = None,
+    ) -> list[GenerationResult]:
+        """Decode every prompt with `policy` until EOS or `max_new_tokens`; row i uses
+        seeds[i] (default i). Wall time covers the whole batch."""
+        seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+        batch = self.new_batch(prompts, max_new_tokens, seeds)
+        done = [row for row in batch.rows]
         synchronize(self.device)
         start = time.perf_counter()
-        while not state.finished:
-            self.commit(state, policy.step(self, state))
+        while batch.rows and not all(row.finished for row in batch.rows):
+            self.commit(batch, policy.round(self, batch), policy)
         synchronize(self.device)
-        return GenerationResult(state.generated, time.perf_counter() - start, state.stats)
+        wall = time.perf_counter() - start
+        return [GenerationResult(row.generated, wall, batch.stats) for row in done]

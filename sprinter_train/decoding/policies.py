@@ -1,10 +1,16 @@
-"""One policy per method: how many tokens to draft, and how the target checks them.
+"""One policy per method, over a batch of rows that each draft and accept at their own pace.
 
-A policy's `step` runs one round for one sequence and returns the tokens to commit; anything
-it must remember between rounds (HF's schedule length) lives in `state.memory`.
-Lossless policies (sd, sd_heuristic, svip, adaedl, sv) only choose *how many* tokens to draft
-from draft-side information and verify with speculative sampling, so they keep the target's
-distribution; sprinter and mtad trade exactness for speed as their papers describe.
+A policy's `round` drafts in the rows that still draft, has the target check them, and says
+what every row emits; what a row must remember between rounds (HF's schedule length) lives in
+`row.memory`, updated in `update` once the round's outcome reached the host.
+
+Exactness rule for every length policy: a drafted token is always verified. The decision to
+draft token j may use anything fixed before it is drawn (the prefix, q_j, the companion's
+c_j and S_j) and the values of the tokens before it; a score computed from x_j's own value
+(A_j, features of x_j) may only decide whether to draft x_{j+1}. Then each position is
+speculative sampling with a stopping time, and the target's law is kept. Lossless: sd,
+sd_heuristic, svip, adaedl, sv. Lossy by design: sprinter (Theorem 3.1's mixture), mtad
+(joint-ratio threshold) and sv_paper (the paper's rule, which drops x_j on A_j's word).
 """
 
 from __future__ import annotations
@@ -18,62 +24,73 @@ import torch
 from sprinter_train.core.rules import (
     adaedl_should_stop,
     heuristic_next_gamma,
-    mtad_accept_length,
-    speculative_step,
-    sprinter_continue,
-    sprinter_verify_last,
-    sv_goodput,
+    mtad_accept_lengths,
+    speculative_rows,
+    sprinter_check_rows,
     svip_should_stop,
 )
-from sprinter_train.decoding.beam import beam_draft
-from sprinter_train.decoding.engine import DraftStep, Engine
-from sprinter_train.decoding.state import SequenceState
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
 
-StopRule = Callable[[DraftStep], bool]  # True: this drafted token is the round's last
-
-
-class Policy(Protocol):
-    name: str
-
-    def step(self, engine: Engine, state: SequenceState) -> list[int]: ...
+Rule = Callable[[DraftStep], torch.Tensor]  # (B,) bool per row
 
 
-def draft_room(state: SequenceState, gamma: int) -> int:
-    """At most gamma drafts, leaving room for the target's own token within the budget."""
-    return max(0, min(gamma, state.remaining - 1))
-
-
-def draft_tokens(
-    engine: Engine, state: SequenceState, limit: int, stop: StopRule | None = None
-) -> list[DraftStep]:
-    steps: list[DraftStep] = []
-    while len(steps) < limit:
-        step = engine.draft_step(state, [s.token for s in steps])
-        steps.append(step)
-        if stop is not None and stop(step):
+def draft_round(
+    engine: Engine,
+    batch: Batch,
+    limits: list[int],
+    stop: Rule | None = None,
+    keep: Callable[[int, DraftStep], torch.Tensor] | None = None,
+    rnd: Round | None = None,
+) -> Round:
+    """Draft up to limits[r] tokens in row r. `keep(j, step)` decides from q_j alone whether
+    a row draws its j-th draft (else it stops before it); `stop(step)` says, after the draw,
+    that the row's j-th draft is its last. The host reads whether any row still drafts only
+    when a rule can stop rows early."""
+    rnd = Round() if rnd is None else rnd
+    device = engine.device
+    limit = torch.tensor(limits, device=device)
+    counts = torch.zeros(len(batch), dtype=torch.long, device=device)
+    active = limit > 0
+    adaptive = stop is not None or keep is not None
+    for j in range(max(limits, default=0)):
+        if j > 0 and adaptive and not engine.any(active):
             break
-    return steps
+        step = engine.draft_step(
+            batch, rnd, active, None if keep is None else (lambda s, j=j: keep(j, s))
+        )
+        rnd.steps.append(step)
+        counts = counts + step.active.long()
+        active = step.active & (counts < limit)
+        if stop is not None:
+            active &= ~stop(step)
+    rnd.counts = counts
+    return rnd
 
 
-def verify(engine: Engine, state: SequenceState, steps: list[DraftStep]) -> list[int]:
-    """Speculative sampling over the drafts: accepted prefix + correction or bonus token."""
-    drafts = [s.token for s in steps]
-    p_rows = engine.target_probs(state, drafts)
-    if not drafts:
-        return [engine.sample(p_rows[0], state)]
-    q_rows = torch.stack([s.q for s in steps])
-    n, token = speculative_step(p_rows, q_rows, drafts, state.generator)
-    state.stats.drafted += len(drafts)
-    state.stats.accepted += n
-    return drafts[:n] + [token]
+def verify(engine: Engine, batch: Batch, rnd: Round) -> Emitted:
+    """Speculative sampling over every row's drafts: its accepted prefix, then a correction
+    from norm(max(0, p - q)) at its first rejection or a bonus token from p."""
+    everyone = torch.ones(len(batch), dtype=torch.bool, device=engine.device)
+    p = engine.target_probs(batch, rnd, everyone)
+    if not rnd.steps:
+        token = engine.sample(p[:, 0], batch, everyone)
+        none = torch.zeros_like(token)
+        return Emitted(token[:, None], none + 1, none, none, none)
+    drafts = rnd.tokens()
+    u = batch.streams.uniform(drafts.shape[1], rnd.counts)
+    accepted, law = speculative_rows(p, rnd.q(), drafts, rnd.counts, u)
+    token = engine.sample(law, batch, everyone)
+    tokens = torch.cat([drafts, drafts[:, :1]], 1).scatter(1, accepted[:, None], token[:, None])
+    return Emitted(tokens, accepted + 1, accepted, rnd.counts, accepted)
 
 
 @dataclass
 class TargetOnly:
     name: str = "target_only"
 
-    def step(self, engine: Engine, state: SequenceState) -> list[int]:
-        return verify(engine, state, [])
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        return verify(engine, batch, Round())
 
 
 @dataclass
@@ -83,27 +100,31 @@ class SpeculativeDecoding:
     gamma: int
     name: str = "sd"
 
-    def step(self, engine: Engine, state: SequenceState) -> list[int]:
-        return verify(engine, state, draft_tokens(engine, state, draft_room(state, self.gamma)))
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        return verify(engine, batch, draft_round(engine, batch, batch.room(self.gamma)))
 
 
 @dataclass
 class HeuristicSD:
-    """Hugging Face's schedule: gamma grows by 2 after a fully accepted round, else shrinks by 1."""
+    """Hugging Face's schedule, per row: gamma grows by 2 after a fully accepted round, else
+    shrinks by 1."""
 
     gamma_init: int
     gamma_min: int = 1
     name: str = "sd_heuristic"
 
-    def step(self, engine: Engine, state: SequenceState) -> list[int]:
-        gamma = state.memory.setdefault("gamma", self.gamma_init)
-        steps = draft_tokens(engine, state, draft_room(state, gamma))
-        out = verify(engine, state, steps)
-        if steps:
-            state.memory["gamma"] = heuristic_next_gamma(
-                gamma, len(out) - 1, len(steps), self.gamma_min
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        limits = [
+            max(0, min(row.memory.setdefault("gamma", self.gamma_init), row.remaining - 1))
+            for row in batch.rows
+        ]
+        return verify(engine, batch, draft_round(engine, batch, limits))
+
+    def update(self, row: Row, drafted: int, accepted: int) -> None:
+        if drafted:
+            row.memory["gamma"] = heuristic_next_gamma(
+                row.memory["gamma"], accepted, drafted, self.gamma_min
             )
-        return out
 
 
 @dataclass
@@ -116,18 +137,17 @@ class SVIP:
     warped_entropy: bool = False
     name: str = "svip"
 
-    def step(self, engine: Engine, state: SequenceState) -> list[int]:
-        def stop(step: DraftStep) -> bool:
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        def stop(step: DraftStep) -> torch.Tensor:
             return svip_should_stop(step.entropy(self.warped_entropy), self.h, self.c)
 
-        return verify(
-            engine, state, draft_tokens(engine, state, draft_room(state, self.max_gamma), stop)
-        )
+        return verify(engine, batch, draft_round(engine, batch, batch.room(self.max_gamma), stop))
 
 
 @dataclass
 class AdaEDL:
-    """AdaEDL: stop before a token whose entropy bound 1 - sqrt(gamma H_q) falls below lambda.
+    """AdaEDL: stop before a token whose entropy bound 1 - sqrt(gamma H_q) falls below lambda
+    (decided from q_j before the draw; a row's first draft is always drawn).
 
     gamma is the bound's constant (the paper's name), not a number of drafts. The threshold is
     fixed (the paper's adaptive-lambda refinement is not implemented).
@@ -139,35 +159,33 @@ class AdaEDL:
     warped_entropy: bool = False
     name: str = "adaedl"
 
-    def step(self, engine: Engine, state: SequenceState) -> list[int]:
-        steps: list[DraftStep] = []
-        for _ in range(draft_room(state, self.max_gamma)):
-            step = engine.draft_step(state, [s.token for s in steps])
-            H = step.entropy(self.warped_entropy)
-            if steps and adaedl_should_stop(H, self.gamma, self.lam):
-                break  # the first draft is always kept: a round must try at least one
-            steps.append(step)
-        return verify(engine, state, steps)
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        def keep(j: int, step: DraftStep) -> torch.Tensor:
+            if j == 0:
+                return torch.ones_like(step.active)
+            return ~adaedl_should_stop(step.entropy(self.warped_entropy), self.gamma, self.lam)
+
+        return verify(
+            engine, batch, draft_round(engine, batch, batch.room(self.max_gamma), keep=keep)
+        )
 
 
 class Verifier(Protocol):
-    def __call__(
-        self, engine: Engine, state: SequenceState, drafts: list[int], step: DraftStep
-    ) -> float:
-        """P(q(x)/p(x) <= lambda) for the drafted token `step.token` after `drafts`."""
+    def __call__(self, engine: Engine, batch: Batch, rnd: Round, step: DraftStep) -> torch.Tensor:
+        """(B,) P(q(x)/p(x) <= lambda) for each row's drafted token `step.tokens` (drafted
+        after the row's committed tokens and its earlier drafts in `rnd`)."""
         ...
 
 
 @dataclass
 class Sprinter:
-    """SPRINTER Alg. 2: draft while the verifier's score >= tau; the target runs once, on the
-    first token the verifier rejects, and verifies that token only (accept with
-    min(1, p/q), else resample from norm(max(0, p - q))). No bonus token: Alg. 2 returns one
+    """SPRINTER Alg. 2 per row: draft while the verifier's score >= tau; the target runs once
+    a round, on the rows whose verifier rejected a token, and checks that token only (keep it
+    with min(1, p/q), else draw from norm(max(0, p - q))). No bonus token: Alg. 2 returns one
     token per target call, which keeps every position's law (1 - eta_FP) p + eta_FP q.
-    A run the verifier accepts up to `max_run` (or the token budget) is committed without a
-    target call; the target's cache catches up on those tokens at its next call. Tokens kept on
-    the verifier's word count as `verifier_accepted`, only the target's check counts as
-    `accepted`, so sprinter's acceptance rate means what sd's does.
+    A row whose run the verifier accepts up to `max_run` (or its budget) commits it without the
+    target; the target's cache catches up at its next call. Tokens kept on the verifier's word
+    count as `verifier_accepted`, only the target's check counts as `accepted`.
     """
 
     verifier: Verifier
@@ -175,83 +193,235 @@ class Sprinter:
     max_run: int
     name: str = "sprinter"
 
-    def step(self, engine: Engine, state: SequenceState) -> list[int]:
-        limit = max(1, min(self.max_run, state.remaining))
-        steps: list[DraftStep] = []
-        while len(steps) < limit:
-            drafts = [s.token for s in steps]
-            step = engine.draft_step(state, drafts)
-            steps.append(step)
-            score = self.verifier(engine, state, drafts, step)
-            state.stats.verifier_calls += 1
-            if not sprinter_continue(score, self.tau):
-                break
-        else:  # the verifier accepted the whole run: commit it, the target catches up later
-            state.stats.drafted += len(steps)
-            state.stats.verifier_accepted += len(steps)
-            return [s.token for s in steps]
-        drafts = [s.token for s in steps]
-        p_rows = engine.target_probs(state, drafts)
-        r = len(drafts)
-        token = sprinter_verify_last(p_rows[r - 1], steps[-1].q, drafts[-1], state.generator)
-        state.stats.drafted += r
-        state.stats.verifier_accepted += r - 1
-        state.stats.accepted += int(token == drafts[-1])
-        return drafts[:-1] + [token]
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        limits = [max(1, min(self.max_run, row.remaining)) for row in batch.rows]
+        rejected = torch.zeros(len(batch), dtype=torch.bool, device=engine.device)
+        rnd = Round()
+
+        def stop(step: DraftStep) -> torch.Tensor:
+            nonlocal rejected
+            score = self.verifier(engine, batch, rnd, step)
+            batch.stats.verifier_calls += 1
+            said_no = step.active & (score < self.tau)
+            rejected = rejected | said_no
+            return said_no
+
+        draft_round(engine, batch, limits, stop, rnd=rnd)
+        drafts, counts = rnd.tokens(), rnd.counts
+        accepted = torch.zeros_like(counts)
+        if engine.any(rejected):
+            p = engine.target_probs(batch, rnd, rejected)
+            last = (counts - 1).clamp(min=0)
+            at = last[:, None, None].expand(-1, 1, p.shape[-1])
+            p_x, q_x = p.gather(1, at)[:, 0], rnd.q().gather(1, at)[:, 0]
+            x = drafts.gather(1, last[:, None])[:, 0]
+            u = batch.streams.uniform(1, rejected.long())[:, 0]
+            u_fresh = batch.streams.uniform(1, rejected.long())[:, 0]
+            passed, token = sprinter_check_rows(p_x, q_x, x, u, u_fresh)
+            drafts = drafts.scatter(1, last[:, None], torch.where(rejected, token, x)[:, None])
+            accepted = (rejected & passed).long()
+        kept = counts - rejected.long()
+        return Emitted(drafts, counts, kept, counts, accepted, kept)
+
+
+class AcceptanceTable(Protocol):
+    def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor: ...
+
+    def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
+        """P(accept | S): the table marginalised over A (what is known before a draw)."""
+        ...
+
+
+def companion_features(q: torch.Tensor, c: torch.Tensor, x: torch.Tensor) -> tuple:
+    """SV's S = sum_v min(q, c) and A = min(1, c(x)/q(x)) per row."""
+    S = torch.minimum(q, c).sum(-1)
+    q_x = q.gather(1, x[:, None])[:, 0]
+    c_x = c.gather(1, x[:, None])[:, 0]
+    A = torch.where(q_x > 0, (c_x / q_x.clamp(min=1e-30)).clamp(max=1.0), 0.0)
+    return S, A
 
 
 @dataclass
 class SpecVerification:
-    """SV §5: grow the verified length while the estimated goodput E(N|gamma)/latency rises.
+    """SV §5 with its batch scheduler, exact.
 
-    Each drafted token's acceptance P(T_i | S, A) comes from the companion's S = sum min(q, c)
-    and A = min(1, c(x)/q(x)) looked up in the fitted table; latency(gamma) is the profiled
-    target forward over gamma + 1 tokens plus gamma draft and companion steps. The token that
-    would lower the goodput is dropped, so verification stays speculative sampling.
+    Before row r draws its next draft, the table gives that token's acceptance from S alone
+    (P(accept | S), fixed before the draw); its gain in expected accepted tokens is that times
+    the product of the row's refined acceptances so far, P(accept | S, A) of its drawn drafts.
+    Rows draw in order of gain while the batch's estimated goodput, (expected accepted + one
+    target token per row) / (drafting time + the profiled target forward at this batch size
+    and width), rises; a row that does not draw stops for the round. Every drawn token is
+    verified with speculative sampling, so A_j only shapes the decision about x_{j+1}.
+    Which rows draft depends on their batch-mates (they share the verification's width), so
+    in sampling mode a row's tokens depend on them too; its law does not.
     """
 
-    table: Callable[[float, float], float]
-    latency: Callable[[int], float]
+    table: AcceptanceTable
+    latency: Callable[[int, int], float]  # (batch size, tokens per row) -> target seconds
+    step_cost: Callable[[int], float]  # batch size -> one draft + companion step, seconds
     max_gamma: int
     name: str = "sv"
 
-    def step(self, engine: Engine, state: SequenceState) -> list[int]:
-        steps: list[DraftStep] = []
-        accept: list[float] = []
-        best = sv_goodput(accept, 0, self.latency(0))
-        for _ in range(draft_room(state, self.max_gamma)):
-            drafts = [s.token for s in steps]
-            step = engine.draft_step(state, drafts)
-            c = engine.companion_probs(state, drafts)
-            q_x = float(step.q[step.token])
-            S = float(torch.minimum(step.q, c).sum())
-            A = min(1.0, float(c[step.token]) / q_x) if q_x > 0 else 0.0
-            accept.append(float(self.table(S, A)))
-            goodput = sv_goodput(accept, len(accept), self.latency(len(accept)))
-            if goodput < best:
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        B = len(batch)
+        rnd = Round()
+        product = torch.ones(B, dtype=torch.float64, device=engine.device)
+        expected = torch.zeros(B, dtype=torch.float64, device=engine.device)
+        companion: list[torch.Tensor] = []
+
+        def keep(j: int, step: DraftStep) -> torch.Tensor:
+            companion.append(engine.companion_probs(batch, rnd, step.active))
+            before = self.table.lookup_s(torch.minimum(step.q, companion[-1]).sum(-1))
+            gain = torch.where(step.active, product * before.double(), 0.0)
+            return self.schedule(B, j, expected, gain)
+
+        def stop(step: DraftStep) -> torch.Tensor:
+            nonlocal product, expected
+            S, A = companion_features(step.q, companion[-1], step.tokens)
+            refined = self.table.lookup(S, A).double()
+            product = torch.where(step.active, product * refined, product)
+            expected = torch.where(step.active, expected + product, expected)
+            return torch.zeros_like(step.active)
+
+        draft_round(engine, batch, batch.room(self.max_gamma), stop, keep, rnd)
+        return verify(engine, batch, rnd)
+
+    def schedule(self, B: int, j: int, expected: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        """Which rows draw draft j: the m rows of highest gain, m maximising the estimated
+        goodput (m = 0 ends the round for every row). Computed on the device."""
+        order = gain.argsort(descending=True)
+        cumulative = gain[order].cumsum(0)
+        base = expected.sum() + B
+        stop_time = j * self.step_cost(B) + self.latency(B, j + 1)
+        go_time = (j + 1) * self.step_cost(B) + self.latency(B, j + 2)
+        goodput = torch.cat([(base / stop_time)[None], (base + cumulative) / go_time])
+        m = goodput.argmax()
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(B, device=gain.device)
+        return (rank < m) & (gain > 0)
+
+
+@dataclass
+class SpecVerificationPaper:
+    """SV §5's rule as published, per row: draw x_j, look up P(accept | S_j, A_j) with A_j
+    from x_j itself, and drop x_j (stop) when it would lower the row's goodput. Lossy: whether
+    x_j is verified depends on x_j's value, so a verified x_j is no longer distributed as q_j
+    (p = q = (1/2, 1/2) with c = (1, 0) emits token 0 with probability 3/4). Kept to measure
+    how far the published rule is from the target law."""
+
+    table: AcceptanceTable
+    latency: Callable[[int, int], float]
+    step_cost: Callable[[int], float]
+    max_gamma: int
+    name: str = "sv_paper"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        B = len(batch)
+        rnd = Round()
+        device = engine.device
+        limit = torch.tensor(batch.room(self.max_gamma), device=device)
+        counts = torch.zeros(B, dtype=torch.long, device=device)
+        active = limit > 0
+        product = torch.ones(B, dtype=torch.float64, device=device)
+        expected = torch.zeros(B, dtype=torch.float64, device=device)
+        for j in range(int(limit.max()) if B else 0):
+            if j > 0 and not engine.any(active):
                 break
-            best = goodput
-            steps.append(step)
-        return verify(engine, state, steps)
+            step = engine.draft_step(batch, rnd, active)
+            c = engine.companion_probs(batch, rnd, active)
+            rnd.steps.append(step)
+            S, A = companion_features(step.q, c, step.tokens)
+            grown = product * self.table.lookup(S, A).double()
+            before = (expected + 1) / (j * self.step_cost(B) + self.latency(B, j + 1))
+            after = (expected + grown + 1) / ((j + 1) * self.step_cost(B) + self.latency(B, j + 2))
+            kept = active & (after >= before)
+            counts = counts + kept.long()
+            product = torch.where(kept, grown, product)
+            expected = torch.where(kept, expected + grown, expected)
+            active = kept & (counts < limit)
+        rnd.counts = counts
+        return verify(engine, batch, rnd)
 
 
 @dataclass
 class MTAD:
-    """MTAD Alg. 1: beam-sample gamma drafts, keep the longest prefix whose joint ratio
-    min(1, p(x_1:j)/q(x_1:j)) > tau, then one token from the target at the next position."""
+    """MTAD Alg. 1 per row: beam-sample up to gamma drafts, keep the longest prefix whose
+    joint ratio min(1, p(x_1:j)/q(x_1:j)) > tau, then one token from the target after it.
+
+    The draft's cache is widened to rows x beam_width for the round and narrowed back to each
+    row's best beam (index selections, as beam search reorders caches; nothing is deep-copied).
+    Beam sampling perturbs each candidate's joint log-probability with Gumbel noise from the
+    row's own stream before the top-`beam_width` selection (sampling without replacement from
+    the joint, Kool et al. 2019); in greedy mode there is no noise, and it is beam search. A
+    row whose budget allows fewer drafts freezes its beams once it has them.
+    """
 
     gamma: int
     beam_width: int
     tau: float
     name: str = "mtad"
 
-    def step(self, engine: Engine, state: SequenceState) -> list[int]:
-        limit = draft_room(state, self.gamma)
-        if limit == 0:
-            return verify(engine, state, [])
-        drafts, q_joint = beam_draft(engine, state, limit, self.beam_width)
-        p_rows = engine.target_probs(state, drafts)
-        n = mtad_accept_length(p_rows, q_joint, drafts, self.tau)
-        state.stats.drafted += len(drafts)
-        state.stats.accepted += n
-        return drafts[:n] + [engine.sample(p_rows[n], state)]
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        limits = batch.room(self.gamma)
+        if max(limits, default=0) == 0:
+            return verify(engine, batch, Round())
+        B, device = len(batch), engine.device
+        limit = torch.tensor(limits, device=device)
+        drafts, q_joint = self._beams(engine, batch, limit, max(limits))
+        rnd = Round(counts=limit)
+        rnd.steps = [
+            DraftStep(drafts[:, j], None, None, None, j < limit) for j in range(drafts.shape[1])
+        ]
+        everyone = torch.ones(B, dtype=torch.bool, device=device)
+        p = engine.target_probs(batch, rnd, everyone)
+        p_x = p[:, :-1].gather(2, drafts[..., None])[..., 0]
+        accepted = mtad_accept_lengths(p_x, q_joint, limit, self.tau)
+        at = accepted[:, None, None].expand(-1, 1, p.shape[-1])
+        token = engine.sample(p.gather(1, at)[:, 0], batch, everyone)
+        tokens = torch.cat([drafts, drafts[:, :1]], 1).scatter(1, accepted[:, None], token[:, None])
+        return Emitted(tokens, accepted + 1, accepted, limit, accepted)
+
+    def _beams(
+        self, engine: Engine, batch: Batch, limit: torch.Tensor, steps: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, steps) tokens of each row's best beam and (B, steps) its joint q of each prefix."""
+        B, W, device = len(batch), self.beam_width, engine.device
+        cache = batch.caches["draft"]
+        first = engine.feed(batch, "draft", limit > 0)
+        log_q = engine.warp(first.logits[:, 0]).double().log()[:, None, :]  # (B, 1, V)
+        V = log_q.shape[-1]
+        scores = torch.zeros((B, 1), dtype=torch.float64, device=device)
+        history = torch.zeros((B, 1, 0), dtype=torch.long, device=device)
+        joint = torch.zeros((B, 1, 0), dtype=torch.float64, device=device)
+        rows = torch.arange(B, device=device)
+        identity = torch.arange(W, device=device).expand(B, -1)
+        parent = identity
+        for j in range(steps):
+            live = j < limit
+            candidates = (scores[..., None] + log_q).reshape(B, -1)  # (B, beams x V)
+            keyed = candidates
+            if not engine.sampling.greedy:
+                u = batch.streams.grid(candidates.shape[1], live.long()).clamp(1e-12, 1 - 1e-12)
+                keyed = candidates - torch.log(-torch.log(u))
+            top = keyed.topk(W, dim=1).indices
+            parent = torch.where(live[:, None], top // V, identity.clamp(max=scores.shape[1] - 1))
+            token = torch.where(live[:, None], top % V, 0)
+            picked = candidates.gather(1, top)
+            scores = torch.where(live[:, None], picked, scores.gather(1, parent))
+            spread = parent[..., None].expand(-1, -1, j)
+            history = torch.cat([history.gather(1, spread), token[..., None]], 2)
+            joint = torch.cat([joint.gather(1, spread), scores[..., None]], 2)
+            if j == steps - 1:
+                break
+            if j == 0:
+                cache.select(rows.repeat_interleave(W))
+            else:
+                cache.select((rows[:, None] * W + parent).flatten())
+            keep = torch.zeros((B * W, 1), dtype=torch.long, device=device)
+            counts = live.repeat_interleave(W).long()
+            out = engine.forward(batch, "draft", token.reshape(-1, 1), counts, keep)
+            log_q = engine.warp(out.logits[:, 0]).double().log().reshape(B, W, V)
+        best = scores.argmax(1)
+        if steps > 1:
+            cache.select(rows * W + parent[rows, best])
+        return history[rows, best], joint[rows, best].exp()

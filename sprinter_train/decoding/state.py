@@ -1,22 +1,21 @@
-"""Per-sequence decoding state: tokens, caches, random stream, counters, policy memory.
-
-Everything that differs between two sequences lives here, so one engine and one policy can
-serve a batch of states (the batching issue) without a rewrite.
-"""
+"""What a batch of rows carries through decoding: host-side rows, device-side caches and
+streams, the drafts of a round and what a round emits, and the counts the bench reports."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from sprinter_train.decoding.runner import CacheSlot
+from sprinter_train.core.distributions import entropy
+from sprinter_train.core.streams import RowStreams
+from sprinter_train.decoding.cache import RowCache
 
 
 @dataclass
 class DecodeStats:
-    """What the bench reports per method; times are wall seconds inside model calls."""
+    """What the bench reports per method; a batched forward counts as one call."""
 
     target_calls: int = 0
     draft_calls: int = 0
@@ -37,16 +36,15 @@ class DecodeStats:
 
 
 @dataclass
-class SequenceState:
+class Row:
+    """One sequence on the host: its tokens and budget, and what a policy remembers of it."""
+
+    index: int  # position in the caller's list of prompts
     tokens: list[int]
     prompt_len: int
     max_new_tokens: int
-    generator: torch.Generator
-    eos_token_id: int | None = None
-    slots: dict[str, CacheSlot] = field(default_factory=dict)
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    memory: dict[str, Any] = field(default_factory=dict)  # a policy's per-sequence state
     finished: bool = False
+    memory: dict[str, Any] = field(default_factory=dict)
 
     @property
     def generated(self) -> list[int]:
@@ -56,7 +54,95 @@ class SequenceState:
     def remaining(self) -> int:
         return self.max_new_tokens - len(self.generated)
 
-    def slot(self, role: str) -> CacheSlot:
-        if role not in self.slots:
-            self.slots[role] = CacheSlot()
-        return self.slots[role]
+
+@dataclass
+class Batch:
+    """The live rows, their random streams and one `RowCache` per model role.
+
+    `held[role][r]` mirrors on the host how many of row r's committed tokens that cache
+    holds (refreshed from the device once per round), so the next feed is built on the host.
+    """
+
+    rows: list[Row]
+    streams: RowStreams
+    caches: dict[str, RowCache]
+    held: dict[str, list[int]]
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def room(self, limit: int) -> list[int]:
+        """At most `limit` drafts a row, leaving room for the target's token in its budget."""
+        return [max(0, min(limit, row.remaining - 1)) for row in self.rows]
+
+
+@dataclass
+class DraftStep:
+    """One drafting step over the batch; rows not in `active` drew nothing."""
+
+    tokens: torch.Tensor  # (B,) drafted token per row
+    q: torch.Tensor  # (B, V) warped draft distribution the token was drawn from
+    hidden: torch.Tensor  # (B, d) draft hidden state that produced q
+    logits: torch.Tensor  # (B, V) the draft's raw logits (entropy rules read them)
+    active: torch.Tensor  # (B,) bool
+
+    def entropy(self, warped: bool = False) -> torch.Tensor:
+        """(B,) H(q) in nats, of the warped q or of the draft's own softmax (temperature 1).
+
+        At low temperature with top-p the warped q is one-hot at most positions (H = 0), so an
+        entropy rule on it would never stop drafting; SVIP and AdaEDL default to the raw one.
+        """
+        return entropy(self.q if warped else self.logits.float().softmax(-1))
+
+
+@dataclass
+class Round:
+    """The drafts of one round: step j holds every row's j-th draft where `counts` > j."""
+
+    steps: list[DraftStep] = field(default_factory=list)
+    counts: torch.Tensor | None = None  # (B,) drafts kept per row
+    calls: dict[str, int] = field(default_factory=dict)  # draft-side calls per role so far
+
+    def tokens(self) -> torch.Tensor:
+        """(B, G) drafted tokens (entries past a row's count are not its drafts)."""
+        return torch.stack([s.tokens for s in self.steps], 1)
+
+    def q(self) -> torch.Tensor:
+        return torch.stack([s.q for s in self.steps], 1)
+
+
+@dataclass
+class Emitted:
+    """What a round commits: tokens[r, :lengths[r]], of which the first `kept[r]` are drafts
+    the caches were fed in this order (so every cache stays valid up to them), and per-row
+    counts for the stats."""
+
+    tokens: torch.Tensor  # (B, W)
+    lengths: torch.Tensor  # (B,)
+    kept: torch.Tensor  # (B,)
+    drafted: torch.Tensor  # (B,)
+    accepted: torch.Tensor  # (B,) drafts the target's check kept
+    verifier_accepted: torch.Tensor | None = None  # (B,) drafts kept on a verifier's word
+
+    COUNTS = ("drafted", "accepted", "verifier_accepted")
+
+
+class Policy(Protocol):
+    name: str
+
+    def round(self, engine: Any, batch: Batch) -> Emitted:
+        """Draft, verify and say what each row emits (nothing read back to the host but,
+        for adaptive lengths, whether any row still drafts)."""
+        ...
+
+    def update(self, row: Row, drafted: int, accepted: int) -> None:
+        """Per-row memory after the round's outcome reached the host (HF's schedule)."""
+        ...
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated ids, without the prompt
+    wall_s: float  # the whole batch's wall time
+    stats: DecodeStats  # the whole batch's counts

@@ -89,7 +89,8 @@ def estimate_alpha(engine: Engine, prompt: Prompt, cfg: DictConfig) -> tuple[flo
     stats = DecodeStats()
     for run in range(max(1, int(cfg.bench.warmup_runs))):
         policy = SpeculativeDecoding(max(1, int(cfg.bench.gamma_max) // 2))
-        stats.add(engine.generate(prompt.input_ids, policy, cfg.bench.max_new_tokens, run).stats)
+        result = engine.generate([prompt.input_ids], policy, cfg.bench.max_new_tokens, [run])
+        stats.add(result[0].stats)
     return stats.accepted / max(stats.drafted, 1), "sd on the warm-up prompt"
 
 
@@ -121,7 +122,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         gamma = profile.best_gamma(alpha, range(1, int(b.gamma_max) + 1))
     else:
         gamma = int(cfg.methods.sd.gamma)
-    plan = plan_methods(cfg, profile, gamma, models.draft.model, models.companion is not None)
+    plan = plan_methods(
+        cfg, profile, gamma, models.draft.model, models.companion is not None, device
+    )
     for name, reason in plan.skipped.items():
         log.warning("bench: skipping %s: %s", name, reason)
     names = [m for m in b.methods if m not in plan.skipped]
@@ -141,7 +144,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             )
             stats = DecodeStats(target_calls=peer.target_calls, draft_calls=peer.draft_calls)
             return peer.tokens, peer.wall_s, stats
-        result = engine.generate(prompt.input_ids, plan.policies[name], int(b.max_new_tokens), seed)
+        policy = plan.policies[name]
+        result = engine.generate([prompt.input_ids], policy, int(b.max_new_tokens), [seed])[0]
         return result.tokens, result.wall_s, result.stats
 
     for name in names:  # warm-up: caches, allocator, oneDNN kernels

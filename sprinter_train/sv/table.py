@@ -127,14 +127,19 @@ class SVTable:
         )
 
 
-@dataclass
 class DeviceTable:
-    """SVTable's lookups as tensor operations: no host round trip in the decoding loop."""
+    """SVTable's lookups as tensor operations: no host round trip in the decoding loop.
+    (A plain class: hydra.utils.instantiate would turn a dataclass argument into a config.)"""
 
-    s_inner: torch.Tensor
-    a_inner: torch.Tensor
-    p_accept: torch.Tensor
-    p_given_s: torch.Tensor
+    def __init__(
+        self,
+        s_inner: torch.Tensor,
+        a_inner: torch.Tensor,
+        p_accept: torch.Tensor,
+        p_given_s: torch.Tensor,
+    ) -> None:
+        self.s_inner, self.a_inner = s_inner, a_inner
+        self.p_accept, self.p_given_s = p_accept, p_given_s
 
     def _row(self, S: torch.Tensor) -> torch.Tensor:
         return torch.bucketize(S.to(self.s_inner.dtype), self.s_inner, right=True)

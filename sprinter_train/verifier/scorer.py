@@ -1,4 +1,4 @@
-"""An exported SPRINTER verifier as the engine calls it: features of one drafted token.
+"""An exported SPRINTER verifier as the engine calls it: features of each row's drafted token.
 
 The parts of the feature vector come from the DraftStep (the draft's hidden state that
 produced q, which is the record's `hidden` at t-1; the drafted token's input embedding; q(x);
@@ -12,8 +12,8 @@ import time
 import torch
 
 from sprinter_train.core.distributions import entropy
-from sprinter_train.decoding.engine import DraftStep, Engine
-from sprinter_train.decoding.state import SequenceState
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.state import Batch, DraftStep, Round
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint
 from sprinter_train.verifier.features import assemble
 
@@ -30,34 +30,34 @@ class CheckpointVerifier:
         self.bias = float(linear.bias.detach().float()[0])
 
     def parts(self, step: DraftStep) -> dict[str, torch.Tensor]:
-        """The spec's inputs of the drafted token as one row each, on the CPU."""
+        """The spec's inputs of each row's drafted token, (B, width) or (B,), on its device."""
         names = self.spec.names
         parts = {}
         if "hidden" in names:
-            parts["hidden"] = step.hidden.reshape(1, -1)
+            parts["hidden"] = step.hidden
         if "token_embedding" in names:
-            token = torch.tensor([step.token], device=step.hidden.device)
-            parts["token_embedding"] = self.embedding(token).reshape(1, -1)
+            parts["token_embedding"] = self.embedding(step.tokens)
         if "q" in names:
-            parts["q"] = step.q[step.token].float().reshape(1)
+            parts["q"] = step.q.gather(1, step.tokens[:, None])[:, 0].float()
         if "draft_entropy" in names:
-            parts["draft_entropy"] = entropy(step.q.float()).reshape(1)
-        return {name: part.cpu() for name, part in parts.items()}
+            parts["draft_entropy"] = entropy(step.q.float())
+        return parts
 
     @torch.inference_mode()
     def features(self, step: DraftStep) -> torch.Tensor:
-        vector = assemble(self.spec, self.parts(step)).batch()[0]
-        if vector.numel() != self.weight.numel():
+        """(B, F) feature rows, built by the function training builds them with."""
+        rows = assemble(self.spec, self.parts(step)).batch()
+        if rows.shape[1] != self.weight.numel():
             raise ValueError(
                 f"verifier {self.checkpoint.path} expects {self.weight.numel()} features, the "
-                f"draft gives {vector.numel()}: was it trained on this draft's records?"
+                f"draft gives {rows.shape[1]}: was it trained on this draft's records?"
             )
-        return vector
+        return rows
 
-    def __call__(
-        self, engine: Engine, state: SequenceState, drafts: list[int], step: DraftStep
-    ) -> float:
+    def __call__(self, engine: Engine, batch: Batch, rnd: Round, step: DraftStep) -> torch.Tensor:
+        """(B,) sigmoid(w . s(x, prefix) + b) for each row's drafted token."""
         start = time.perf_counter()
-        score = torch.sigmoid(self.features(step) @ self.weight + self.bias)
-        state.stats.verifier_seconds += time.perf_counter() - start
-        return float(score)
+        weight = self.weight.to(step.q.device)
+        score = torch.sigmoid(self.features(step) @ weight + self.bias)
+        batch.stats.verifier_seconds += time.perf_counter() - start
+        return score
