@@ -2,7 +2,8 @@
 
 Real-model and other costly tests are marked `slow`. The default run (`make test`, CI) keeps
 only the slow tests also marked `smoke`, a bounded subset chosen by cost; `--run-slow-all`
-(`make test-full`) runs every slow test. A `smoke` test must be `slow` too.
+(`make test-full`) runs every slow test. A `smoke` test must be `slow` too. Tests marked
+`gpu` run only where CUDA is available and are skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             f"`smoke` picks among slow tests; mark these `slow` too: {unmarked}"
         )
+    no_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_gpu)
     if config.getoption("--run-slow-all"):
         return
     skip = pytest.mark.skip(

@@ -7,8 +7,12 @@ each row at EOS and at its budget. Rows that finish leave the batch.
 
 What stays on the device during a round: drafted tokens, distributions, acceptance and the
 random streams (`core.streams.RowStreams`: a row's draws depend only on its seed). The host
-learns a round's outcome in one transfer at its end (tokens emitted, cache lengths), and,
-for policies whose drafting length adapts, whether any row still drafts after each step.
+learns a round's outcome in one transfer at its end (tokens emitted, cache lengths); what it
+sends (committed tokens the caches lack, per-row limits) goes through pinned memory without
+waiting. Policies whose drafting length adapts ask after each step whether any row still
+drafts; on CUDA that answer is read one step late (`any`), so the GPU is never waited on
+mid-round and at most one step runs with no row drafting. Times per model come from CUDA
+events, read once per generation.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class Engine:
         self.sampling = sampling
         self.eos_token_id = eos_token_id
         self.device = target.device
+        self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None  # see `any`
 
     # -- the operations policies use ---------------------------------------------------------
 
@@ -81,8 +86,8 @@ class Engine:
         ids = torch.zeros((len(batch), width_lack + extra), dtype=torch.long)
         for r, tokens in enumerate(lack):
             ids[r, : len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
-        ids = ids.to(self.device)
-        lack_n = torch.tensor([len(x) for x in lack], device=self.device)
+        ids = self.send(ids)
+        lack_n = self.tensor([len(x) for x in lack])
         counts = lack_n.clone()
         if after is not None:
             offsets = lack_n[:, None] + torch.arange(extra, device=self.device)
@@ -100,14 +105,20 @@ class Engine:
         counts: torch.Tensor,
         keep: torch.Tensor,
     ) -> RowOutput:
-        """One forward of `role` over the batch's rows (its call and time counted)."""
-        runner = self.runner(role)
-        seconds = runner.seconds
-        out = runner.forward(batch.caches[role], ids, counts, keep)
+        """One forward of `role` over the batch's rows (its call counted; its time is read from
+        the runner once the generation ends)."""
+        out = self.runner(role).forward(batch.caches[role], ids, counts, keep)
         setattr(batch.stats, f"{role}_calls", getattr(batch.stats, f"{role}_calls") + 1)
-        elapsed = runner.seconds - seconds
-        setattr(batch.stats, f"{role}_seconds", getattr(batch.stats, f"{role}_seconds") + elapsed)
         return out
+
+    def send(self, values: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the model's device, copied from pinned memory without waiting."""
+        if self.device.type != "cuda":
+            return values.to(self.device)
+        return values.pin_memory().to(self.device, non_blocking=True)
+
+    def tensor(self, values: Sequence[int]) -> torch.Tensor:
+        return self.send(torch.tensor(list(values), dtype=torch.long))
 
     def sample(self, probs: torch.Tensor, batch: Batch, active: torch.Tensor) -> torch.Tensor:
         """(B,) one token per row from (B, V) probabilities; only active rows use a draw."""
@@ -158,10 +169,20 @@ class Engine:
         out = self.feed(batch, "target", active, rnd.tokens(), rnd.counts)
         return self.warp(out.logits)
 
-    @staticmethod
-    def any(flags: torch.Tensor) -> bool:
-        """Whether any row still drafts: the one host read a drafting step may make."""
-        return bool(flags.any())
+    def any(self, flags: torch.Tensor) -> bool:
+        """Whether any row still drafts. On CPU the answer is exact. On CUDA it is the answer
+        of this round's previous call once that has reached pinned memory (else True): the
+        host never waits for the GPU mid-round, and since drafting rows only ever stop, a
+        stale True costs at most drafting steps in which no row draws."""
+        if self.device.type != "cuda":
+            return bool(flags.any())
+        pending = self._pending
+        flag = torch.empty(1, dtype=torch.bool, pin_memory=True)
+        flag.copy_(flags.any().reshape(1), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._pending = (flag, event)
+        return pending is None or not pending[1].query() or bool(pending[0][0])
 
     # -- generation --------------------------------------------------------------------------
 
@@ -184,7 +205,8 @@ class Engine:
     def commit(self, batch: Batch, emitted: Emitted, policy: Policy | None = None) -> None:
         """One transfer: the round's tokens and the caches' lengths; then cut each row at EOS
         and its budget, drop the cache slots past what was kept, and let finished rows go."""
-        start = torch.tensor([len(row.tokens) for row in batch.rows], device=self.device)
+        self._pending = None
+        start = self.tensor([len(row.tokens) for row in batch.rows])
         valid = start + emitted.kept
         for cache in batch.caches.values():
             cache.truncate(valid)
@@ -217,7 +239,7 @@ class Engine:
                 batch.held[role][r] = values[width + 4 + k]
         live = [r for r, row in enumerate(batch.rows) if not row.finished]
         if len(live) < len(batch.rows) and live:
-            index = torch.tensor(live, device=self.device)
+            index = self.tensor(live)
             for cache in batch.caches.values():
                 cache.select(index)
             batch.streams = batch.streams.select(index)
@@ -238,11 +260,16 @@ class Engine:
         seeds[i] (default i). Wall time covers the whole batch."""
         seeds = list(range(len(prompts))) if seeds is None else list(seeds)
         batch = self.new_batch(prompts, max_new_tokens, seeds)
-        done = [row for row in batch.rows]
+        done = list(batch.rows)
+        roles = [r for r in ROLES if self.runners[r] is not None]
         synchronize(self.device)
+        before = {role: self.runners[role].seconds for role in roles}
         start = time.perf_counter()
         while batch.rows and not all(row.finished for row in batch.rows):
             self.commit(batch, policy.round(self, batch), policy)
         synchronize(self.device)
         wall = time.perf_counter() - start
+        for role in roles:  # CUDA events are read here, after the clock stopped
+            spent = self.runners[role].seconds - before[role]
+            setattr(batch.stats, f"{role}_seconds", spent)
         return [GenerationResult(row.generated, wall, batch.stats) for row in done]

@@ -49,7 +49,7 @@ def draft_round(
     when a rule can stop rows early."""
     rnd = Round() if rnd is None else rnd
     device = engine.device
-    limit = torch.tensor(limits, device=device)
+    limit = engine.tensor(limits)
     counts = torch.zeros(len(batch), dtype=torch.long, device=device)
     active = limit > 0
     adaptive = stop is not None or keep is not None
@@ -319,12 +319,13 @@ class SpecVerificationPaper:
         B = len(batch)
         rnd = Round()
         device = engine.device
-        limit = torch.tensor(batch.room(self.max_gamma), device=device)
+        room = batch.room(self.max_gamma)
+        limit = engine.tensor(room)
         counts = torch.zeros(B, dtype=torch.long, device=device)
         active = limit > 0
         product = torch.ones(B, dtype=torch.float64, device=device)
         expected = torch.zeros(B, dtype=torch.float64, device=device)
-        for j in range(int(limit.max()) if B else 0):
+        for j in range(max(room, default=0)):
             if j > 0 and not engine.any(active):
                 break
             step = engine.draft_step(batch, rnd, active)
@@ -366,7 +367,7 @@ class MTAD:
         if max(limits, default=0) == 0:
             return verify(engine, batch, Round())
         B, device = len(batch), engine.device
-        limit = torch.tensor(limits, device=device)
+        limit = engine.tensor(limits)
         drafts, q_joint = self._beams(engine, batch, limit, max(limits))
         rnd = Round(counts=limit)
         rnd.steps = [
