@@ -4,7 +4,6 @@ time breakdown from CUDA events (skipped without a GPU)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine
