@@ -75,6 +75,8 @@ class ATable:
     """An SV table that leans hard on A: the rule that drops a drafted token on A's word
     would bias the law visibly."""
 
+    prior = 0.5
+
     def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
         return 0.05 + 0.9 * A * S
 
@@ -156,6 +158,8 @@ def fixed_engine(sampling: SamplingConfig = SAMPLING) -> Engine:
 
 class ByA:
     """P(accept | S, A) = A: token 0 (A = 1) looks certain, token 1 (A = 0) hopeless."""
+
+    prior = 0.5
 
     def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
         return A
@@ -314,3 +318,17 @@ def test_mtad_rows_do_not_depend_on_their_batch_mates(models) -> None:
     alone = engine.generate([PROMPTS[0]], policy, 20, seeds=[7])[0].tokens
     rows = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]
     assert engine.generate(rows, policy, 20, seeds=[1, 7, 2])[1].tokens == alone
+
+
+def test_sv_skips_drafting_when_no_average_token_would_pay(models) -> None:
+    """A prior too low to pay for a drafting step: no draft or companion forward at all."""
+
+    class Hopeless(ATable):
+        prior = 0.01
+
+    policy = SpecVerification(Hopeless(), lambda b, n: 1.0 + 0.1 * n, lambda b: 0.3, 4)
+    results = engine_for(models, GREEDY).generate(PROMPTS, policy, 8)
+    stats = results[0].stats
+    assert stats.draft_calls == stats.companion_calls == stats.drafted == 0
+    reference = engine_for(models, GREEDY).generate(PROMPTS, TargetOnly(), 8)
+    assert [r.tokens for r in results] == [r.tokens for r in reference]

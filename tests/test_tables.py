@@ -229,3 +229,12 @@ def test_device_table_matches_the_numpy_lookup_and_the_s_marginal() -> None:
         expected = X[rows == i].mean()
         value = float(device.lookup_s(torch.tensor([(i + 0.5) / 4], dtype=torch.float64))[0])
         assert value == pytest.approx(expected)
+
+
+def test_device_table_prior_is_the_count_weighted_mean() -> None:
+    from sprinter_train.sv.table import Binning, SVTable
+
+    counts = np.array([[3, 1], [0, 4]])
+    p_accept = np.array([[0.2, 0.6], [0.9, 0.5]])
+    table = SVTable(Binning.equal_width(2), p_accept, counts, {})
+    assert table.on("cpu").prior == pytest.approx((3 * 0.2 + 0.6 + 4 * 0.5) / 8)

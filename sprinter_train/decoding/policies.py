@@ -225,6 +225,8 @@ class Sprinter:
 
 
 class AcceptanceTable(Protocol):
+    prior: float  # P(accept) over all records: what is known before any forward
+
     def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor: ...
 
     def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
@@ -253,7 +255,10 @@ class SpecVerification:
     and width), rises; a row that does not draw stops for the round. Every drawn token is
     verified with speculative sampling, so A_j only shapes the decision about x_{j+1}.
     Which rows draft depends on their batch-mates (they share the verification's width), so
-    in sampling mode a row's tokens depend on them too; its law does not.
+    in sampling mode a row's tokens depend on them too; its law does not. Before any forward,
+    a round whose average token (the table's prior) would not pay for one drafting step is
+    not drafted at all: otherwise a batch where drafting never pays would still spend a draft
+    and a companion forward a round to find out.
     """
 
     table: AcceptanceTable
@@ -265,6 +270,8 @@ class SpecVerification:
     def round(self, engine: Engine, batch: Batch) -> Emitted:
         B = len(batch)
         rnd = Round()
+        if not self.worth_a_draft(B):
+            return verify(engine, batch, rnd)
         product = torch.ones(B, dtype=torch.float64, device=engine.device)
         expected = torch.zeros(B, dtype=torch.float64, device=engine.device)
         companion: list[torch.Tensor] = []
@@ -285,6 +292,12 @@ class SpecVerification:
 
         draft_round(engine, batch, batch.room(self.max_gamma), stop, keep, rnd)
         return verify(engine, batch, rnd)
+
+    def worth_a_draft(self, B: int) -> bool:
+        """Would one draft a row at the table's average acceptance raise the goodput?"""
+        stop = B / self.latency(B, 1)
+        go = B * (1.0 + float(self.table.prior)) / (self.step_cost(B) + self.latency(B, 2))
+        return go > stop
 
     def schedule(self, B: int, j: int, expected: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
         """Which rows draw draft j: the m rows of highest gain, m maximising the estimated

@@ -119,11 +119,14 @@ class SVTable:
 
     def on(self, device: torch.device | str) -> DeviceTable:
         """The same lookups on the decoder's device, for tensors of rows."""
+        weights = self.counts.astype(np.float64)
+        prior = float((self.p_accept * weights).sum() / max(weights.sum(), 1.0))
         return DeviceTable(
             torch.as_tensor(self.binning.s_edges[1:-1], device=device),
             torch.as_tensor(self.binning.a_edges[1:-1], device=device),
             torch.as_tensor(self.p_accept, device=device),
             torch.as_tensor(self.marginal_s(), device=device),
+            prior,
         )
 
 
@@ -137,9 +140,11 @@ class DeviceTable:
         a_inner: torch.Tensor,
         p_accept: torch.Tensor,
         p_given_s: torch.Tensor,
+        prior: float,
     ) -> None:
         self.s_inner, self.a_inner = s_inner, a_inner
         self.p_accept, self.p_given_s = p_accept, p_given_s
+        self.prior = prior  # P(accept) over every record: known before any forward
 
     def _row(self, S: torch.Tensor) -> torch.Tensor:
         return torch.bucketize(S.to(self.s_inner.dtype), self.s_inner, right=True)
