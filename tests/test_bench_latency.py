@@ -42,3 +42,113 @@ def test_profile_of_tiny_models_round_trips(tmp_path: Path) -> None:
     assert all(v > 0 for v in measured.target_ms.values()) and measured.draft_ms > 0
     measured.save(tmp_path / "latency.json")
     assert LatencyProfile.load(tmp_path / "latency.json") == measured
+
+
+def batched() -> LatencyProfile:
+    """Batch 1 as above; at batch 4 and 8 the target's forward grows with tokens a row."""
+    return LatencyProfile(
+        {1: 30.0, 2: 31.0, 3: 33.0, 4: 46.0},
+        3.0,
+        2.0,
+        128,
+        "cpu",
+        "bfloat16",
+        batch_target_ms={4: {1: 40.0, 2: 50.0, 3: 60.0, 4: 70.0}, 8: {1: 60.0, 2: 90.0, 3: 120.0}},
+        batch_draft_ms={4: 5.0, 8: 9.0},
+        batch_companion_ms={4: 3.0, 8: 4.0},
+    )
+
+
+def test_batch_sizes_between_and_past_the_measured_ones() -> None:
+    p = batched()
+    assert p.batch_sizes == [1, 4, 8]
+    assert p.target_batch_s(4, 2) == pytest.approx(0.050)  # measured
+    assert p.target_batch_s(1, 3) == pytest.approx(p.target_s(3)) == pytest.approx(0.033)
+    assert p.target_batch_s(2, 1) == pytest.approx((30.0 + (40.0 - 30.0) / 3) / 1e3)  # between
+    assert p.target_batch_s(6, 3) == pytest.approx(0.090)  # halfway from 60 to 120
+    assert p.target_batch_s(16, 1) == pytest.approx((60.0 + 8 * 5.0) / 1e3)  # 4 -> 8 slope
+    assert p.target_batch_s(8, 4) == pytest.approx(0.150)  # tokens a row: the last slope
+    assert p.draft_step_s(1) == pytest.approx(0.005) and p.draft_step_s(8) == pytest.approx(0.013)
+    assert p.draft_step_s(6) == pytest.approx((7.0 + 3.5) / 1e3)
+    # a noisy measurement that falls with size never extrapolates downwards
+    noisy = LatencyProfile({1: 30.0, 2: 29.0}, 3.0, None, 128, "cpu", "float32")
+    assert noisy.target_batch_s(1, 5) == pytest.approx(0.029)
+    assert noisy.draft_step_s(64) == pytest.approx(0.003)  # one measured size: flat
+
+
+def test_gamma_is_chosen_at_each_batch_size() -> None:
+    p = batched()
+    assert p.c_at(4) == pytest.approx(5.0 / 40.0) and p.c == pytest.approx(0.1)
+    assert p.verify_cost(2, batch_size=4) == pytest.approx(60.0 / 40.0)
+    for size in (1, 4, 8):
+        best = p.best_gamma(0.8, range(1, 6), size)
+        speedups = {
+            g: implied_speedup(0.8, g, p.c_at(size), p.verify_cost(g, size)) for g in range(1, 6)
+        }
+        assert speedups[best] == max(speedups.values())
+    # at batch 8 each token a row costs half a forward: drafting far stops paying
+    assert p.best_gamma(0.8, range(1, 6), 8) < p.best_gamma(0.8, range(1, 6), 1)
+
+
+def test_per_batch_profile_of_tiny_models(tmp_path: Path) -> None:
+    import torch
+
+    target = build_tiny_model({}, seed=0)
+    draft = build_tiny_model({"num_hidden_layers": 1}, seed=1)
+    companion = build_tiny_model({"num_hidden_layers": 1}, seed=2)
+    measured = profile_models(target, draft, companion, 2, 2, 16, torch.device("cpu"), [3, 1])
+    assert measured.batch_sizes == [1, 3]
+    assert sorted(measured.target_ms) == [1, 2, 3] == sorted(measured.batch_target_ms[3])
+    assert set(measured.batch_draft_ms) == set(measured.batch_companion_ms) == {3}
+    assert all(v > 0 for v in measured.batch_target_ms[3].values())
+    assert measured.covers([1, 3], 3) and not measured.covers([1, 3], 4)
+    assert not measured.covers([1, 4], 3)
+    measured.save(tmp_path / "latency.json")
+    assert LatencyProfile.load(tmp_path / "latency.json") == measured
+
+
+def test_a_profile_saved_before_batch_sizes_loads_as_batch_one(tmp_path: Path) -> None:
+    from sprinter_train.core.io import write_json
+
+    old = {k: v for k, v in profile().__dict__.items() if not k.startswith("batch_")}
+    write_json(tmp_path / "latency.json", old)
+    loaded = LatencyProfile.load(tmp_path / "latency.json")
+    assert loaded == profile() and loaded.batch_sizes == [1] and not loaded.covers([1, 4], 2)
+
+
+def test_the_bench_reuses_a_profile_only_when_it_covers_the_run(compose_cfg, monkeypatch) -> None:
+    import torch
+
+    from sprinter_train.models.forward import HarvestModels
+    from sprinter_train.models.loading import LoadedModel
+    from sprinter_train.models.tiny import build_tiny_tokenizer
+    from sprinter_train.stages import bench as stage
+
+    tokenizer, cpu = build_tiny_tokenizer(), torch.device("cpu")
+    model = build_tiny_model({"num_hidden_layers": 1}, seed=0)
+    loaded = LoadedModel("tiny", model, tokenizer)
+    models = HarvestModels(
+        draft=loaded, target=loaded, companion=None, vocab_size=128, eos_token_id=None
+    )
+    settings = ("bench.gamma_max=2", "bench.latency.reps=1", "bench.latency.context_tokens=8")
+    cfg = compose_cfg("stage=bench", "experiment=lat", *settings)
+    first = stage.latency_profile(cfg, models, cpu, [1, 2])
+    measured: list[list[int]] = []
+    real = stage.profile_models
+    monkeypatch.setattr(stage, "profile_models", lambda *a: measured.append(a[-1]) or real(*a))
+    assert stage.latency_profile(cfg, models, cpu, [1, 2]) == first  # covered: read back
+    assert stage.latency_profile(cfg, models, cpu, [2]) == first
+    assert not measured
+    wider = stage.latency_profile(cfg, models, cpu, [1, 4])  # batch 4 was never measured
+    assert measured == [[1, 4]] and wider.batch_sizes == [1, 4]
+    longer = compose_cfg("stage=bench", "experiment=lat", *settings, "bench.gamma_max=3")
+    assert sorted(stage.latency_profile(longer, models, cpu, [1, 4]).target_ms) == [1, 2, 3, 4]
+    path = Path(cfg.experiment_dir) / "bench" / "latency.json"
+    stale = LatencyProfile.load(path)
+    stale.dtype = "bfloat16"  # measured in another precision
+    stale.save(path)
+    stage.latency_profile(longer, models, cpu, [1, 4])
+    assert len(measured) == 3
+    off = compose_cfg("stage=bench", "experiment=lat", *settings, "bench.latency.reuse=false")
+    stage.latency_profile(off, models, cpu, [1])
+    assert len(measured) == 4

@@ -1,16 +1,23 @@
-"""The latency profile: the target's forward time for 1..gamma_max + 1 new tokens, and one
-step of the draft and companion, measured on the machine at hand.
+"""The latency profile: the target's forward time by batch size and new tokens a row
+(1..gamma_max + 1), and one step of the draft and companion by batch size, measured on the
+machine at hand.
 
-SV's goodput and the default gamma read it: on a CPU the verify cost is far from a GPU's
-(flat in bfloat16 up to ~8 tokens here, 1.6-2x a step in float32), so a gamma chosen for one
-device is wrong on another.
+SV's goodput and batch scheduler and the default gamma read it: on a CPU the verify cost is far
+from a GPU's (flat in bfloat16 up to ~8 tokens here, 1.6-2x a step in float32), and a forward
+over a few more tokens a row stops being nearly free once the batch fills the device, so a
+gamma chosen for one device or batch size is wrong on another.
+
+Batch 1 keeps its own fields (`target_ms`, `draft_ms`, `companion_ms`: draft_eval reads them);
+larger batch sizes live in `batch_*` tables. Sizes between measured ones are interpolated
+linearly, sizes past the largest extend the last measured slope (never downwards).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +29,73 @@ from sprinter_train.core.runtime import synchronize
 from sprinter_train.models.cache import crop_cache
 
 
+def piecewise_linear(points: dict[int, float], x: float) -> float:
+    """The value at x of the line through `points` (sorted by key): interpolated between two
+    keys, the first value below the first key, the last segment's slope (floored at 0: a
+    bigger forward is never faster) past the last key."""
+    keys = sorted(points)
+    if x in points:
+        return points[x]
+    if x <= keys[0]:
+        return points[keys[0]]
+    for lo, hi in zip(keys, keys[1:], strict=False):
+        if x < hi:
+            return points[lo] + (points[hi] - points[lo]) * (x - lo) / (hi - lo)
+    if len(keys) == 1:
+        return points[keys[0]]
+    lo, hi = keys[-2], keys[-1]
+    slope = max(0.0, (points[hi] - points[lo]) / (hi - lo))
+    return points[hi] + slope * (x - hi)
+
+
 @dataclass
 class LatencyProfile:
-    target_ms: dict[int, float]  # new tokens fed -> median milliseconds of one forward
-    draft_ms: float
+    target_ms: dict[int, float]  # batch 1: new tokens -> median milliseconds of one forward
+    draft_ms: float  # batch 1: one draft step
     companion_ms: float | None
     context_tokens: int
     device: str
     dtype: str
+    batch_target_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # size > 1
+    batch_draft_ms: dict[int, float] = field(default_factory=dict)
+    batch_companion_ms: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """The batch sizes measured (1 always)."""
+        return sorted({1, *self.batch_target_ms})
+
+    def target_table(self, batch_size: int) -> dict[int, float]:
+        """New tokens a row -> milliseconds, at a measured batch size."""
+        return self.target_ms if batch_size == 1 else self.batch_target_ms[batch_size]
+
+    def covers(self, batch_sizes: Sequence[int], new_tokens: int) -> bool:
+        """Whether every batch size was measured with 1..new_tokens tokens a row."""
+        wanted = set(range(1, new_tokens + 1))
+        return all(
+            b in self.batch_sizes and wanted <= set(self.target_table(b)) for b in batch_sizes
+        )
+
+    def target_batch_s(self, batch_size: int, new_tokens: int) -> float:
+        """Seconds for a target forward over `new_tokens` a row at this batch size."""
+        by_size = {b: piecewise_linear(self.target_table(b), new_tokens) for b in self.batch_sizes}
+        return piecewise_linear(by_size, batch_size) / 1e3
+
+    def draft_batch_ms(self, batch_size: int) -> float:
+        return piecewise_linear({1: self.draft_ms, **self.batch_draft_ms}, batch_size)
+
+    def companion_batch_ms(self, batch_size: int) -> float:
+        if self.companion_ms is None:
+            return 0.0
+        return piecewise_linear({1: self.companion_ms, **self.batch_companion_ms}, batch_size)
+
+    def draft_step_s(self, batch_size: int) -> float:
+        """Seconds for one drafting step (draft and companion) at this batch size."""
+        return (self.draft_batch_ms(batch_size) + self.companion_batch_ms(batch_size)) / 1e3
 
     def target_s(self, new_tokens: int) -> float:
-        """Seconds for a target forward over `new_tokens`, extrapolated linearly past the top."""
-        sizes = sorted(self.target_ms)
-        if new_tokens in self.target_ms:
-            return self.target_ms[new_tokens] / 1e3
-        top, below = sizes[-1], sizes[-2] if len(sizes) > 1 else sizes[-1]
-        slope = (self.target_ms[top] - self.target_ms[below]) / max(top - below, 1)
-        return (self.target_ms[top] + slope * (new_tokens - top)) / 1e3
+        """Seconds for a batch-1 target forward over `new_tokens` (extrapolated past the top)."""
+        return self.target_batch_s(1, new_tokens)
 
     def sd_round_s(self, gamma: int) -> float:
         return gamma * self.draft_ms / 1e3 + self.target_s(gamma + 1)
@@ -46,32 +103,56 @@ class LatencyProfile:
     def sv_round_s(self, gamma: int) -> float:
         return gamma * self.draft_step_s(1) + self.target_s(gamma + 1)
 
-    def target_batch_s(self, batch_size: int, new_tokens: int) -> float:
-        """Seconds for a target forward over `new_tokens` a row at this batch size."""
-        return self.target_s(new_tokens)
-
-    def draft_step_s(self, batch_size: int) -> float:
-        """Seconds for one drafting step (draft and companion) at this batch size."""
-        return (self.draft_ms + (self.companion_ms or 0.0)) / 1e3
+    def c_at(self, batch_size: int) -> float:
+        """Leviathan's c at this batch size: a draft step over a one-token target forward."""
+        return self.draft_batch_ms(batch_size) / 1e3 / self.target_batch_s(batch_size, 1)
 
     @property
     def c(self) -> float:
-        return self.draft_ms / self.target_ms[1]
+        return self.c_at(1)
 
-    def verify_cost(self, gamma: int) -> float:
-        return self.target_s(gamma + 1) * 1e3 / self.target_ms[1]
+    def verify_cost(self, gamma: int, batch_size: int = 1) -> float:
+        """The target's forward over gamma + 1 tokens a row, in one-token forwards."""
+        return self.target_batch_s(batch_size, gamma + 1) / self.target_batch_s(batch_size, 1)
 
-    def best_gamma(self, alpha: float, gammas: range) -> int:
-        """The gamma maximising Leviathan's implied speedup at acceptance rate alpha."""
-        return max(gammas, key=lambda g: implied_speedup(alpha, g, self.c, self.verify_cost(g)))
+    def best_gamma(self, alpha: float, gammas: range, batch_size: int = 1) -> int:
+        """The gamma maximising Leviathan's implied speedup at acceptance rate alpha, with this
+        batch size's c and verify cost."""
+        c = self.c_at(batch_size)
+        return max(
+            gammas,
+            key=lambda g: implied_speedup(alpha, g, c, self.verify_cost(g, batch_size)),
+        )
+
+    def by_batch(self, batch_sizes: Sequence[int], new_tokens: int) -> dict[str, dict[str, Any]]:
+        """What results.json shows of the profile: per batch size, ms of a target forward over
+        1..new_tokens tokens a row and of a draft and companion step (read as the run reads
+        them, interpolated where not measured)."""
+        return {
+            str(b): {
+                "target_ms": {n: 1e3 * self.target_batch_s(b, n) for n in range(1, new_tokens + 1)},
+                "draft_ms": self.draft_batch_ms(b),
+                "companion_ms": self.companion_batch_ms(b)
+                if self.companion_ms is not None
+                else None,
+            }
+            for b in batch_sizes
+        }
 
     def save(self, path: Path) -> None:
         write_json(path, asdict(self))
 
     @classmethod
     def load(cls, path: Path) -> LatencyProfile:
+        """A saved profile; one written before batch sizes were profiled loads as batch 1 only."""
         data = read_json(path)
         data["target_ms"] = {int(k): float(v) for k, v in data["target_ms"].items()}
+        data["batch_target_ms"] = {
+            int(b): {int(k): float(v) for k, v in per.items()}
+            for b, per in data.get("batch_target_ms", {}).items()
+        }
+        for key in ("batch_draft_ms", "batch_companion_ms"):
+            data[key] = {int(b): float(v) for b, v in data.get(key, {}).items()}
         return cls(**data)
 
 
@@ -82,34 +163,44 @@ def measure_step_times(
     reps: int,
     context: int,
     device: torch.device,
-) -> dict[str, dict[int, float]]:
-    """Median seconds of a KV-cached forward over n new tokens after `context` cached ones,
-    per model and n, measured in interleaved rounds so machine noise hits all alike."""
+    batch_sizes: Sequence[int] = (1,),
+) -> dict[str, dict[int, dict[int, float]]]:
+    """Median seconds of a KV-cached forward over n new tokens a row after `context` cached
+    ones, per model, batch size and n: {model: {batch size: {n: seconds}}}. Measured in
+    interleaved rounds (every size of every model once a round) so machine noise hits all
+    alike; three warm-up rounds are discarded."""
     vocab = min(int(m.config.vocab_size) for m in models.values())
     gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, vocab, (1, context), generator=gen).to(device)
-    caches = {
-        name: m(input_ids=prefix, use_cache=True).past_key_values for name, m in models.items()
-    }
-    times: dict[str, dict[int, list[float]]] = {n: {k: [] for k in new_tokens[n]} for n in models}
+    caches: dict[tuple[str, int], Any] = {}
+    for b in batch_sizes:
+        prefix = torch.randint(0, vocab, (b, context), generator=gen).to(device)
+        for name, model in models.items():
+            caches[name, b] = model(input_ids=prefix, use_cache=True).past_key_values
+    times = {name: {b: {n: [] for n in new_tokens[name]} for b in batch_sizes} for name in models}
 
-    def timed(name: str, n: int) -> float:
-        ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)
+    def timed(name: str, b: int, n: int) -> float:
+        ids = torch.randint(0, vocab, (b, n), generator=gen).to(device)
         synchronize(device)
         start = time.perf_counter()
-        models[name](input_ids=ids, past_key_values=caches[name], use_cache=True, logits_to_keep=n)
+        models[name](
+            input_ids=ids, past_key_values=caches[name, b], use_cache=True, logits_to_keep=n
+        )
         synchronize(device)
         elapsed = time.perf_counter() - start
-        crop_cache(caches[name], context)
+        crop_cache(caches[name, b], context)
         return elapsed
 
-    for rep in range(reps + 3):  # three warm-up rounds
-        for name in models:
-            for n in new_tokens[name]:
-                elapsed = timed(name, n)
-                if rep >= 3:
-                    times[name][n].append(elapsed)
-    return {name: {n: statistics.median(v) for n, v in per.items()} for name, per in times.items()}
+    for rep in range(reps + 3):
+        for b in batch_sizes:
+            for name in models:
+                for n in new_tokens[name]:
+                    elapsed = timed(name, b, n)
+                    if rep >= 3:
+                        times[name][b][n].append(elapsed)
+    return {
+        name: {b: {n: statistics.median(v) for n, v in per_n.items()} for b, per_n in per.items()}
+        for name, per in times.items()
+    }
 
 
 def profile_models(
@@ -120,17 +211,30 @@ def profile_models(
     reps: int,
     context: int,
     device: torch.device,
+    batch_sizes: Sequence[int] = (1,),
 ) -> LatencyProfile:
+    """Measure the profile at batch 1 and at every one of `batch_sizes`."""
+    sizes_b = sorted({1, *(int(b) for b in batch_sizes)})
     models: dict[str, Any] = {"target": target, "draft": draft}
     sizes = {"target": list(range(1, gamma_max + 2)), "draft": [1]}
     if companion is not None:
         models["companion"], sizes["companion"] = companion, [1]
-    med = measure_step_times(models, sizes, reps, context, device)
+    med = measure_step_times(models, sizes, reps, context, device, sizes_b)
+
+    def ms(name: str, b: int) -> dict[int, float]:
+        return {n: s * 1e3 for n, s in med[name][b].items()}
+
+    larger = [b for b in sizes_b if b > 1]
     return LatencyProfile(
-        target_ms={n: s * 1e3 for n, s in med["target"].items()},
-        draft_ms=med["draft"][1] * 1e3,
-        companion_ms=med["companion"][1] * 1e3 if companion is not None else None,
+        target_ms=ms("target", 1),
+        draft_ms=ms("draft", 1)[1],
+        companion_ms=ms("companion", 1)[1] if companion is not None else None,
         context_tokens=context,
         device=str(device),
         dtype=str(next(target.parameters()).dtype).removeprefix("torch."),
+        batch_target_ms={b: ms("target", b) for b in larger},
+        batch_draft_ms={b: ms("draft", b)[1] for b in larger},
+        batch_companion_ms={b: ms("companion", b)[1] for b in larger}
+        if companion is not None
+        else {},
     )
