@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sprinter_train.bench.report import write_results
+from sprinter_train.bench.report import UNSUPPORTED, write_results
+from sprinter_train.bench.summary import acceptance
 from sprinter_train.core.io import read_json
 from sprinter_train.decoding.state import DecodeStats
-from sprinter_train.stages.bench import acceptance
 
 
 def test_acceptance_rates_count_the_targets_checks_only() -> None:
@@ -40,8 +40,8 @@ def row(tokens_per_call: float, rate: float | None, verifier_rate: float | None)
     }
 
 
-def test_results_md_shows_tokens_per_target_call_and_both_acceptances(tmp_path: Path) -> None:
-    results = {
+def hand_made_results() -> dict:
+    return {
         "experiment": "exp",
         "num_prompts": 1,
         "max_new_tokens": 8,
@@ -56,6 +56,10 @@ def test_results_md_shows_tokens_per_target_call_and_both_acceptances(tmp_path: 
         "latency_profile": {"target_ms": {"1": 30.0}, "draft_ms": 3.0, "companion_ms": None},
         "methods": {"sd": row(1.75, 0.321, None), "sprinter": row(2.5, 0.4, 0.875)},
     }
+
+
+def test_results_md_shows_tokens_per_target_call_and_both_acceptances(tmp_path: Path) -> None:
+    results = hand_made_results()
     write_results(tmp_path, results)
     assert read_json(tmp_path / "results.json")["methods"]["sd"]["tokens_per_target_call"] == 1.75
     lines = (tmp_path / "results.md").read_text().splitlines()
@@ -65,3 +69,30 @@ def test_results_md_shows_tokens_per_target_call_and_both_acceptances(tmp_path: 
     assert "| 2.50 | 0.400 | 0.875 |" in next(
         line for line in lines if line.startswith("| sprinter")
     )
+
+
+def test_the_tv_column_and_batch_tables_show_only_what_ran(tmp_path: Path) -> None:
+    results = hand_made_results()
+    write_results(tmp_path, results)
+    text = (tmp_path / "results.md").read_text()
+    assert "TV 1st token" not in text and "goodput" not in text  # no sv ran, one batch size
+    results["methods"]["sv_paper"] = {**row(1.5, 0.3, None), "tv_first_token": 0.0421}
+    results["law_distance_prompts"] = 4
+    results["batches"] = {
+        "4": {
+            "methods": {"sd": row(3.0, 0.3, None)},
+            "sd_gamma": 2,
+            "groups": 1,
+            "unsupported": {"hf_assisted": f"{UNSUPPORTED}: HF decodes one sequence"},
+        }
+    }
+    write_results(tmp_path, results)
+    lines = (tmp_path / "results.md").read_text().splitlines()
+    assert "| 0.0421 |" in next(line for line in lines if line.startswith("| sv_paper |"))
+    assert "| – |" in next(line for line in lines if line.startswith("| sd |"))  # no TV: –
+    assert any("sv_paper 0.0421 (lossy" in line and "over 4 prompts" in line for line in lines)
+    four = lines[lines.index("## Batch size 4") :]
+    assert any(line.startswith("| sd | 10.0 |") for line in four)
+    unsupported = next(line for line in four if line.startswith("| hf_assisted |"))
+    header = next(line for line in four if line.startswith("| method | tokens/s"))
+    assert UNSUPPORTED in unsupported and unsupported.count("|") == header.count("|")

@@ -1,4 +1,4 @@
-"""bench.summarise on hand-made runs: every column of results.json against its definition.
+"""bench.summary on hand-made runs: every column of results.json against its definition.
 
 Outputs are chosen so ROUGE-L is known by hand (the tiny tokenizer decodes "abc" as the words
 a, b, c); the target's perplexity is the one model call, checked as the mean over prompts.
@@ -6,17 +6,16 @@ a, b, c); the target's perplexity is the one model call, checked as the mean ove
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from sprinter_train.bench.quality import target_perplexity
+from sprinter_train.bench.runs import GroupRun
+from sprinter_train.bench.summary import summarise
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.state import DecodeStats
 from sprinter_train.models.forward import HarvestModels
 from sprinter_train.models.loading import LoadedModel
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
-from sprinter_train.stages.bench import summarise
 
 TOKENIZER = build_tiny_tokenizer()
 
@@ -44,17 +43,11 @@ def models() -> HarvestModels:
 
 
 def run(prompt: Prompt, text: str, wall: float, stats: DecodeStats, joules: float | None):
-    return {
-        "prompt": prompt,
-        "tokens": ids(text),
-        "wall_s": wall,
-        "stats": stats,
-        "joules": joules,
-        "energy_reason": "no meter" if joules is None else "measured",
-    }
+    reason = "no meter" if joules is None else None
+    return GroupRun([prompt], [ids(text)], wall, stats, joules, reason)
 
 
-def hand_made_runs() -> dict[str, list[dict[str, Any]]]:
+def hand_made_runs() -> dict[str, list[GroupRun]]:
     """target_only; sd with the same output on p0 and a disjoint one on p1; sprinter with a
     verifier and an empty output on p1."""
     return {

@@ -37,6 +37,7 @@ TINY = (
     "bench.num_prompts=2",
     "bench.max_new_tokens=8",
     "bench.latency.reps=2",
+    "bench.batch_sizes=[1,2]",  # the two prompts as one batch: batched decoding, bounded time
 )
 # methods whose output is the target's own: at temperature 0 they must emit target_only's tokens
 LOSSLESS = (
@@ -121,8 +122,11 @@ def test_eta_rates_and_baseline_scores() -> None:
     ).any()
 
 
-def check_bench_arithmetic(methods: dict[str, dict], most_tokens: int) -> None:
-    """Every derived column of results.json follows from the counts it was derived from."""
+def check_bench_arithmetic(methods: dict[str, dict], most_tokens: int, batch: int = 1) -> None:
+    """Every derived column of results.json follows from the counts it was derived from; at a
+    batch size > 1 a batched forward is one call. sv may draft nothing: it skips drafting when
+    its table's prior does not pay for a step (tiny models: a draft step costs about what the
+    target's forward does)."""
     base, sd = methods["target_only"], methods["sd"]
     for name, row in methods.items():
         assert 0 < row["tokens"] <= most_tokens, name  # the prompts' budgets, EOS may stop early
@@ -133,10 +137,14 @@ def check_bench_arithmetic(methods: dict[str, dict], most_tokens: int) -> None:
         per_call = row["tokens"] / row["target_calls"]
         assert row["tokens_per_target_call"] == pytest.approx(per_call), name
         assert 0 < row["target_calls"] <= row["tokens"], name  # a target call emits >= 1 token
-        if name != "target_only":
+        if name not in ("target_only", "sv"):
             assert row["draft_calls"] > 0, name
-    # target_only: one target call per token, no draft, nothing to accept
-    assert base["target_calls"] == base["tokens"] and base["tokens_per_target_call"] == 1.0
+    # target_only: one target call per token (a batched call: one per live row), no draft,
+    # nothing to accept
+    if batch == 1:
+        assert base["target_calls"] == base["tokens"] and base["tokens_per_target_call"] == 1.0
+    else:
+        assert base["target_calls"] <= base["tokens"] <= batch * base["target_calls"]
     assert base["draft_calls"] == 0 and base["acceptance_rate"] is None
     assert base["speedup_vs_target_only"] == 1.0 and sd["speedup_vs_sd"] == 1.0
 
@@ -163,11 +171,20 @@ def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
     assert bench["methods"]["sd"]["verifier_acceptance_rate"] is None
     assert bench["methods"]["sd"]["tokens_per_target_call"] >= 1.0
     assert bench["settings"]["svip"]["c"] == cfg.methods.svip.c
+    assert set(bench["batches"]) == {"1", "2"}
+    for size, batch in bench["batches"].items():
+        most = cfg.bench.num_prompts * cfg.bench.max_new_tokens
+        check_bench_arithmetic(batch["methods"], most, int(size))
+    assert set(bench["batches"]["2"]["unsupported"]) == {"hf_assisted", "hf_assisted_heuristic"}
+    assert bench["methods"]["sv"]["tv_first_token"] == pytest.approx(0.0, abs=1e-6)
+    assert 0.0 <= bench["methods"]["sv_paper"]["tv_first_token"] <= 1.0
     bench_md = (Path(cfg.experiment_dir) / "bench" / "results.md").read_text()
     assert all(f"| {name} |" in bench_md for name in cfg.bench.methods)
     assert {t["name"] for t in bench["targets"]} == set(cfg.bench.targets)
     assert "Against the bars" in bench_md and "sd_vs_hf_assisted" in bench_md
     assert (Path(cfg.experiment_dir) / "bench" / "pareto.png").stat().st_size > 1000
+    assert "## Batch size 2" in bench_md
+    assert (Path(cfg.experiment_dir) / "bench" / "goodput_vs_batch.png").stat().st_size > 1000
     eval_dir = Path(cfg.experiment_dir) / "eval"
     report = read_json(eval_dir / "report.json")
     assert set(report["auc"]) == REPORT_AUC_KEYS
@@ -228,6 +245,10 @@ def test_greedy_lossless_methods_emit_target_onlys_tokens(chained) -> None:
         assert row["tokens"] == base["tokens"], name
         assert row["target_ppl"] == base["target_ppl"], name
         assert row["rouge_l_vs_target"] == base["rouge_l_vs_target"], name
+    batched = bench["batches"]["2"]["methods"]  # the engine's methods, both prompts at once
+    for name in {"target_only", *LOSSLESS} - {"hf_assisted", "hf_assisted_heuristic"}:
+        assert batched[name]["tokens"] == base["tokens"], name
+        assert batched[name]["rouge_l_vs_target"] == base["rouge_l_vs_target"], name
 
 
 def test_evaluate_scores_the_same_rows_as_the_exported_verifier(chained) -> None:

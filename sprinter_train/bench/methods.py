@@ -10,6 +10,7 @@ artifact, so a bench without a harvest still measures everything else.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,3 +145,18 @@ def plan_methods(
         except FileNotFoundError as err:
             plan.skipped[name] = str(err)
     return plan
+
+
+def at_batch_size(plan: MethodPlan, cfg: DictConfig, sd_gamma: int) -> MethodPlan:
+    """The plan one batch size runs: methods whose config says `gamma: auto` (and peers with
+    `num_assistant_tokens: auto`) take that batch size's gamma; every other policy is shared."""
+    policies, settings = dict(plan.policies), {k: dict(v) for k, v in plan.settings.items()}
+    for name, policy in plan.policies.items():
+        if "gamma" in runtime_entries(cfg.methods[name]):
+            policies[name] = dataclasses.replace(policy, gamma=sd_gamma)  # type: ignore[type-var]
+            settings[name]["gamma"] = sd_gamma
+    peers = {k: dict(v) for k, v in plan.peers.items()}
+    for name, peer in peers.items():
+        if cfg.bench[name].num_assistant_tokens == "auto":
+            peer["num_assistant_tokens"] = settings[name]["num_assistant_tokens"] = sd_gamma
+    return MethodPlan(policies, peers, dict(plan.skipped), settings)

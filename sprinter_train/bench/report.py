@@ -21,6 +21,11 @@ COLUMNS = [
     ("ROUGE-L vs target", "rouge_l_vs_target", "{:.1f}"),
     ("target PPL", "target_ppl", "{:.2f}"),
 ]
+TV_COLUMN = ("TV 1st token", "tv_first_token", "{:.4f}")  # sv, sv_paper: off the target law
+BATCH_COLUMNS = [  # batch > 1: speed, calls and acceptance (quality is the batch-1 run's)
+    c for c in COLUMNS if c[1] not in ("rouge_l_ref", "target_ppl")
+]
+UNSUPPORTED = "batch > 1 unsupported"
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -30,15 +35,18 @@ def _cell(value: Any, fmt: str) -> str:
 
 
 def results_table(results: dict[str, Any]) -> str:
-    """One markdown row per method; '–' where a figure does not apply."""
+    """One markdown row per method; '–' where a figure does not apply. The TV column shows
+    when sv or sv_paper ran."""
     methods = results["methods"]
     win_key = next(
         (k for row in methods.values() for k in row if k.startswith("win_tie_vs_")), None
     )
-    header = ["method"] + [c[0] for c in COLUMNS] + ([win_key.replace("_", " ")] if win_key else [])
+    tv = any(TV_COLUMN[1] in row for row in methods.values())
+    columns = COLUMNS + ([TV_COLUMN] if tv else [])
+    header = ["method"] + [c[0] for c in columns] + ([win_key.replace("_", " ")] if win_key else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, row in methods.items():
-        cells = [name] + [_cell(row.get(key), fmt) for _, key, fmt in COLUMNS]
+        cells = [name] + [_cell(row.get(key), fmt) for _, key, fmt in columns]
         if win_key:
             win = row.get(win_key)
             cells.append(
@@ -50,13 +58,25 @@ def results_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def breakdown_table(results: dict[str, Any]) -> str:
+def batch_table(batch: dict[str, Any]) -> str:
+    """One markdown row per method at a batch size > 1; HF's peers marked unsupported."""
+    header = ["method"] + [c[0] for c in BATCH_COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, row in batch["methods"].items():
+        cells = [name] + [_cell(row.get(key), fmt) for _, key, fmt in BATCH_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    for name in batch.get("unsupported", {}):
+        lines.append(f"| {name} | {UNSUPPORTED} |" + " |" * (len(header) - 2))
+    return "\n".join(lines)
+
+
+def breakdown_table(methods: dict[str, Any]) -> str:
     """Where the time goes: seconds in each model, and the rest (sampling, Python, HF)."""
     lines = [
         "| method | wall s | target | draft | companion | verifier | other |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, row in results["methods"].items():
+    for name, row in methods.items():
         parts = row["time_breakdown_s"]
         other = row["wall_s"] - sum(parts.values())
         cells = [f"{row['wall_s']:.2f}"] + [
@@ -64,6 +84,72 @@ def breakdown_table(results: dict[str, Any]) -> str:
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {other:.2f} |")
     return "\n".join(lines)
+
+
+def latency_table(profile: dict[str, Any]) -> str:
+    """The profile the run used: ms per target forward by tokens a row, and a drafting step,
+    at each batch size (batch 1 alone for results written before batch sizes existed)."""
+    by_batch = profile.get("by_batch") or {
+        "1": {k: profile[k] for k in ("target_ms", "draft_ms", "companion_ms")}
+    }
+    sizes = sorted({int(n) for per in by_batch.values() for n in per["target_ms"]})
+    header = ["batch"] + [f"target {n}" for n in sizes] + ["draft step", "companion step"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for size, per in sorted(by_batch.items(), key=lambda kv: int(kv[0])):
+        target = {int(n): ms for n, ms in per["target_ms"].items()}
+        cells = [size] + [_cell(target.get(n), "{:.2f}") for n in sizes]
+        cells += [_cell(per["draft_ms"], "{:.2f}"), _cell(per["companion_ms"], "{:.2f}")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def law_distance_lines(results: dict[str, Any]) -> list[str]:
+    """sv_paper's loss (and sv's zero, the check) as the first token's TV from the target."""
+    tv = {
+        n: row["tv_first_token"] for n, row in results["methods"].items() if "tv_first_token" in row
+    }
+    if not tv:
+        return []
+    parts = [
+        f"{name} {value:.4f}" + (" (lossy: the published rule)" if name == "sv_paper" else "")
+        for name, value in tv.items()
+    ]
+    return [
+        "Distance from the target's law (`TV 1st token`): total variation between the first "
+        "generated token's law under the method's rule and the target's p, computed exactly "
+        f"(enumerating the vocabulary at batch size 1), mean over "
+        f"{results.get('law_distance_prompts', '?')} prompts: " + "; ".join(parts) + ". "
+        "sv decides before the draw, so its distance is 0 up to rounding.",
+        "",
+    ]
+
+
+def batch_sections(results: dict[str, Any]) -> list[str]:
+    """One table and time breakdown per batch size > 1, then the goodput plot."""
+    batches = results.get("batches") or {}
+    lines: list[str] = []
+    for size, batch in sorted(batches.items(), key=lambda kv: int(kv[0])):
+        if size == "1":
+            continue
+        lines += [
+            f"## Batch size {size}",
+            "",
+            f"{batch['groups']} groups of up to {size} consecutive prompts, decoded as one batch "
+            f"(rows leave as they finish); sd's gamma = {batch['sd_gamma']}. Speedups are over "
+            "target_only at this batch size; ROUGE-L vs target is against its output here.",
+            "",
+            batch_table(batch),
+            "",
+            "A batched forward counts as one target call, so tokens per target call grows with "
+            "the batch. Time breakdown (`other`: wall minus the models' forwards: sampling and "
+            "Python):",
+            "",
+            breakdown_table(batch["methods"]),
+            "",
+        ]
+    if len(batches) > 1:
+        lines += ["## Goodput against batch size", "", "![goodput](goodput_vs_batch.png)", ""]
+    return lines
 
 
 def _ratio(methods: dict[str, Any], a: str, b: str) -> float | None:
@@ -96,21 +182,23 @@ def check_targets(results: dict[str, Any], targets: dict[str, float]) -> list[di
 
 def write_results(out: Path, results: dict[str, Any]) -> None:
     write_json(out / "results.json", results)
-    prof = results["latency_profile"]
-    target_ms = ", ".join(
-        f"{n}: {ms:.1f}" for n, ms in sorted(prof["target_ms"].items(), key=lambda kv: int(kv[0]))
-    )
     energy = {row.get("energy_note") for row in results["methods"].values()} - {None}
+    sizes = results.get("batch_sizes", [1])
     lines = [
         f"# Bench: {results['experiment']}",
         "",
         f"{results['num_prompts']} prompts, {results['max_new_tokens']} new tokens each, sampling "
-        f"{results['sampling']}, on {results['device']} ({results['dtype']}, {results['threads']} threads). "
-        f"Models: {results['models']}.",
-        f"sd's gamma = {results['sd_gamma']} (the implied-speedup optimum at alpha "
-        f"{results['alpha']:.3f}, from {results['alpha_source']}). Latency profile (ms per target forward by new tokens): "
-        f"{target_ms}; draft step {prof['draft_ms']:.2f} ms"
-        + (f", companion step {prof['companion_ms']:.2f} ms." if prof["companion_ms"] else "."),
+        f"{results['sampling']}, on {results['device']} ({results['dtype']}, {results['threads']} threads), "
+        f"batch sizes {sizes}. Models: {results['models']}.",
+        f"sd's gamma = {results['sd_gamma']} at batch 1 (the implied-speedup optimum at alpha "
+        f"{results['alpha']:.3f}, from {results['alpha_source']}, on the latency profile at "
+        "that batch size).",
+        "",
+        "Latency profile (ms per forward; target by new tokens a row):",
+        "",
+        latency_table(results["latency_profile"]),
+        "",
+        "## Batch size 1",
         "",
         results_table(results),
         "",
@@ -118,14 +206,15 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
         "`verifier acceptance`: of the drafted tokens, the share committed on a verifier's word",
         "without a target check (sprinter's; its acceptance counts only the target's checks).",
         "",
+        *law_distance_lines(results),
         "Time breakdown (seconds inside each model's forward; `other` is sampling, Python and, for",
         "the HF peers, everything, since their model time is not separated):",
         "",
-        breakdown_table(results),
+        breakdown_table(results["methods"]),
         "",
     ]
     if results.get("targets"):
-        lines += ["Against the bars (`bench.targets`):", ""]
+        lines += ["Against the bars (`bench.targets`, batch 1):", ""]
         for row in results["targets"]:
             verdict = "met" if row["met"] else "**NOT met**"
             sign = "<=" if row["name"].endswith("_gap") else ">="
@@ -142,6 +231,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
             f"Win-tie judge: {results['judge']} (wins/ties/losses against the baseline, both orders).",
             "",
         ]
+    lines += batch_sections(results)
     (out / "results.md").write_text("\n".join(lines))
 
 
@@ -156,6 +246,7 @@ def plot_results(out: Path, bench_root: Path) -> None:
     ax.set_title(f"{results['experiment']}: decoding speed ({results['device']})")
     ax.tick_params(axis="x", rotation=45)
     save(fig, out / "tokens_per_s.png")
+    plot_goodput(results, out / "goodput_vs_batch.png")
 
     points = []
     for path in sorted(bench_root.rglob("results.json")):
@@ -177,6 +268,32 @@ def plot_results(out: Path, bench_root: Path) -> None:
     ax.set_ylabel("ROUGE-L against target_only output")
     ax.legend()
     save(fig, bench_root / "pareto.png")
+
+
+def plot_goodput(results: dict[str, Any], path: Path) -> Path | None:
+    """Tokens/s against batch size, one line per method (SV Fig. 3); a method measured at
+    batch 1 only (HF's peers) is one marker. Nothing when a single batch size ran."""
+    batches = results.get("batches") or {}
+    if len(batches) < 2:
+        return None
+    sizes = sorted(int(b) for b in batches)
+    fig, ax = subplots(figsize=(7, 4.5))
+    names = dict.fromkeys(n for b in sizes for n in batches[str(b)]["methods"])
+    for name in names:
+        points = [
+            (b, batches[str(b)]["methods"][name]["tokens_per_s"])
+            for b in sizes
+            if name in batches[str(b)]["methods"]
+        ]
+        style = "o-" if len(points) > 1 else "s"
+        ax.plot([x for x, _ in points], [y for _, y in points], style, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("goodput (generated tokens / s)")
+    ax.set_title(f"{results['experiment']}: goodput against batch size ({results['device']})")
+    ax.legend(fontsize=7, ncol=2)
+    return save(fig, path)
 
 
 def _pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:

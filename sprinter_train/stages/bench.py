@@ -1,11 +1,14 @@
-"""stage=bench: every method on the same prompts, side by side, speed and quality.
+"""stage=bench: every method on the same prompts, side by side, speed and quality, at every
+batch size of `bench.batch_sizes`.
 
 python -m sprinter_train stage=bench experiment=<exp> [bench.num_prompts=20 bench.max_new_tokens=64]
 
-Per prompt, every method runs in turn (same seed), so machine noise hits all alike; wall time
-is taken after warm-up with device synchronisation, never CPU time. Results go to
-artifacts/<exp>/bench/ (a multirun job writes bench/sweep/<overrides>/), and the Pareto plot
-is redrawn from every results.json of the experiment.
+At each batch size the prompts are decoded in consecutive groups of that size; per group every
+method runs in turn (prompt i with seed + i), so machine noise hits all alike; wall time is
+taken after warm-up with device synchronisation, never CPU time. The batch-1 run also gets
+the quality figures (ROUGE-L, perplexity, judge, energy); HF's peers run at batch 1 only.
+Results go to artifacts/<exp>/bench/ (a multirun job writes bench/sweep/<overrides>/), and
+the Pareto plot is redrawn from every results.json of the experiment.
 """
 
 from __future__ import annotations
@@ -16,15 +19,14 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
-from sprinter_train.bench.energy import EnergyMeter
-from sprinter_train.bench.judge import build_judge, win_tie, win_tie_rate
 from sprinter_train.bench.latency import LatencyProfile, profile_models
-from sprinter_train.bench.methods import plan_methods
+from sprinter_train.bench.law_distance import first_token_tv
+from sprinter_train.bench.methods import MethodPlan, at_batch_size, plan_methods
 from sprinter_train.bench.peer import run_hf_assisted
-from sprinter_train.bench.quality import rouge_l, target_perplexity
-from sprinter_train.bench.report import check_targets, plot_results, write_results
+from sprinter_train.bench.report import UNSUPPORTED, check_targets, plot_results, write_results
+from sprinter_train.bench.runs import Decoded, GroupRun, engine_decode, groups, run_methods
+from sprinter_train.bench.summary import summarise, summarise_batch
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt, load_prompts
@@ -53,13 +55,17 @@ def output_dir(cfg: DictConfig) -> Path:
     return base
 
 
-def latency_profile(cfg: DictConfig, models: HarvestModels, device: torch.device) -> LatencyProfile:
+def latency_profile(
+    cfg: DictConfig, models: HarvestModels, device: torch.device, batch_sizes: list[int]
+) -> LatencyProfile:
+    """bench/latency.json when it was measured on this device and dtype and covers every batch
+    size with 1..gamma_max + 1 tokens a row (and `bench.latency.reuse`), else a new one."""
     path = Path(cfg.experiment_dir) / "bench" / "latency.json"
     dtype = str(next(models.target.model.parameters()).dtype).removeprefix("torch.")
     lat = cfg.bench.latency
     if lat.reuse and path.exists():
         profile = LatencyProfile.load(path)
-        fits = len(profile.target_ms) >= cfg.bench.gamma_max + 1
+        fits = profile.covers(batch_sizes, int(cfg.bench.gamma_max) + 1)
         if profile.device == str(device) and profile.dtype == dtype and fits:
             return profile
     companion = models.companion.model if models.companion is not None else None
@@ -71,6 +77,7 @@ def latency_profile(cfg: DictConfig, models: HarvestModels, device: torch.device
         int(lat.reps),
         int(lat.context_tokens),
         device,
+        batch_sizes,
     )
     profile.save(path)
     return profile
@@ -94,6 +101,26 @@ def estimate_alpha(engine: Engine, prompt: Prompt, cfg: DictConfig) -> tuple[flo
     return stats.accepted / max(stats.drafted, 1), "sd on the warm-up prompt"
 
 
+def sd_gamma(cfg: DictConfig, profile: LatencyProfile, alpha: float, batch_size: int) -> int:
+    """methods.sd.gamma, or for `auto` the implied-speedup optimum at this batch size."""
+    if cfg.methods.sd.gamma == "auto":
+        return profile.best_gamma(alpha, range(1, int(cfg.bench.gamma_max) + 1), batch_size)
+    return int(cfg.methods.sd.gamma)
+
+
+def law_distance(
+    engine: Engine, plan: MethodPlan, names: list[str], prompts: list[Prompt], count: int
+) -> dict[str, list[float]]:
+    """Per SV method that runs: the exact TV of its first token's law from the target's on the
+    first `count` prompts (sv's is 0 up to rounding, sv_paper's is its loss)."""
+    ids = [p.input_ids for p in prompts[:count]]
+    return {
+        name: first_token_tv(engine, plan.policies[name], ids)
+        for name in names
+        if name in ("sv", "sv_paper") and ids
+    }
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     b = cfg.bench
     set_threads(cfg.get("num_threads"))
@@ -105,6 +132,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     prompts = load_prompts(data_cfg, tokenizer, split=b.split)
     if not prompts:
         raise ValueError(f"no prompts in split {b.split!r} of data={cfg.data.get('name')}")
+    batch_sizes = sorted({1, *(int(size) for size in b.batch_sizes)})  # batch 1 always runs
     sampling = SamplingConfig.from_cfg(cfg.sampling)
     vocab = models.vocab_size
     engine = Engine(
@@ -116,63 +144,67 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         else None,
         eos_token_id=models.eos_token_id,
     )
-    profile = latency_profile(cfg, models, device)
+    profile = latency_profile(cfg, models, device, batch_sizes)
     alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg)
-    if cfg.methods.sd.gamma == "auto":
-        gamma = profile.best_gamma(alpha, range(1, int(b.gamma_max) + 1))
-    else:
-        gamma = int(cfg.methods.sd.gamma)
+    gammas = {size: sd_gamma(cfg, profile, alpha, size) for size in batch_sizes}
     plan = plan_methods(
-        cfg, profile, gamma, models.draft.model, models.companion is not None, device
+        cfg, profile, gammas[1], models.draft.model, models.companion is not None, device
     )
     for name, reason in plan.skipped.items():
         log.warning("bench: skipping %s: %s", name, reason)
     names = [m for m in b.methods if m not in plan.skipped]
 
-    def decode(name: str, prompt: Prompt, seed: int) -> tuple[list[int], float, DecodeStats]:
-        if name in plan.peers:
-            peer = run_hf_assisted(
-                models.target.model,
-                models.draft.model,
-                prompt.input_ids,
-                sampling=sampling,
-                max_new_tokens=int(b.max_new_tokens),
-                seed=seed,
-                eos_token_id=models.eos_token_id,
-                device=device,
-                **plan.peers[name],
-            )
-            stats = DecodeStats(target_calls=peer.target_calls, draft_calls=peer.draft_calls)
-            return peer.tokens, peer.wall_s, stats
-        policy = plan.policies[name]
-        result = engine.generate([prompt.input_ids], policy, int(b.max_new_tokens), [seed])[0]
-        return result.tokens, result.wall_s, result.stats
+    def decode_peer(name: str, group: list[Prompt], seeds: list[int]) -> Decoded:
+        (prompt,), (seed,) = group, seeds  # HF's assisted generation decodes one sequence
+        peer = run_hf_assisted(
+            models.target.model,
+            models.draft.model,
+            prompt.input_ids,
+            sampling=sampling,
+            max_new_tokens=int(b.max_new_tokens),
+            seed=seed,
+            eos_token_id=models.eos_token_id,
+            device=device,
+            **plan.peers[name],
+        )
+        stats = DecodeStats(target_calls=peer.target_calls, draft_calls=peer.draft_calls)
+        return [peer.tokens], peer.wall_s, stats
 
-    for name in names:  # warm-up: caches, allocator, oneDNN kernels
-        for run_index in range(int(b.warmup_runs)):
-            decode(name, prompts[0], int(b.seed) + run_index)
+    runs: dict[int, dict[str, list[GroupRun]]] = {}
+    for size in batch_sizes:
+        sized = at_batch_size(plan, cfg, gammas[size])
+        on_engine = engine_decode(engine, sized.policies, int(b.max_new_tokens))
 
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    progress = tqdm(list(enumerate(prompts)), desc="bench prompts", unit="prompt")
-    for index, prompt in progress:
-        for name in names:
-            meter = EnergyMeter(device) if b.energy else None
-            if meter:
-                meter.start()
-            tokens, wall, stats = decode(name, prompt, int(b.seed) + index)
-            joules = meter.stop() if meter else None
-            runs[name].append(
-                {
-                    "prompt": prompt,
-                    "tokens": tokens,
-                    "wall_s": wall,
-                    "stats": stats,
-                    "joules": joules,
-                    "energy_reason": meter.unavailable_reason if meter else "disabled",
-                }
-            )
+        def decode(name: str, group: list[Prompt], seeds: list[int], on_engine=on_engine):
+            return (decode_peer if name in plan.peers else on_engine)(name, group, seeds)
 
-    results = summarise(runs, models, tokenizer, cfg)
+        runs[size] = run_methods(
+            decode,
+            [n for n in names if size == 1 or n not in plan.peers],
+            prompts,
+            size,
+            int(b.seed),
+            int(b.warmup_runs),
+            device if b.energy and size == 1 else None,
+        )
+
+    results = summarise(runs[1], models, tokenizer, cfg)
+    distances = law_distance(engine, plan, names, prompts, int(b.law_distance_prompts))
+    for name, tvs in distances.items():
+        results["methods"][name]["tv_first_token"] = sum(tvs) / len(tvs)
+        results["methods"][name]["tv_first_token_per_prompt"] = tvs
+    peers = [n for n in names if n in plan.peers]
+    results["batches"] = {
+        str(size): {
+            "methods": summarise_batch(runs[size], tokenizer),
+            "sd_gamma": gammas[size],
+            "groups": len(groups(len(prompts), size)),
+            "unsupported": {n: f"{UNSUPPORTED}: HF decodes one sequence" for n in peers}
+            if size > 1
+            else {},
+        }
+        for size in batch_sizes
+    }
     results.update(
         {
             "experiment": cfg.experiment,
@@ -182,13 +214,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "sampling": OmegaConf.to_container(cfg.sampling),
             "num_prompts": len(prompts),
             "max_new_tokens": int(b.max_new_tokens),
+            "batch_sizes": batch_sizes,
             "alpha": alpha,
             "alpha_source": alpha_source,
-            "sd_gamma": gamma,
+            "sd_gamma": gammas[1],
+            "law_distance_prompts": min(int(b.law_distance_prompts), len(prompts)),
             "latency_profile": {
                 "target_ms": profile.target_ms,
                 "draft_ms": profile.draft_ms,
                 "companion_ms": profile.companion_ms,
+                "by_batch": profile.by_batch(batch_sizes, int(b.gamma_max) + 1),
             },
             "settings": plan.settings,
             "skipped": plan.skipped,
@@ -205,94 +240,3 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     plot_results(out, Path(cfg.experiment_dir) / "bench")
     log.info("bench: wrote %s", out / "results.md")
     return {"results": str(out / "results.json"), "methods": results["methods"]}
-
-
-def summarise(
-    runs: dict[str, list[dict[str, Any]]], models: HarvestModels, tokenizer, cfg: DictConfig
-) -> dict[str, Any]:
-    """Per method: speed, calls, acceptance, quality (ROUGE-L, target perplexity, win-tie)."""
-    text = {
-        name: [tokenizer.decode(r["tokens"], skip_special_tokens=True) for r in rs]
-        for name, rs in runs.items()
-    }
-    judge = None
-    if cfg.bench.judge.enabled:
-        local = models.target if cfg.bench.judge.local == "target" else models.draft
-        judge = build_judge(dict(cfg.bench.judge), local.model, local.tokenizer)
-    baseline = cfg.bench.judge.baseline
-    methods: dict[str, Any] = {}
-    for name, rs in runs.items():
-        stats = DecodeStats()
-        for r in rs:
-            stats.add(r["stats"])
-        tokens = sum(len(r["tokens"]) for r in rs)
-        wall = sum(r["wall_s"] for r in rs)
-        refs = [
-            (t, r["prompt"].reference)
-            for t, r in zip(text[name], rs, strict=True)
-            if r["prompt"].reference
-        ]
-        row: dict[str, Any] = {
-            "tokens": tokens,
-            "wall_s": wall,
-            "tokens_per_s": tokens / wall if wall > 0 else float("nan"),
-            "target_calls": stats.target_calls,
-            "draft_calls": stats.draft_calls,
-            "companion_calls": stats.companion_calls,
-            "tokens_per_target_call": tokens / max(stats.target_calls, 1),
-            **acceptance(stats),
-            "rouge_l_ref": 100 * sum(rouge_l(t, ref) for t, ref in refs) / len(refs)
-            if refs
-            else None,
-            "target_ppl": _mean(
-                target_perplexity(models.target.model, r["prompt"].input_ids, r["tokens"])
-                for r in rs
-            ),
-            "time_breakdown_s": {
-                "target": stats.target_seconds,
-                "draft": stats.draft_seconds,
-                "companion": stats.companion_seconds,
-                "verifier": stats.verifier_seconds,
-            },
-        }
-        if "target_only" in runs:
-            row["rouge_l_vs_target"] = 100 * _mean(
-                rouge_l(t, ref) for t, ref in zip(text[name], text["target_only"], strict=True)
-            )
-        joules = [r["joules"] for r in rs]
-        row["joules_per_token"] = sum(joules) / tokens if None not in joules and tokens else None
-        row["energy_note"] = None if row["joules_per_token"] is not None else rs[0]["energy_reason"]
-        if judge is not None and baseline in runs and name != baseline:
-            outcomes = [
-                win_tie(judge, r["prompt"].text, t, tb)
-                for r, t, tb in zip(rs, text[name], text[baseline], strict=True)
-            ]
-            row["win_tie_vs_" + baseline] = win_tie_rate(outcomes)
-        methods[name] = row
-    for row in methods.values():
-        for ref in ("target_only", "sd"):
-            base = methods.get(ref, {}).get("tokens_per_s")
-            row[f"speedup_vs_{ref}"] = row["tokens_per_s"] / base if base else None
-    return {"methods": methods, "judge": _judge_name(judge)}
-
-
-def acceptance(stats: DecodeStats) -> dict[str, float | None]:
-    """acceptance_rate: of the drafted tokens the target checked, the share it kept (sd's
-    alpha); verifier_acceptance_rate: of all drafted tokens, the share committed on a
-    verifier's word without a target check (sprinter's; None for methods without one)."""
-    checked = stats.drafted - stats.verifier_accepted
-    return {
-        "acceptance_rate": stats.accepted / checked if checked else None,
-        "verifier_acceptance_rate": stats.verifier_accepted / stats.drafted
-        if stats.verifier_calls and stats.drafted
-        else None,
-    }
-
-
-def _judge_name(judge) -> str | None:
-    return None if judge is None else type(judge).__name__
-
-
-def _mean(values) -> float:
-    values = [v for v in values if v == v]  # drop NaN (empty outputs)
-    return sum(values) / len(values) if values else float("nan")

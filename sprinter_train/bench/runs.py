@@ -1,0 +1,83 @@
+"""The bench's decoding runs: every method on the same prompts, one batch size at a time.
+
+Prompts are taken in consecutive groups of the batch size (the last group may be smaller);
+within a group every method runs in turn, so machine noise hits all alike. Prompt i is
+decoded with seed + i whatever its group, so at temperature 0, or for methods whose rows
+ignore their batch-mates, a row's tokens are the same at every batch size. Each method is
+warmed up on the first group first (caches, allocator, the kernels of that batch's shapes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from sprinter_train.bench.energy import EnergyMeter
+from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.state import DecodeStats, Policy
+
+Decoded = tuple[list[list[int]], float, DecodeStats]  # rows' tokens, group's seconds, counts
+Decode = Callable[[str, Sequence[Prompt], Sequence[int]], Decoded]  # (method, prompts, seeds)
+
+
+@dataclass
+class GroupRun:
+    """One method on one group of prompts decoded together."""
+
+    prompts: list[Prompt]
+    tokens: list[list[int]]  # generated ids per row, without the prompt
+    wall_s: float  # the whole group's
+    stats: DecodeStats  # the whole group's
+    joules: float | None = None
+    energy_reason: str | None = "disabled"  # why joules is None (None when measured)
+
+
+def engine_decode(engine: Engine, policies: dict[str, Policy], max_new_tokens: int) -> Decode:
+    """Decode a group with the engine as one batch."""
+
+    def decode(name: str, prompts: Sequence[Prompt], seeds: Sequence[int]) -> Decoded:
+        ids = [p.input_ids for p in prompts]
+        results = engine.generate(ids, policies[name], max_new_tokens, seeds)
+        return [r.tokens for r in results], results[0].wall_s, results[0].stats
+
+    return decode
+
+
+def groups(count: int, batch_size: int) -> list[range]:
+    """Indices of consecutive groups of `batch_size` prompts."""
+    return [range(i, min(i + batch_size, count)) for i in range(0, count, batch_size)]
+
+
+def run_methods(
+    decode: Decode,
+    names: Sequence[str],
+    prompts: Sequence[Prompt],
+    batch_size: int,
+    seed: int,
+    warmup_runs: int,
+    energy_device: torch.device | None = None,
+) -> dict[str, list[GroupRun]]:
+    """Every method on every group, methods interleaved per group; energy metered per group
+    when `energy_device` is given."""
+    chunks = groups(len(prompts), batch_size)
+    first = [prompts[i] for i in chunks[0]]
+    for name in names:
+        for run in range(warmup_runs):
+            decode(name, first, [seed + run + i for i in range(len(first))])
+    runs: dict[str, list[GroupRun]] = {name: [] for name in names}
+    for chunk in tqdm(chunks, desc=f"bench batch {batch_size}", unit="group"):
+        group = [prompts[i] for i in chunk]
+        seeds = [seed + i for i in chunk]
+        for name in names:
+            meter = EnergyMeter(energy_device) if energy_device is not None else None
+            if meter:
+                meter.start()
+            tokens, wall, stats = decode(name, group, seeds)
+            joules = meter.stop() if meter else None
+            reason = meter.unavailable_reason if meter else "disabled"
+            runs[name].append(GroupRun(group, tokens, wall, stats, joules, reason))
+    return runs

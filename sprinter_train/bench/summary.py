@@ -1,0 +1,149 @@
+"""The bench's figures per method, from its runs.
+
+At every batch size: speed (tokens/s = generated tokens / wall time), speedups over
+target_only and sd at that batch size, calls, tokens per target call, acceptance, where the
+time goes, and ROUGE-L against target_only's output. On the batch-1 run only, the costlier
+quality figures: ROUGE-L against the dataset's reference, the target's perplexity of the
+output, energy per token and the judge's win-tie rate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from sprinter_train.bench.judge import build_judge, win_tie, win_tie_rate
+from sprinter_train.bench.quality import rouge_l, target_perplexity
+from sprinter_train.bench.runs import GroupRun
+from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.state import DecodeStats
+from sprinter_train.models.forward import HarvestModels
+
+Runs = dict[str, list[GroupRun]]  # method -> its groups, in prompt order
+
+
+def rows(runs: list[GroupRun]) -> list[tuple[Prompt, list[int]]]:
+    """(prompt, generated tokens) of every row, in prompt order."""
+    return [pair for run in runs for pair in zip(run.prompts, run.tokens, strict=True)]
+
+
+def acceptance(stats: DecodeStats) -> dict[str, float | None]:
+    """acceptance_rate: of the drafted tokens the target checked, the share it kept (sd's
+    alpha); verifier_acceptance_rate: of all drafted tokens, the share committed on a
+    verifier's word without a target check (sprinter's; None for methods without one)."""
+    checked = stats.drafted - stats.verifier_accepted
+    return {
+        "acceptance_rate": stats.accepted / checked if checked else None,
+        "verifier_acceptance_rate": stats.verifier_accepted / stats.drafted
+        if stats.verifier_calls and stats.drafted
+        else None,
+    }
+
+
+def speed(runs: list[GroupRun]) -> dict[str, Any]:
+    """Tokens, wall time, calls, acceptance and the seconds inside each model's forwards."""
+    stats = DecodeStats()
+    for run in runs:
+        stats.add(run.stats)
+    tokens = sum(len(t) for run in runs for t in run.tokens)
+    wall = sum(run.wall_s for run in runs)
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall > 0 else float("nan"),
+        "target_calls": stats.target_calls,
+        "draft_calls": stats.draft_calls,
+        "companion_calls": stats.companion_calls,
+        "tokens_per_target_call": tokens / max(stats.target_calls, 1),
+        **acceptance(stats),
+        "time_breakdown_s": {
+            "target": stats.target_seconds,
+            "draft": stats.draft_seconds,
+            "companion": stats.companion_seconds,
+            "verifier": stats.verifier_seconds,
+        },
+    }
+
+
+def add_speedups(methods: dict[str, dict[str, Any]]) -> None:
+    """speedup_vs_<ref>: tokens/s over the reference method's, run on the same prompts at the
+    same batch size (None when the reference did not run)."""
+    for row in methods.values():
+        for ref in ("target_only", "sd"):
+            base = methods.get(ref, {}).get("tokens_per_s")
+            row[f"speedup_vs_{ref}"] = row["tokens_per_s"] / base if base else None
+
+
+def texts(runs: Runs, tokenizer) -> dict[str, list[str]]:
+    return {
+        name: [tokenizer.decode(t, skip_special_tokens=True) for _, t in rows(rs)]
+        for name, rs in runs.items()
+    }
+
+
+def rouge_vs_target(text: dict[str, list[str]], name: str) -> float:
+    """Mean ROUGE-L (F1, in points) of a method's outputs against target_only's, row by row."""
+    pairs = zip(text[name], text["target_only"], strict=True)
+    return 100 * _mean(rouge_l(t, ref) for t, ref in pairs)
+
+
+def summarise_batch(runs: Runs, tokenizer) -> dict[str, dict[str, Any]]:
+    """Per method at one batch size: speed, calls, acceptance, time breakdown, speedups and
+    ROUGE-L against target_only at that batch size."""
+    text = texts(runs, tokenizer)
+    methods = {name: speed(rs) for name, rs in runs.items()}
+    if "target_only" in runs:
+        for name, row in methods.items():
+            row["rouge_l_vs_target"] = rouge_vs_target(text, name)
+    add_speedups(methods)
+    return methods
+
+
+def summarise(runs: Runs, models: HarvestModels, tokenizer, cfg: DictConfig) -> dict[str, Any]:
+    """Per method on the batch-1 run: speed, calls, acceptance, and quality (ROUGE-L, target
+    perplexity, energy, win-tie)."""
+    text = texts(runs, tokenizer)
+    judge = None
+    if cfg.bench.judge.enabled:
+        local = models.target if cfg.bench.judge.local == "target" else models.draft
+        judge = build_judge(dict(cfg.bench.judge), local.model, local.tokenizer)
+    baseline = cfg.bench.judge.baseline
+    methods: dict[str, Any] = {}
+    for name, rs in runs.items():
+        pairs = rows(rs)
+        refs = [
+            (t, prompt.reference)
+            for t, (prompt, _) in zip(text[name], pairs, strict=True)
+            if prompt.reference
+        ]
+        row: dict[str, Any] = {
+            **speed(rs),
+            "rouge_l_ref": 100 * sum(rouge_l(t, ref) for t, ref in refs) / len(refs)
+            if refs
+            else None,
+            "target_ppl": _mean(
+                target_perplexity(models.target.model, prompt.input_ids, tokens)
+                for prompt, tokens in pairs
+            ),
+        }
+        if "target_only" in runs:
+            row["rouge_l_vs_target"] = rouge_vs_target(text, name)
+        joules = [r.joules for r in rs]
+        tokens = row["tokens"]
+        row["joules_per_token"] = sum(joules) / tokens if None not in joules and tokens else None
+        row["energy_note"] = None if row["joules_per_token"] is not None else rs[0].energy_reason
+        if judge is not None and baseline in runs and name != baseline:
+            outcomes = [
+                win_tie(judge, prompt.text, t, tb)
+                for (prompt, _), t, tb in zip(pairs, text[name], text[baseline], strict=True)
+            ]
+            row["win_tie_vs_" + baseline] = win_tie_rate(outcomes)
+        methods[name] = row
+    add_speedups(methods)
+    return {"methods": methods, "judge": None if judge is None else type(judge).__name__}
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v == v]  # drop NaN (empty outputs)
+    return sum(values) / len(values) if values else float("nan")

@@ -1,0 +1,169 @@
+"""The bench over batch sizes on tiny models: groups of consecutive prompts, a row's tokens
+the same at every batch size, per-batch gamma, and the `batches` section of results.json
+with its tables and goodput plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sprinter_train.__main__ import run_stage
+from sprinter_train.bench.latency import LatencyProfile
+from sprinter_train.bench.methods import at_batch_size, plan_methods
+from sprinter_train.bench.report import UNSUPPORTED
+from sprinter_train.bench.runs import engine_decode, groups, run_methods
+from sprinter_train.core.io import read_json
+from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.models.tiny import build_tiny_model
+from tests.synthetic import write_synthetic_records
+
+LOSSLESS = ("sd", "sd_heuristic", "svip", "adaedl", "mtad")  # mtad is greedy-lossless
+SPEED = (
+    "tokens",
+    "wall_s",
+    "tokens_per_s",
+    "target_calls",
+    "draft_calls",
+    "companion_calls",
+    "tokens_per_target_call",
+    "acceptance_rate",
+    "verifier_acceptance_rate",
+    "time_breakdown_s",
+    "speedup_vs_target_only",
+    "speedup_vs_sd",
+    "rouge_l_vs_target",
+)
+
+
+def test_groups_are_consecutive_and_the_last_may_be_short() -> None:
+    assert groups(5, 2) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert groups(3, 8) == [range(0, 3)] and groups(4, 1) == [range(i, i + 1) for i in range(4)]
+
+
+def test_each_batch_size_gets_its_own_gamma(compose_cfg) -> None:
+    cfg = compose_cfg("stage=bench", "bench.methods=[sd,svip,hf_assisted]")
+    profile = LatencyProfile({1: 30.0, 2: 31.0}, 3.0, None, 128, "cpu", "float32")
+    plan = plan_methods(cfg, profile, 4, build_tiny_model({}, seed=0), False)
+    at_8 = at_batch_size(plan, cfg, 2)
+    assert plan.policies["sd"].gamma == 4 and at_8.policies["sd"].gamma == 2
+    assert at_8.settings["sd"] == {"gamma": 2} and plan.settings["sd"] == {"gamma": 4}
+    assert at_8.peers["hf_assisted"]["num_assistant_tokens"] == 2
+    assert at_8.policies["svip"] is plan.policies["svip"]  # nothing auto: shared
+    fixed = compose_cfg("stage=bench", "bench.methods=[sd]", "methods.sd.gamma=5")
+    plan = plan_methods(fixed, profile, 4, build_tiny_model({}, seed=0), False)
+    assert at_batch_size(plan, fixed, 2).policies["sd"].gamma == 5
+
+
+def test_a_rows_greedy_tokens_are_the_same_at_every_batch_size(compose_cfg) -> None:
+    """Five prompts of different lengths at batch 1 and 4 (a full group and a group of one):
+    every lossless method emits target_only's tokens in every row, at both sizes."""
+    cfg = compose_cfg("stage=bench", f"bench.methods=[target_only,{','.join(LOSSLESS)}]")
+    profile = LatencyProfile({1: 30.0, 2: 31.0, 3: 33.0}, 3.0, None, 128, "cpu", "float32")
+    target = build_tiny_model({}, seed=0)
+    draft = build_tiny_model({"num_hidden_layers": 1}, seed=1)
+    plan = plan_methods(cfg, profile, 3, draft, False)
+    engine = Engine(
+        ModelRunner(target, 128), SamplingConfig(temperature=0), draft=ModelRunner(draft, 128)
+    )
+    lengths = (4, 9, 2, 6, 3)
+    prompts = [
+        Prompt(f"p{i}", "syn", "test", "", [(7 * i + k) % 120 + 3 for k in range(n)], None)
+        for i, n in enumerate(lengths)
+    ]
+    names = ["target_only", *LOSSLESS]
+    tokens = {}
+    for size in (1, 4):
+        decode = engine_decode(engine, at_batch_size(plan, cfg, 3).policies, 12)
+        runs = run_methods(decode, names, prompts, size, seed=0, warmup_runs=0)
+        assert [len(r.prompts) for r in runs["sd"]] == ([1] * 5 if size == 1 else [4, 1])
+        tokens[size] = {n: [t for r in rs for t in r.tokens] for n, rs in runs.items()}
+    reference = tokens[1]["target_only"]
+    assert all(len(t) == 12 for t in reference)
+    for size in (1, 4):
+        for name in names:
+            assert tokens[size][name] == reference, (size, name)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory) -> dict:
+    """stage=bench on tiny models, greedy, at batch 1 and 4, with an SV table to use."""
+    from sprinter_train.core.config import compose_config
+
+    root = tmp_path_factory.mktemp("batches")
+    cfg = compose_config(
+        f"artifacts_root={root}",
+        "device=cpu",
+        "dtype=float32",
+        "num_threads=1",
+        "stage=bench",
+        "models=tiny_random",
+        "experiment=batches",
+        "sampling.temperature=0",
+        "data.max_prompt_tokens=48",
+        "bench.num_prompts=5",
+        "bench.max_new_tokens=8",
+        "bench.batch_sizes=[4]",  # batch 1 runs anyway
+        "bench.gamma_max=3",
+        "bench.latency.reps=1",
+        "bench.judge.enabled=false",
+        "bench.law_distance_prompts=3",
+        "bench.methods=[target_only,sd,svip,sv,sv_paper,hf_assisted]",
+    )
+    write_synthetic_records(Path(cfg.experiment_dir), rows=2048, d=8, shard_rows=1024)
+    run_stage(compose_config(f"artifacts_root={root}", "stage=tables", "experiment=batches"))
+    run_stage(cfg)
+    out = Path(cfg.experiment_dir) / "bench"
+    return {"results": read_json(out / "results.json"), "out": out}
+
+
+def test_results_json_has_a_batches_section_per_batch_size(bench) -> None:
+    results = bench["results"]
+    assert results["batch_sizes"] == [1, 4] and set(results["batches"]) == {"1", "4"}
+    one, four = results["batches"]["1"], results["batches"]["4"]
+    assert set(one["methods"]) == set(results["methods"])
+    for name, row in results["methods"].items():
+        assert {k: row[k] for k in SPEED} == {k: one["methods"][name][k] for k in SPEED}, name
+    assert set(four["methods"]) == {"target_only", "sd", "svip", "sv", "sv_paper"}
+    assert set(four["unsupported"]) == {"hf_assisted"} and not one["unsupported"]
+    assert four["unsupported"]["hf_assisted"].startswith(UNSUPPORTED)
+    assert "target_ppl" not in four["methods"]["sd"]  # quality is the batch-1 run's
+    assert (one["groups"], four["groups"]) == (5, 2)
+    assert one["sd_gamma"] == results["sd_gamma"] and 1 <= four["sd_gamma"] <= 3
+    base = four["methods"]["target_only"]
+    for name, row in four["methods"].items():
+        assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["wall_s"]), name
+        assert row["speedup_vs_target_only"] == pytest.approx(
+            row["tokens_per_s"] / base["tokens_per_s"]
+        )
+        assert row["tokens"] == results["methods"][name]["tokens"], name  # greedy: same rows
+        # greedy: every method is lossless (an output that decodes to no word scores 0)
+        assert row["rouge_l_vs_target"] == base["rouge_l_vs_target"] > 0, name
+    # five rows in two batched groups: fewer target forwards than at batch 1
+    assert base["target_calls"] < results["methods"]["target_only"]["target_calls"]
+    profile = results["latency_profile"]["by_batch"]
+    assert set(profile) == {"1", "4"} and set(profile["4"]["target_ms"]) == {"1", "2", "3", "4"}
+
+
+def test_sv_paper_reports_its_distance_and_sv_reports_none(bench) -> None:
+    methods = bench["results"]["methods"]
+    assert len(methods["sv"]["tv_first_token_per_prompt"]) == 3
+    assert methods["sv"]["tv_first_token"] == pytest.approx(0.0, abs=1e-6)
+    assert 0.0 <= methods["sv_paper"]["tv_first_token"] <= 1.0
+    assert "tv_first_token" not in methods["sd"]
+
+
+def test_results_md_has_a_table_per_batch_size_and_the_goodput_plot(bench) -> None:
+    out = bench["out"]
+    text = (out / "results.md").read_text()
+    assert "## Batch size 1" in text and "## Batch size 4" in text
+    four = text[text.index("## Batch size 4") :]
+    assert f"| hf_assisted | {UNSUPPORTED} |" in four
+    assert "| sv_paper |" in four and "| target_only |" in four
+    assert four.count("| method | wall s | target | draft | companion | verifier | other |") == 1
+    assert "TV 1st token" in text and "sv_paper" in text[: text.index("## Batch size 4")]
+    assert "| batch | target 1 |" in text  # the latency profile by batch size
+    assert (out / "goodput_vs_batch.png").stat().st_size > 1000
