@@ -1,6 +1,8 @@
 """Entry point: python -m sprinter_train stage=<name> [hydra overrides].
 
-Every stage is a module with `run(cfg) -> dict`; the registry below is the whole CLI.
+Every stage is a module with `run(cfg) -> dict`; the registry below is the whole CLI. Settings
+are checked before dispatch (a bad one writes nothing), and an interrupted stage exits
+128 + signal (143 for SIGTERM, 130 for SIGINT) saying what it completed, never 0.
 """
 
 from __future__ import annotations
@@ -14,22 +16,31 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from sprinter_train.core.interrupt import StageInterrupted, interruptible
+from sprinter_train.core.validation import validate_config
 from sprinter_train.stages import STAGES
 
 log = logging.getLogger("sprinter_train")
 
 
 def run_stage(cfg: DictConfig) -> dict[str, Any]:
-    """Dispatch to the stage module; an unknown stage fails with the list of valid ones."""
+    """Check the settings, then dispatch to the stage module; an unknown stage fails with the
+    list of valid ones, a signal raises StageInterrupted naming what the stage completed."""
     name = cfg.stage
     if name not in STAGES:
         raise ValueError(f"unknown stage {name!r}; choose one of: {', '.join(STAGES)}")
-    return importlib.import_module(STAGES[name]).run(cfg)
+    validate_config(cfg)
+    with interruptible(f"stage={name}"):
+        return importlib.import_module(STAGES[name]).run(cfg)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
-    result = run_stage(cfg)
+    try:
+        result = run_stage(cfg)
+    except StageInterrupted as stop:
+        log.error(stop.report())
+        sys.exit(stop.exit_code)
     print(json.dumps(result, indent=2, default=str))
     return result
 

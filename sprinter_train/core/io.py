@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from sprinter_train.core.processes import pid_alive
+
+log = logging.getLogger(__name__)
+
+TEMP_NAME = re.compile(r"^\..+\.tmp(\d+)$")  # atomic_write's temporary file: .<name>.tmp<pid>
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
@@ -26,6 +34,20 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
+def sweep_stale_temps(folder: Path) -> list[Path]:
+    """Delete the temporary files `atomic_write` left in `folder` when its writer was killed,
+    only those whose writer pid is gone (a live writer's file is never touched)."""
+    removed = []
+    for path in sorted(Path(folder).glob(".*.tmp*")):
+        match = TEMP_NAME.match(path.name)
+        if match and path.is_file() and not pid_alive(int(match.group(1))):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        log.info("removed %d temporary files of killed writers from %s", len(removed), folder)
+    return removed
+
+
 def write_json(path: Path, payload: Any) -> Path:
     def _write(tmp: Path) -> None:
         tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
@@ -35,6 +57,30 @@ def write_json(path: Path, payload: Any) -> Path:
 
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
+
+
+class CorruptInputError(ValueError):
+    """An input file exists but is not what it should be; the message names the file and the
+    stage that rewrites it."""
+
+
+def corrupt_input(path: Path, problem: object, remedy: str) -> CorruptInputError:
+    return CorruptInputError(f"{path} is corrupt or unreadable ({problem}); {remedy}")
+
+
+def read_json_input(path: Path, remedy: str, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A JSON object another stage wrote, with these top-level keys; anything else is a
+    CorruptInputError naming the file and `remedy` (the command that rewrites it)."""
+    try:
+        payload = read_json(path)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise corrupt_input(path, error, remedy) from error
+    if not isinstance(payload, dict):
+        raise corrupt_input(path, f"a JSON {type(payload).__name__}, not an object", remedy)
+    missing = [key for key in keys if key not in payload]
+    if missing:
+        raise corrupt_input(path, f"no {', '.join(missing)}", remedy)
+    return payload
 
 
 def save_npz(path: Path, **arrays: np.ndarray) -> Path:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from sprinter_train.core.io import load_npz, save_npz
+from sprinter_train.core.processes import die_with_parent
 
 
 def teacher_path(cache_dir: Path, corpus_shard: Path, top_k: int) -> Path:
@@ -64,12 +65,15 @@ def produce_teacher_shards(
     top_k: int,
     batch_size: int,
     threads: int,
+    parent_pid: int,
 ) -> None:
     """Worker process: fill the teacher cache for `corpus` in order, skipping finished shards.
 
     On a small CPU two single-threaded processes (teacher here, student in the trainer) get
     about twice the work done of one two-threaded process, so the teacher runs ahead here.
+    It dies with `parent_pid` (the distill run): an orphan would fill the cache for days.
     """
+    die_with_parent(parent_pid)
     from sprinter_train.models.loading import load_model
 
     torch.set_num_threads(threads)

@@ -2,7 +2,9 @@
 
 State (student, optimiser, cursor, tokens, elapsed time, curve) is written atomically at
 every shard boundary, so a run killed at any moment loses at most one shard of work and
-the same command continues it, in this session or a later one.
+the same command continues it, in this session or a later one. The state is read with
+`weights_only=True`: a state.pt is plain containers and tensors, and unpickling anything else
+from a work dir (shared, copied) could run code.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from sprinter_train.core.distributions import acceptance_alpha
+from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.io import atomic_write, load_npz
 from sprinter_train.distill.losses import distill_loss, slot_map
 from sprinter_train.distill.teacher_cache import ensure_teacher_shard, teacher_path
@@ -51,13 +54,16 @@ def save_checkpoint(path: Path, student, optimizer, state: DistillState, recipe:
         "recipe": recipe,
     }
     atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    note_completed("distill state", f"distillation state at {state.tokens:,} tokens ({path})")
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
+    """The saved state, or None when there is none or it is unreadable (or holds objects other
+    than tensors and plain containers, which are never unpickled)."""
     if not path.exists():
         return None
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
         log.warning("checkpoint %s is unreadable (%s); starting clean", path, error)
         return None

@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from sprinter_train.core.interrupt import note_completed
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.stages import STAGES
 
@@ -33,6 +34,7 @@ def _stage(name: str, cfg: DictConfig) -> dict[str, Any]:
     log.info("stage=all: running stage=%s", name)
     result = importlib.import_module(module).run(cfg)
     result["seconds"] = time.perf_counter() - start
+    note_completed(f"stage={name}", f"stage={name}")
     return result
 
 

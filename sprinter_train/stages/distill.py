@@ -2,15 +2,18 @@
 
 python -m sprinter_train stage=distill distill.max_minutes=60             # the draft
 python -m sprinter_train stage=distill distill=companion                  # the SV companion
+
+One run at a time per work dir: `distill.lock` there names the run and its background teacher
+(the teacher dies with the run, even a SIGKILLed one), and a run whose processes are gone
+leaves a stale lock and temporary files that the next run sweeps.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import shutil
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.core.io import atomic_write, load_npz, read_json, write_json
+from sprinter_train.core import pidlock
+from sprinter_train.core.io import atomic_write, load_npz, read_json, sweep_stale_temps, write_json
 from sprinter_train.core.plots import plot_curve
 from sprinter_train.core.runtime import resolve_device, set_threads
 from sprinter_train.distill.corpus import CORPUS_SOURCE, build_corpus, token_frequencies
@@ -38,19 +42,26 @@ def _path(value: str) -> Path:
     return path if path.is_absolute() else Path.cwd() / path
 
 
-def _exit_on_sigterm(signum, frame) -> None:
-    raise SystemExit(128 + signum)  # run the finally blocks: stop the teacher process
+LOCK_NAME = "distill.lock"
+WORK_FOLDERS = ("", "corpus", "heldout", "teacher")  # atomic_write's temp files swept at start
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     dcfg: dict[str, Any] = OmegaConf.to_container(cfg.distill, resolve=True)
     if cfg.data.source != CORPUS_SOURCE:
         raise ValueError(
             f"stage=distill builds its corpus from {CORPUS_SOURCE} conversations (data=sharegpt);"
             f" data={cfg.data.name} reads {cfg.data.source}"
         )
+    work = _path(dcfg["work_dir"])
+    with pidlock.held(work / LOCK_NAME, f"the distillation work dir {work}") as lock:
+        for folder in (*WORK_FOLDERS, dcfg["role"]):
+            sweep_stale_temps(work / folder)
+        return distill(cfg, dcfg, work, lock)
+
+
+def distill(cfg: DictConfig, dcfg: dict[str, Any], work: Path, lock: Path) -> dict[str, Any]:
+    """Corpus, student, training (teacher in the background on CPU), export; under the lock."""
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
     teacher = load_model(
@@ -60,7 +71,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         torch.float32,
         cfg.models.get("cache_dir"),
     )
-    work = _path(dcfg["work_dir"])
     ccfg = dcfg["corpus"]
     corpus = build_corpus(
         teacher.tokenizer,
@@ -107,6 +117,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         student.model.embed_tokens.requires_grad_(False)
     producer = start_teacher_producer(cfg, dcfg, corpus, work / "teacher", resume, device)
     try:
+        if producer is not None:  # the lock stays held while the teacher runs
+            pidlock.add_process(lock, producer.pid)
         state = train(
             student,
             teacher.model,
@@ -166,7 +178,8 @@ def warm_start(out: Path, dcfg: dict) -> dict[str, Any] | None:
 
 
 def start_teacher_producer(cfg, dcfg, corpus, teacher_dir, resume, device):
-    """On CPU, run the teacher in its own single-threaded process ahead of the student."""
+    """On CPU, run the teacher in its own single-threaded process ahead of the student; it
+    dies with this process (even a SIGKILLed one), so it never fills the cache unattended."""
     tcfg = dcfg["teacher"]
     if not tcfg.get("background") or device.type != "cpu":
         return None
@@ -184,6 +197,7 @@ def start_teacher_producer(cfg, dcfg, corpus, teacher_dir, resume, device):
             int(tcfg["top_k"]),
             int(tcfg["batch_size"]),
             int(tcfg.get("threads", 1)),
+            os.getpid(),
         ),
         daemon=True,
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.io import write_json
 from sprinter_train.core.runtime import set_threads
 from sprinter_train.harvest.reader import open_records
@@ -42,4 +43,5 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             Path(cfg.experiment_dir) / "train" / f"lam{lam_name(lam)}" / "summary.json", result
         )
         results[f"verifier_lam{lam_name(lam)}"] = result
+        note_completed(f"verifier {lam}", f"verifier λ={lam_name(lam)} ({result['checkpoint']})")
     return results
