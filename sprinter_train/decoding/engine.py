@@ -216,11 +216,13 @@ class Engine:
         packet = torch.cat(
             [emitted.tokens, emitted.lengths[:, None]]
             + [zeros[:, None] if c is None else c[:, None] for c in counts]
-            + [batch.caches[r].lengths[:, None] for r in roles],
+            + [batch.caches[r].lengths[:, None] for r in roles]
+            + [self.runners[r].nonfinite_position().expand(len(batch), 1) for r in roles],
             dim=1,
         ).tolist()
         batch.stats.rounds += 1
         width = emitted.tokens.shape[1]
+        ModelRunner.raise_nonfinite(roles, packet[0][width + 4 + len(roles) :])
         for r, (row, values) in enumerate(zip(batch.rows, packet, strict=True)):
             drafted, accepted, by_verifier = values[width + 1 : width + 4]
             batch.stats.drafted += drafted

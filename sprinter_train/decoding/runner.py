@@ -12,9 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
+from sprinter_train.core.finite import broken_rows, nonfinite_error
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.decoding.cache import RowCache
 from sprinter_train.models.forward import body, head_logits
+
+NO_POSITION = 2**62  # the watch's "no broken logits seen"
 
 
 @dataclass
@@ -29,6 +32,8 @@ class ModelRunner:
     `hidden_layer` -1 is the final normed hidden state (the one the head reads); k >= 0 picks
     `hidden_states[k]`. On CPU the seconds inside forwards are summed for the bench's time
     breakdown; on CUDA they are measured with events, read when the caller asks (no sync).
+    Broken logits (NaN, +inf, no finite value) are watched on the device and reported by the
+    engine once a round (`nonfinite_position`), so no step waits for the device.
     """
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, hidden_layer: int = -1) -> None:
@@ -38,6 +43,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self._cpu_seconds = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._nonfinite: torch.Tensor | None = None  # lowest position with broken logits
 
     def new_cache(self, rows: int) -> RowCache:
         return RowCache(rows, self.device)
@@ -85,4 +91,39 @@ class ModelRunner:
             self._events.append((start, end))
         else:
             self._cpu_seconds += time.perf_counter() - began
+        self._watch(logits, positions, keep, counts)
         return RowOutput(logits, hidden)
+
+    def _watch(
+        self,
+        logits: torch.Tensor,
+        positions: torch.Tensor,
+        keep: torch.Tensor,
+        counts: torch.Tensor,
+    ) -> None:
+        """Fold the lowest fed position whose logits are broken into a device scalar (the
+        offsets past a row's fed tokens are padding and not checked)."""
+        if logits.numel() == 0:
+            return
+        fed = (keep >= 0) & (keep < counts[:, None])
+        at = positions.gather(1, keep.clamp(0, positions.shape[1] - 1))
+        first = torch.where(broken_rows(logits) & fed, at, NO_POSITION).amin()
+        seen = self._nonfinite
+        self._nonfinite = first if seen is None else torch.minimum(seen, first)
+
+    def nonfinite_position(self) -> torch.Tensor:
+        """(1, 1) on the device: the lowest position whose next-token logits were broken since
+        the last call, or -1; resets. The engine sends it home in each round's one transfer."""
+        found, self._nonfinite = self._nonfinite, None
+        if found is None:
+            return torch.full((1, 1), -1, dtype=torch.long, device=self.device)
+        return torch.where(found >= NO_POSITION, -1, found).reshape(1, 1)
+
+    @staticmethod
+    def raise_nonfinite(roles: list[str], positions: list[int]) -> None:
+        """Stop on the first role whose `nonfinite_position` came home as a position."""
+        for role, position in zip(roles, positions, strict=True):
+            if position >= 0:
+                raise nonfinite_error(
+                    role, f"at position {position} (the next-token distribution after it)"
+                )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sprinter_train.core.io import read_json
+from sprinter_train.core.io import corrupt_input, read_json_input
 from sprinter_train.harvest.schema import HIDDEN_DTYPE
 from sprinter_train.harvest.shards import read_records, shard_files
 
@@ -103,13 +103,30 @@ class RecordSet:
         shard_of = np.searchsorted(self.shard_offsets, rows, side="right") - 1
         for s in np.unique(shard_of):
             where = np.flatnonzero(shard_of == s)
-            mapped = np.load(
-                shard_files(self.records_dir, self.shard_names[s])["hidden"], mmap_mode="r"
+            mapped = map_hidden(
+                shard_files(self.records_dir, self.shard_names[s])["hidden"],
+                int(self.shard_offsets[s + 1] - self.shard_offsets[s]),
+                self.d,
+                HARVEST_HINT.format(exp=self.records_dir.parent.name),
             )
             local = rows[where] - self.shard_offsets[s]
             order = np.argsort(local, kind="stable")  # sorted reads from the map are faster
             out[where[order]] = mapped[local[order]]
         return out
+
+
+def map_hidden(path: Path, rows: int, d: int, hint: str) -> np.ndarray:
+    """A shard's hidden states, memory-mapped; a truncated file, or one of another shape or
+    dtype than the manifest's, is an error naming it (the harvest redoes such a shard)."""
+    remedy = f"rerun stage=harvest, which redoes only the broken shard ({hint})"
+    try:
+        mapped = np.load(path, mmap_mode="r")
+    except (OSError, ValueError, EOFError) as error:
+        raise corrupt_input(path, error, remedy) from error
+    if mapped.dtype != np.dtype(HIDDEN_DTYPE) or mapped.shape != (rows, d):
+        expected = f"{np.dtype(HIDDEN_DTYPE)} {(rows, d)}"
+        raise corrupt_input(path, f"{mapped.dtype} {mapped.shape}, not {expected}", remedy)
+    return mapped
 
 
 def records_dir_of(experiment_dir: str | Path) -> Path:
@@ -133,7 +150,11 @@ def open_records(
             f"{stage} needs {manifest_path}: the record set is incomplete (stage=harvest writes "
             f"the manifest last); finish it with the same stage=harvest command ({hint})"
         )
-    manifest = read_json(manifest_path)
+    manifest = read_json_input(
+        manifest_path,
+        f"rewrite it with the same stage=harvest command ({hint})",
+        keys=("shards", "hidden"),
+    )
     names = [s["name"] for s in manifest["shards"]]
     for name in names:
         for kind, path in shard_files(records_dir, name).items():
@@ -142,6 +163,9 @@ def open_records(
                     f"{stage}: shard file {path} listed in the manifest is missing; rerun "
                     f"stage=harvest ({hint})"
                 )
+    for shard in manifest["shards"]:
+        hidden = shard_files(records_dir, shard["name"])["hidden"]
+        map_hidden(hidden, int(shard["rows"]), int(manifest["hidden"]["d"]), hint)
     table = read_records(records_dir, names, columns=columns)
     frame = table.to_pandas()
     rows = [int(s["rows"]) for s in manifest["shards"]]

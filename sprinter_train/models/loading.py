@@ -46,6 +46,10 @@ class TokenizerMismatchError(RuntimeError):
     """Draft, companion and target do not share a vocabulary mapping."""
 
 
+class VocabularyError(ModelLoadError):
+    """A model has fewer token embeddings than the tokenizer that feeds it has ids."""
+
+
 @dataclass
 class LoadedModel:
     """A model with its tokenizer and the spec it came from (for manifests)."""
@@ -160,7 +164,11 @@ def load_model(
     if path == "tiny_random":
         tokenizer = build_tiny_tokenizer(**(spec.get("tokenizer") or {}))
         model = build_tiny_model(dict(spec.get("config") or {}), seed=int(spec.get("seed", 0)))
-        return LoadedModel(role, model.to(device=device, dtype=dtype).eval(), tokenizer, dict(spec))
+        loaded = LoadedModel(
+            role, model.to(device=device, dtype=dtype).eval(), tokenizer, dict(spec)
+        )
+        check_vocabulary(loaded, tokenizer, "its own tokenizer")
+        return loaded
     resolved = resolve_path(path)
     if looks_local(path) and not Path(resolved).exists():
         raise ModelLoadError(
@@ -188,13 +196,39 @@ def load_model(
         ) from error
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return LoadedModel(role, model.to(device).eval(), tokenizer, dict(spec))
+    loaded = LoadedModel(role, model.to(device).eval(), tokenizer, dict(spec))
+    check_vocabulary(loaded, tokenizer, f"its own tokenizer ({resolved})")
+    return loaded
+
+
+def embedding_rows(model: torch.nn.Module) -> int:
+    """How many token ids the model can embed (its input embedding's rows)."""
+    embedding = model.get_input_embeddings()
+    weight = getattr(embedding, "weight", None)
+    if weight is None:  # the distilled draft's factorised embedding
+        weight = getattr(getattr(embedding, "low", None), "weight", None)
+    return int(weight.shape[0]) if weight is not None else int(model.config.vocab_size)
+
+
+def check_vocabulary(loaded: LoadedModel, tokenizer: PreTrainedTokenizerBase, which: str) -> None:
+    """Stop before any work if `tokenizer` can emit ids the model cannot embed: they used to
+    fail deep inside a forward with `IndexError: index out of range in self`."""
+    rows, ids = embedding_rows(loaded.model), len(tokenizer)
+    if rows < ids:
+        raise VocabularyError(
+            f"the {loaded.role} model ({loaded.name}) embeds {rows} token ids, but {which} has "
+            f"{ids}: ids {rows}..{ids - 1} would index past its embedding. Use a {loaded.role} "
+            "of the target's vocabulary (`python -m sprinter_train stage=distill` builds one "
+            "for the target in models.target)."
+        )
 
 
 def check_tokenizers_agree(models: list[LoadedModel]) -> None:
     """Stop before any work if two models map a shared id to different tokens."""
     reference = models[0]
     ref_vocab = _id_to_token(reference.tokenizer)
+    for other in models:  # every model embeds the ids of the shared (first) tokenizer
+        check_vocabulary(other, reference.tokenizer, f"the {reference.role}'s tokenizer")
     for other in models[1:]:
         vocab = _id_to_token(other.tokenizer)
         shared = min(len(ref_vocab), len(vocab))

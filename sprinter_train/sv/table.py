@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sprinter_train.core.io import read_json
+from sprinter_train.core.io import corrupt_input, read_json_input
 from sprinter_train.harvest.reader import MissingInputError
 
 
@@ -93,14 +93,28 @@ class SVTable:
 
     @classmethod
     def load(cls, path: str | Path, binning: str | None = None) -> SVTable:
-        """Load a table written by stage=tables; a missing file names that stage."""
+        """Load a table written by stage=tables; a missing or corrupt file names that stage."""
         path = Path(path)
+        command = f"`python -m sprinter_train stage=tables experiment={path.parent.parent.name}`"
         if not path.exists():
-            raise MissingInputError(
-                f"SV table {path} does not exist: make it with `python -m sprinter_train "
-                f"stage=tables experiment={path.parent.parent.name}`"
+            raise MissingInputError(f"SV table {path} does not exist: make it with {command}")
+        remedy = f"rewrite it with {command}"
+        payload = read_json_input(path, remedy, keys=("binnings", "default"))
+        if not isinstance(payload["binnings"], dict):
+            raise corrupt_input(path, "binnings is not a mapping", remedy)
+        if (binning or payload["default"]) not in payload["binnings"]:
+            return cls.from_json(payload, binning)  # names the binnings the table has
+        try:
+            table = cls.from_json(payload, binning)
+        except (KeyError, TypeError, ValueError) as error:
+            raise corrupt_input(path, f"{type(error).__name__}: {error}", remedy) from error
+        p = table.p_accept
+        if p.shape != table.binning.shape or not bool(np.all((p >= 0) & (p <= 1))):
+            problem = (
+                f"P(accept) of shape {p.shape} for {table.binning.shape} cells, or outside [0, 1]"
             )
-        return cls.from_json(read_json(path), binning)
+            raise corrupt_input(path, problem, remedy)
+        return table
 
     def lookup(self, S: float | np.ndarray, A: float | np.ndarray) -> float | np.ndarray:
         """P(accept) for the cell of (S, A); scalars in, a float out."""

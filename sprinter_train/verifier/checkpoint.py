@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from sprinter_train.core.io import atomic_write, read_json, write_json
+from sprinter_train.core.io import atomic_write, corrupt_input, read_json_input, write_json
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.verifier.features import FeatureSpec
 
@@ -88,19 +89,34 @@ def save_verifier(path: Path, weight: torch.Tensor, bias: torch.Tensor, meta: di
 
 
 def load_verifier(path: str | Path, experiment: str | None = None) -> VerifierCheckpoint:
-    """Load one exported verifier; a missing one names stage=train."""
+    """Load one exported verifier; a missing or corrupt one names the file and stage=train."""
     path = Path(path)
     sidecar = sidecar_path(path)
+    lam = path.stem.removeprefix("verifier-lam")
+    exp = f" experiment={experiment}" if experiment else ""
+    command = f"`python -m sprinter_train stage=train{exp} train.lam={lam}`"
     if not path.exists() or not sidecar.exists():
-        lam = path.stem.removeprefix("verifier-lam")
-        exp = f" experiment={experiment}" if experiment else ""
         raise MissingInputError(
             f"verifier checkpoint {path} (with its {sidecar.name}) does not exist: make it with "
-            f"`python -m sprinter_train stage=train{exp} train.lam={lam}`"
+            f"{command}"
         )
-    meta = read_json(sidecar)
-    tensors = load_file(str(path))
-    weight = tensors["weight"]
+    remedy = f"rewrite the verifier with {command}"
+    meta = read_json_input(sidecar, remedy, keys=("lam",))
+    try:
+        tensors = load_file(str(path))
+        weight, bias = tensors["weight"], tensors["bias"]
+    except (OSError, KeyError, SafetensorError) as error:
+        raise corrupt_input(path, f"{type(error).__name__}: {error}", remedy) from error
+    features = meta.get("features", {"names": []})
+    if not isinstance(features, dict) or "names" not in features:
+        raise corrupt_input(sidecar, "features without names", remedy)
+    d_in = features.get("d_in")
+    if weight.ndim != 2 or weight.shape[0] != 1 or bias.numel() != 1:
+        raise corrupt_input(path, f"weight {tuple(weight.shape)}, bias {tuple(bias.shape)}", remedy)
+    if d_in is not None and int(d_in) != weight.shape[1]:
+        raise corrupt_input(
+            path, f"{weight.shape[1]} weights, but {sidecar.name} says d_in {d_in}", remedy
+        )
     model = LinearVerifier(int(weight.shape[1]))
     model.linear.weight.data.copy_(weight)
     model.linear.bias.data.copy_(tensors["bias"])
