@@ -65,10 +65,14 @@ def target_teacher_forced(
     return time.perf_counter() - start, positions, tokens
 
 
-def measure(models, prompts, mixes, options, batch_size, device, out_dir: Path) -> dict[str, float]:
+def measure(
+    models, prompts, mixes, options, batch_size, device, out_dir: Path, generation_batch_size=64
+) -> dict[str, float]:
     synchronize(device)
     start = time.perf_counter()
-    batch, sequences = harvest_prompts(models, prompts, mixes, options, batch_size, device)
+    batch, sequences = harvest_prompts(
+        models, prompts, mixes, options, batch_size, device, None, generation_batch_size
+    )
     for plan in plan_shards(prompts, mixes, len(prompts)):
         write_shard(out_dir, plan, batch, sequences, "benchmark")
     synchronize(device)
@@ -126,6 +130,7 @@ def main() -> None:
                 batch_size,
                 device,
                 Path(tmp),
+                int(hcfg["generation_batch_size"]),
             ),
         }
     print(

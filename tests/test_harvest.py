@@ -19,23 +19,21 @@ from sprinter_train.core.io import read_json
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.harvest import driver
-from sprinter_train.harvest.continuations import (
-    make_generator,
-    sample_continuations,
-)
+from sprinter_train.harvest.continuations import build_sequences
 from sprinter_train.harvest.mixes import MIXES, assign_mixes
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.harvest.records import token_statistics
 from sprinter_train.harvest.schema import RECORD_SCHEMA, SEQUENCE_SCHEMA
 from sprinter_train.harvest.shards import ShardPlan, shard_is_complete
-from sprinter_train.models.forward import load_harvest_models
+from sprinter_train.models.forward import HarvestModels, load_harvest_models
 from sprinter_train.models.loading import (
+    LoadedModel,
     ModelLoadError,
     TokenizerMismatchError,
     load_model,
     looks_local,
 )
-from sprinter_train.models.tiny import build_tiny_model
+from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 # 8 prompts, 6 records each, 3 prompts per shard (shards of 3, 3, 2), 2 sequences per forward
 TINY = (
@@ -221,6 +219,11 @@ def test_same_seed_gives_identical_records_and_another_seed_does_not(baseline, t
     assert len(records) != len(baseline["records"]) or not records.equals(baseline["records"])
 
 
+class SimulatedCrash(Exception):
+    """A process dying mid-harvest (a plain error: run_stage turns a KeyboardInterrupt into
+    its own interruption report, which is not what this test is about)."""
+
+
 def test_interrupted_harvest_resumes_to_the_uninterrupted_records(
     baseline, tmp_path, monkeypatch
 ) -> None:
@@ -230,12 +233,12 @@ def test_interrupted_harvest_resumes_to_the_uninterrupted_records(
 
     def write_then_crash(*args, **kwargs):
         if calls:
-            raise KeyboardInterrupt("simulated interruption after the first shard")
+            raise SimulatedCrash("simulated interruption after the first shard")
         calls.append(args[1].name)
         return real_write(*args, **kwargs)
 
     monkeypatch.setattr(driver, "write_shard", write_then_crash)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SimulatedCrash):
         run_stage(cfg)
     records_dir = Path(cfg.experiment_dir) / "records"
     assert sorted(p.name for p in records_dir.glob("shard-*.parquet")) == [
@@ -331,26 +334,82 @@ def tiny_gpt2() -> torch.nn.Module:
     return GPT2LMHeadModel(config).eval()
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_batched_generation_matches_one_prompt_at_a_time(family: str) -> None:
-    """Left padding, position ids and the KV cache leave each row's continuation unchanged."""
+def generating_models(family: str, eos_token_id: int | None) -> HarvestModels:
+    """A tiny draft and a target of `family` that disagree often (interleaved rows reject)."""
     if family == "llama":
-        model = build_tiny_model({"num_hidden_layers": 2, "initializer_range": 0.2}, seed=5)
+        target = build_tiny_model({"num_hidden_layers": 2, "initializer_range": 0.2}, seed=5)
     else:
-        model = tiny_gpt2()
-    prompts = [[1, 40, 41, 42, 43, 44, 45], [1, 50], [1, 60, 61, 62]]
-    sampling = SamplingConfig(temperature=1.0)
-    cpu = torch.device("cpu")
+        target = tiny_gpt2()
+    draft = build_tiny_model({"num_hidden_layers": 1, "initializer_range": 0.2}, seed=6)
+    tokenizer = build_tiny_tokenizer()
+    return HarvestModels(
+        LoadedModel("draft", draft, tokenizer),
+        LoadedModel("target", target, tokenizer),
+        None,
+        128,
+        eos_token_id,
+    )
 
-    def generators():
-        return [make_generator(100 + i, cpu) for i in range(len(prompts))]
 
-    batched = sample_continuations(model, prompts, 8, sampling, generators(), 128, None, cpu)
+GENERATED = ("draft", "target", "interleaved")
+SEQ_PROMPTS = [
+    Prompt(f"p{i}", "toy", "train", "", [1, *range(40 + i, 40 + i + 2 + (5 * i) % 9)], None)
+    for i in range(12)
+]
+SEQ_MIXES = [GENERATED[i % 3] for i in range(12)]
+SEQ_SAMPLING = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95)
+
+
+def continuations(models: HarvestModels, prompts, mixes, n: int = 8) -> list[list[int]]:
+    built = build_sequences(models, prompts, mixes, n, n, 3, SEQ_SAMPLING, 0)
+    return [seq.input_ids[seq.region_start : seq.region_end] for seq in built]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_batched_continuations_match_one_prompt_at_a_time(family: str) -> None:
+    """Every generated mix's rows in one engine call (prompts of different lengths, rows that
+    accept different numbers of drafts) equal each prompt generated alone."""
+    models = generating_models(family, None)
+    batched = continuations(models, SEQ_PROMPTS, SEQ_MIXES)
     alone = [
-        sample_continuations(model, [prompt], 8, sampling, [gen], 128, None, cpu)[0]
-        for prompt, gen in zip(prompts, generators(), strict=True)
+        continuations(models, [prompt], [mix])[0]
+        for prompt, mix in zip(SEQ_PROMPTS, SEQ_MIXES, strict=True)
     ]
     assert batched == alone and all(len(row) == 8 for row in batched)
+    # the mixes really differ: the draft, the target and their interleaving
+    assert len({tuple(row) for row in batched}) == len(batched)
+
+
+def test_continuations_end_at_the_first_eos() -> None:
+    """With an EOS id, a continuation stops right after its first EOS; the other rows and
+    the prefix before it are unchanged (rows leaving the batch do not disturb the rest)."""
+    free = continuations(generating_models("llama", None), SEQ_PROMPTS, SEQ_MIXES)
+    eos = free[1][3]  # a token the target mix's row emits fourth
+    cut = continuations(generating_models("llama", eos), SEQ_PROMPTS, SEQ_MIXES)
+    assert cut[1] == free[1][: free[1].index(eos) + 1] and len(cut[1]) <= 4
+    for row_free, row_cut in zip(free, cut, strict=True):
+        end = row_free.index(eos) + 1 if eos in row_free else len(row_free)
+        assert row_cut == row_free[:end]
+    assert any(len(row) == 8 for row in cut)
+
+
+@pytest.mark.parametrize("batching", [("1", "18", "1"), ("8", "48", "64"), ("2", "48", "3")])
+def test_records_do_not_depend_on_batching(baseline, tmp_path, batching) -> None:
+    """All four mixes, one prompt per batch and per generation call, all eight in one, or
+    generation chunks that cut across teacher-forced batches, give the baseline's sequences
+    and records exactly (float32)."""
+    batch_size, shard_rows, generation = batching
+    cfg = compose_at(
+        tmp_path,
+        f"harvest.batch_size={batch_size}",
+        f"harvest.shard_rows={shard_rows}",
+        f"harvest.generation_batch_size={generation}",
+    )
+    run_stage(cfg)
+    records, hidden, seqs = load_record_set(cfg)
+    assert set(seqs.mix) == set(MIXES)
+    pd.testing.assert_frame_equal(seqs, baseline["seqs"])
+    assert_same_records((records, hidden), (baseline["records"], baseline["hidden"]))
 
 
 def test_without_a_companion_s_and_a_are_null(tmp_path) -> None:

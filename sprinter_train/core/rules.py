@@ -13,7 +13,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from sprinter_train.core.sampling import inverse_cdf, sample
+from sprinter_train.core.sampling import inverse_cdf
 
 Entropy = TypeVar("Entropy", float, np.ndarray, torch.Tensor)  # one H_q or many
 
@@ -74,24 +74,6 @@ def sprinter_check_rows(
     kept = u.double() * q_x.double() < p_x.double()
     fresh = inverse_cdf(residual_rows(p, q), u_fresh)
     return kept, torch.where(kept, x, fresh)
-
-
-def speculative_step(
-    p_rows: torch.Tensor,
-    q_rows: torch.Tensor,
-    drafts: Sequence[int],
-    generator: torch.Generator | None,
-) -> tuple[int, int]:
-    """One sequence's verification with a torch.Generator: (accepted, next token), by
-    speculative_rows on a batch of one (harvest's interleaved continuations)."""
-    device = generator.device if generator is not None else p_rows.device
-    u = torch.rand(len(drafts), generator=generator, device=device, dtype=torch.float64)
-    counts = torch.tensor([len(drafts)], device=p_rows.device)
-    tokens = torch.tensor([list(drafts)], dtype=torch.long, device=p_rows.device)
-    accepted, law = speculative_rows(
-        p_rows[None], q_rows[None], tokens, counts, u.to(p_rows.device)[None]
-    )
-    return int(accepted[0]), int(sample(law[0], generator))
 
 
 def _entropy_bound(draft_entropy: Entropy, constant: float) -> Entropy:

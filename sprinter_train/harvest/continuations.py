@@ -4,8 +4,11 @@
 solution, the rest of a text). `draft` / `target`: a continuation sampled from that model.
 `interleaved`: a continuation produced as speculative decoding produces it, draft tokens the
 target accepted with min(1, p/q) and target corrections drawn from norm(max(0, p - q)).
-Every prompt samples from its own seeded generator, so a sequence never depends on the batch
-or shard it was built in.
+
+The three generated mixes come from the batched decoding engine (the same loop the bench
+measures): target-only decoding of the draft or the target model, and speculative decoding
+with block size gamma. Each row draws from its own stream keyed by its prompt's seed, so a
+sequence never depends on the batch or shard it was built in.
 """
 
 from __future__ import annotations
@@ -13,15 +16,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from sprinter_train.core.rules import speculative_step
-from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
+from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
+from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.state import Policy
 from sprinter_train.harvest.mixes import prompt_seed
-from sprinter_train.models.cache import crop_cache
-from sprinter_train.models.forward import HarvestModels, body, head_logits
+from sprinter_train.models.forward import HarvestModels
+
+GENERATED_MIXES = ("draft", "target", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -33,12 +39,6 @@ class HarvestSequence:
     input_ids: list[int]
     region_start: int
     region_end: int
-
-
-def make_generator(seed: int, device: torch.device) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return generator
 
 
 def original_sequence(
@@ -53,105 +53,42 @@ def original_sequence(
     return ids, max(1, len(ids) - length), len(ids)
 
 
-def _truncate(tokens: list[int], n: int, eos_token_id: int | None) -> list[int]:
-    """At most n tokens, ending at the first EOS (decoding stops there too)."""
-    tokens = tokens[:n]
-    if eos_token_id is not None and eos_token_id in tokens:
-        tokens = tokens[: tokens.index(eos_token_id) + 1]
-    return tokens
+def continuation_engine(
+    models: HarvestModels, mix: str, gamma: int, sampling: SamplingConfig
+) -> tuple[Engine, Policy]:
+    """The engine and policy that generate one mix's continuations: target-only decoding of
+    the mix's model, or draft + target speculative decoding (no hidden states are needed)."""
+    vocab, eos = models.vocab_size, models.eos_token_id
+    if mix == "interleaved":
+        engine = Engine(
+            ModelRunner(models.target.model, vocab),
+            sampling,
+            draft=ModelRunner(models.draft.model, vocab),
+            eos_token_id=eos,
+        )
+        return engine, SpeculativeDecoding(gamma)
+    if mix not in ("draft", "target"):
+        raise ValueError(f"mix {mix!r} is not generated; generated mixes: {GENERATED_MIXES}")
+    model = models.draft.model if mix == "draft" else models.target.model
+    return Engine(ModelRunner(model, vocab), sampling, eos_token_id=eos), TargetOnly()
 
 
-@torch.no_grad()
-def sample_continuations(
-    model: torch.nn.Module,
-    prompts: Sequence[Sequence[int]],
-    n: int,
-    sampling: SamplingConfig,
-    generators: Sequence[torch.Generator],
-    vocab_size: int,
-    eos_token_id: int | None,
-    device: torch.device,
-) -> list[list[int]]:
-    """n tokens sampled from `model` after each prompt: left-padded batch, KV-cached steps."""
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt, device=device)
-        mask[row, width - len(prompt) :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    final, _, cache = body(model, ids, mask, positions, cache, use_cache=True)
-    logits = head_logits(model, final[:, -1], vocab_size)
-    next_position = positions[:, -1:] + 1
-    out: list[list[int]] = [[] for _ in prompts]
-    for step in range(n):
-        probs = warp_probs(logits, sampling)
-        tokens = [int(sample(probs[row], generators[row])) for row in range(len(prompts))]
-        for row, token in enumerate(tokens):
-            out[row].append(token)
-        done = [eos_token_id is not None and eos_token_id in row for row in out]
-        if step == n - 1 or all(done):
-            break
-        mask = torch.cat([mask, mask.new_ones((len(prompts), 1))], dim=1)
-        step_ids = torch.tensor(tokens, device=device).unsqueeze(1)
-        final, _, cache = body(model, step_ids, mask, next_position, cache, use_cache=True)
-        logits = head_logits(model, final[:, -1], vocab_size)
-        next_position = next_position + 1
-    return [_truncate(row, n, eos_token_id) for row in out]
-
-
-@torch.no_grad()
-def speculative_continuation(
-    draft: torch.nn.Module,
-    target: torch.nn.Module,
-    prompt: Sequence[int],
-    n: int,
+def generate_continuations(
+    models: HarvestModels,
+    prompts: Sequence[Prompt],
+    mix: str,
+    length: int,
     gamma: int,
     sampling: SamplingConfig,
-    generator: torch.Generator,
-    vocab_size: int,
-    eos_token_id: int | None,
-    device: torch.device,
-) -> list[int]:
-    """n tokens as speculative decoding with block size gamma emits them (batch of one)."""
-    committed = list(prompt)
-    start = len(committed)
-    draft_cache, target_cache = (
-        DynamicCache(config=draft.config),
-        DynamicCache(config=target.config),
-    )
-    draft_len = target_len = 0  # committed tokens held in each cache
-    while len(committed) - start < n:
-        base = len(committed)
-        g = min(gamma, start + n - base)
-        # 1. the draft proposes g tokens, first feeding the committed tokens its cache lacks
-        feed, proposals, q_rows = committed[draft_len:], [], []
-        for _ in range(g):
-            final, _, draft_cache = body(
-                draft, torch.tensor([feed], device=device), None, None, draft_cache, use_cache=True
-            )
-            q = warp_probs(head_logits(draft, final[0, -1], vocab_size), sampling)
-            proposals.append(int(sample(q, generator)))
-            q_rows.append(q)
-            feed = proposals[-1:]
-        # 2. one target forward scores every proposal (g + 1 distributions)
-        feed = committed[target_len:] + proposals
-        final, _, target_cache = body(
-            target, torch.tensor([feed], device=device), None, None, target_cache, use_cache=True
-        )
-        p_rows = warp_probs(head_logits(target, final[0, -(g + 1) :], vocab_size), sampling)
-        # 3. accept a prefix of the proposals, then a correction or bonus token from the target
-        accepted, next_token = speculative_step(p_rows, torch.stack(q_rows), proposals, generator)
-        committed += proposals[:accepted] + [next_token]
-        # 4. drop rejected proposals from the caches (the draft never fed its last proposal)
-        draft_len = base + min(accepted, g - 1)
-        target_len = base + accepted
-        crop_cache(draft_cache, draft_len)
-        crop_cache(target_cache, target_len)
-        if eos_token_id is not None and eos_token_id in committed[base:]:
-            break
-    return _truncate(committed[start:], n, eos_token_id)
+    seed: int,
+) -> list[list[int]]:
+    """At most `length` tokens after each prompt, ending at the first EOS: one batched
+    `generate` call, row i seeded by its prompt (`prompt_seed(seed, id, "continuation")`,
+    63 bits: a non-negative int64 key of `RowStreams`)."""
+    engine, policy = continuation_engine(models, mix, gamma, sampling)
+    seeds = [prompt_seed(seed, p.prompt_id, "continuation") for p in prompts]
+    results = engine.generate([p.input_ids for p in prompts], policy, length, seeds)
+    return [result.tokens for result in results]
 
 
 def build_sequences(
@@ -163,46 +100,17 @@ def build_sequences(
     gamma: int,
     sampling: SamplingConfig,
     seed: int,
-    device: torch.device,
 ) -> list[HarvestSequence]:
     """The sequence of every prompt of one batch: `length` generated tokens, or the first
-    `original_length` reference tokens. Generation is batched per generating model."""
+    `original_length` reference tokens. Each generated mix's rows are one engine call."""
     continuations: dict[int, list[int]] = {}
-    for mix, model in (("draft", models.draft.model), ("target", models.target.model)):
+    for mix in GENERATED_MIXES:
         rows = [i for i, m in enumerate(mixes) if m == mix]
         if rows:
-            generators = [
-                make_generator(prompt_seed(seed, prompts[i].prompt_id, "continuation"), device)
-                for i in rows
-            ]
-            sampled = sample_continuations(
-                model,
-                [prompts[i].input_ids for i in rows],
-                length,
-                sampling,
-                generators,
-                models.vocab_size,
-                models.eos_token_id,
-                device,
+            generated = generate_continuations(
+                models, [prompts[i] for i in rows], mix, length, gamma, sampling, seed
             )
-            continuations.update(zip(rows, sampled, strict=True))
-    for i, mix in enumerate(mixes):
-        if mix == "interleaved":
-            generator = make_generator(
-                prompt_seed(seed, prompts[i].prompt_id, "continuation"), device
-            )
-            continuations[i] = speculative_continuation(
-                models.draft.model,
-                models.target.model,
-                prompts[i].input_ids,
-                length,
-                gamma,
-                sampling,
-                generator,
-                models.vocab_size,
-                models.eos_token_id,
-                device,
-            )
+            continuations.update(zip(rows, generated, strict=True))
     sequences = []
     for i, (prompt, mix) in enumerate(zip(prompts, mixes, strict=True)):
         if mix == "original":

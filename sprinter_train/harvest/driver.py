@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from sprinter_train.core.io import write_json
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.core.validation import prompt_room
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.harvest.continuations import HarvestSequence, build_sequences
 from sprinter_train.harvest.manifest import build_manifest, count_records, harvest_fingerprint
@@ -86,16 +87,20 @@ def harvest_prompts(
     batch_size: int,
     device: torch.device,
     on_batch: Callable[[int, int], None] | None = None,
+    generation_batch_size: int = 64,
 ) -> tuple[RecordBatch, list[HarvestSequence]]:
-    """Records of `prompts` in order: build each batch's sequences, then one forward per model.
+    """Records of `prompts` in order: build the sequences, then one forward per model a batch.
 
-    Batches take prompts in length order (padding is wasted compute) and the prompt order
-    is restored afterwards; per-prompt generators keep the records independent of batching.
+    Prompts go in length order (padding is wasted compute) and the prompt order is restored
+    afterwards. Continuations are generated for up to `generation_batch_size` prompts at a
+    time (each mix one batched engine call: a decode step costs about the same for 2 rows as
+    for 30 on a CPU), then teacher-forced `batch_size` sequences at a time; per-prompt random
+    streams keep the records independent of both sizes.
     """
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i].input_ids), i))
-    batches, sequences, rows_of, offset = [], {}, {}, 0
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
+    built_of: dict[int, HarvestSequence] = {}
+    for start in range(0, len(order), max(1, generation_batch_size)):
+        chunk = order[start : start + max(1, generation_batch_size)]
         built = build_sequences(
             models,
             [prompts[i] for i in chunk],
@@ -105,8 +110,12 @@ def harvest_prompts(
             options.gamma,
             options.sampling,
             options.seed,
-            device,
         )
+        built_of.update(zip(chunk, built, strict=True))
+    batches, sequences, rows_of, offset = [], {}, {}, 0
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        built = [built_of[i] for i in chunk]
         batch = harvest_batch(
             models, built, options.sampling, options.hidden_layer, options.seed, device
         )
@@ -124,13 +133,13 @@ def harvest_prompts(
 
 
 def max_context(models: HarvestModels, reserve: int) -> int | None:
-    """Longest prompt that leaves `reserve` positions for the region in every model."""
-    limits = [
-        int(m.model.config.max_position_embeddings)
-        for m in models.all()
-        if getattr(m.model.config, "max_position_embeddings", None)
-    ]
-    return min(limits) - reserve if limits else None
+    """Longest prompt that leaves `reserve` positions for the region in every model; a model
+    too short for even that stops the harvest before any work."""
+    contexts = {
+        m.role: getattr(m.model.config, "max_position_embeddings", None) for m in models.all()
+    }
+    setting = "harvest.max_positions_per_prompt (or continuation_tokens)"
+    return prompt_room(contexts, reserve, setting)
 
 
 def make_fabric(cfg: DictConfig) -> Fabric:
@@ -206,7 +215,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
         models,
         todo,
         options,
-        int(hcfg["batch_size"]),
+        (int(hcfg["batch_size"]), int(hcfg["generation_batch_size"])),
         device,
         records_dir,
         fingerprint,
@@ -267,13 +276,14 @@ def _write_shards(
     models: HarvestModels,
     plans: list[ShardPlan],
     options: HarvestOptions,
-    batch_size: int,
+    batch_sizes: tuple[int, int],
     device: torch.device,
     records_dir: Path,
     fingerprint: str,
     show: bool,
 ) -> int:
-    """Harvest and write the given shards with a progress bar of prompts and records/s."""
+    """Harvest and write the given shards with a progress bar of prompts and records/s;
+    batch_sizes: (teacher-forced sequences, prompts generated together)."""
     progress = tqdm(
         total=sum(len(p.prompts) for p in plans), unit="prompt", desc="harvest", disable=not show
     )
@@ -290,7 +300,14 @@ def _write_shards(
     try:
         for plan in plans:
             batch, sequences = harvest_prompts(
-                models, plan.prompts, plan.mixes, options, batch_size, device, on_batch
+                models,
+                plan.prompts,
+                plan.mixes,
+                options,
+                batch_sizes[0],
+                device,
+                on_batch,
+                batch_sizes[1],
             )
             write_shard(records_dir, plan, batch, sequences, fingerprint)
     finally:

@@ -19,13 +19,21 @@ import numpy as np
 import torch
 
 from sprinter_train.core.distributions import acceptance_alpha, entropy
+from sprinter_train.core.finite import check_logits
 from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
-from sprinter_train.harvest.continuations import HarvestSequence, make_generator
+from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.harvest.schema import NUMPY_DTYPES
 from sprinter_train.models.forward import HarvestModels, body, head_logits
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def make_generator(seed: int, device: torch.device) -> torch.Generator:
+    """The prompt's own generator for its sampled draft tokens (independent of the batch)."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
 
 
 def as_record_half(values: torch.Tensor) -> torch.Tensor:
@@ -96,11 +104,19 @@ def _distributions(
     vocab_size: int,
     sampling: SamplingConfig,
     hidden_layer: int = -1,
+    role: str = "draft",
+    prompt_ids: Sequence[str] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Warped distributions at (rows, cols) and the chosen layer's hidden states there."""
+    """Warped distributions at (rows, cols) and the chosen layer's hidden states there; broken
+    logits (NaN, +inf) stop the harvest naming `role`, the prompt and the position."""
     final, chosen, _ = body(model, ids, mask, hidden_layer=hidden_layer)
-    probs = warp_probs(head_logits(model, final[rows, cols], vocab_size), sampling)
-    return probs, chosen[rows, cols]
+    logits = head_logits(model, final[rows, cols], vocab_size)
+    check_logits(
+        logits,
+        role,
+        lambda i: f"for prompt {prompt_ids[int(rows[i])]}'s token at position {int(cols[i]) + 1}",
+    )
+    return warp_probs(logits, sampling), chosen[rows, cols]
 
 
 @torch.no_grad()
@@ -125,13 +141,19 @@ def harvest_batch(
         device
     )
     vocab = models.vocab_size
+    ids_of = [s.prompt.prompt_id for s in sequences]
     q, hidden = _distributions(
-        models.draft.model, ids, mask, rows, cols, vocab, sampling, hidden_layer
+        models.draft.model, ids, mask, rows, cols, vocab, sampling, hidden_layer, "draft", ids_of
     )
-    p, _ = _distributions(models.target.model, ids, mask, rows, cols, vocab, sampling)
+    p, _ = _distributions(
+        models.target.model, ids, mask, rows, cols, vocab, sampling, -1, "target", ids_of
+    )
     c = None
     if models.companion is not None:
-        c, _ = _distributions(models.companion.model, ids, mask, rows, cols, vocab, sampling)
+        companion = models.companion.model
+        c, _ = _distributions(
+            companion, ids, mask, rows, cols, vocab, sampling, -1, "companion", ids_of
+        )
 
     x = torch.empty(len(rows), dtype=torch.long, device=device)
     start = 0
