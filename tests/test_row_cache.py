@@ -74,3 +74,16 @@ def test_a_row_alone_gives_the_same_logits_as_in_a_batch(model) -> None:
     solo = feed(runner, alone, [prompt])[0, :4]
     mixed = feed(runner, batch, [[30, 31], prompt, [40, 41, 42, 43, 44, 45]])[1, :4]
     torch.testing.assert_close(solo, mixed, atol=1e-5, rtol=0)
+
+
+def test_priming_rows_one_at_a_time_equals_a_full_forward(model) -> None:
+    """An empty cache filled row by row (no padding compute), then extended in a batch."""
+    runner = ModelRunner(model, VOCAB)
+    seqs = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15]]
+    cache = runner.new_cache(len(seqs))
+    runner.prime(cache, [s[:-1] for s in seqs])
+    assert cache.lengths.tolist() == [6, 0, 2]
+    out = feed(runner, cache, [s[-1:] + [20, 21] for s in seqs])
+    for r, seq in enumerate(seqs):
+        full = full_logits(model, seq + [20, 21])[-3:]
+        torch.testing.assert_close(out[r, :3], full, atol=1e-4, rtol=0)

@@ -56,6 +56,29 @@ class RowCache:
         self.position = torch.cat([self.position, block], dim=1)
         self.lengths = self.lengths + counts
 
+    def absorb(self, rows: list[DynamicCache | None], counts: list[int]) -> None:
+        """Take per-row caches (row r holding counts[r] tokens, None for none) as this empty
+        cache's first block: each row's keys and values padded to the longest on the right."""
+        width = max(counts, default=0)
+        if width == 0:
+            return
+        filled = [kv for kv in rows if kv is not None]
+        layers = len(filled[0].layers)
+        kv = DynamicCache()
+        for layer in range(layers):
+            ref = filled[0].layers[layer].keys
+            blank = ref.new_zeros((1, ref.shape[1], width, ref.shape[3]))
+            keys, values = [], []
+            for row, n in zip(rows, counts, strict=True):
+                k = blank if row is None else row.layers[layer].keys
+                v = blank if row is None else row.layers[layer].values
+                pad = (0, 0, 0, width - k.shape[2])
+                keys.append(torch.nn.functional.pad(k, pad))
+                values.append(torch.nn.functional.pad(v, pad))
+            kv.update(torch.cat(keys), torch.cat(values), layer)
+        counts_t = torch.as_tensor(counts, device=self.lengths.device)
+        self.append(kv, counts_t, width)
+
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep positions below lengths[r] in row r (a rejected draft's slot becomes empty)."""
         lengths = torch.minimum(self.lengths, lengths)

@@ -81,6 +81,11 @@ class Engine:
         after[r, :after_counts[r]] (drafts on the device); outputs at the fed positions that
         predict each of those drafts and the token past them: (B, A + 1, ...)."""
         lack = [row.tokens[held:] for row, held in zip(batch.rows, batch.held[role], strict=True)]
+        if not batch.caches[role].slots and max(len(x) for x in lack) > 1:
+            # a prompt's prefill, one row at a time (see ModelRunner.prime); the last token
+            # goes through the batched forward below, which returns its logits
+            self.runner(role).prime(batch.caches[role], [x[:-1] for x in lack])
+            lack = [x[-1:] for x in lack]
         width_lack = max(len(x) for x in lack)
         extra = 0 if after is None else after.shape[1]
         ids = torch.zeros((len(batch), width_lack + extra), dtype=torch.long)
