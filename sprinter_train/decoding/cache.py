@@ -69,7 +69,7 @@ class RowCache:
             ref = filled[0].layers[layer].keys
             blank = ref.new_zeros((1, ref.shape[1], width, ref.shape[3]))
             keys, values = [], []
-            for row, n in zip(rows, counts, strict=True):
+            for row in rows:
                 k = blank if row is None else row.layers[layer].keys
                 v = blank if row is None else row.layers[layer].values
                 pad = (0, 0, 0, width - k.shape[2])
