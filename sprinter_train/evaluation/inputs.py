@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sprinter_train.harvest.reader import RecordSet, file_sha256, open_records
+from sprinter_train.harvest.reader import RecordSet, file_sha256, open_records, verify_hashes
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import (
     VerifierCheckpoint,
@@ -42,7 +42,9 @@ def table_path(cfg: DictConfig) -> Path:
 
 def load_inputs(cfg: DictConfig) -> tuple[RecordSet, dict[str, VerifierCheckpoint], SVTable | None]:
     """Records, verifiers and table, each checked on entry (errors name the stage to run)."""
-    records = open_records(cfg.experiment_dir, columns=COLUMNS, stage="stage=evaluate")
+    records = open_records(
+        cfg.experiment_dir, columns=COLUMNS, stage="stage=evaluate", verify=verify_hashes(cfg)
+    )
     verifiers = {
         f"verifier_lam{lam_name(lam)}": load_verifier(
             verifier_path(cfg.checkpoint_dir, float(lam)), str(cfg.experiment)

@@ -246,6 +246,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
             counts=counts,
             fingerprint=fingerprint,
             dim=dim,
+            records_dir=records_dir,
             dtype=dtype,
             device=str(device),
             world_size=world,

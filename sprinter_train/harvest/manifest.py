@@ -15,7 +15,7 @@ import torch
 
 import sprinter_train
 from sprinter_train.harvest.schema import HIDDEN_DTYPE, RECORD_SCHEMA, SCHEMA_VERSION
-from sprinter_train.harvest.shards import ShardPlan, read_records
+from sprinter_train.harvest.shards import ShardPlan, read_records, shard_hashes
 from sprinter_train.models.forward import HarvestModels
 from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_path, tokenizer_hash
 
@@ -122,6 +122,7 @@ def build_manifest(
     counts: dict[str, Any],
     fingerprint: str,
     dim: int,
+    records_dir: Path,
     dtype: torch.dtype,
     device: str,
     world_size: int,
@@ -150,7 +151,12 @@ def build_manifest(
         "columns": {f.name: str(f.type) for f in RECORD_SCHEMA},
         "nullable": ["S", "A"] if models.companion is None else [],
         "shards": [
-            {"name": p.name, "prompts": len(p.prompts), "rows": counts["rows_by_shard"][p.name]}
+            {
+                "name": p.name,
+                "prompts": len(p.prompts),
+                "rows": counts["rows_by_shard"][p.name],
+                "sha256": shard_hashes(records_dir, p.name),  # checked on every read
+            }
             for p in plans
         ],
         "model_dtype": str(dtype),

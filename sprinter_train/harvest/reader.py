@@ -2,13 +2,16 @@
 
 The shard list comes from `records/manifest.json` (never from a folder glob); the manifest
 exists only while the set is whole, so a missing one means the harvest has not finished.
-Hidden states stay memory-mapped until a caller asks for the rows it needs.
+Hidden states stay memory-mapped until a caller asks for the rows it needs. Every read checks
+the records' page checksums and value ranges; with `verify` (harvest.verify_hashes, on by
+default) also each shard file's sha256 against the manifest and that hidden states are finite.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -18,21 +21,15 @@ import pandas as pd
 
 from sprinter_train.core.io import corrupt_input, read_json_input
 from sprinter_train.harvest.schema import HIDDEN_DTYPE
-from sprinter_train.harvest.shards import read_records, shard_files
+from sprinter_train.harvest.shards import REDO, file_sha256, read_records, shard_files
+
+log = logging.getLogger(__name__)
 
 HARVEST_HINT = "make them with `python -m sprinter_train stage=harvest experiment={exp}`"
 
 
 class MissingInputError(FileNotFoundError):
     """A stage's input does not exist; the message names the stage that makes it."""
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass
@@ -129,14 +126,50 @@ def map_hidden(path: Path, rows: int, d: int, hint: str) -> np.ndarray:
     return mapped
 
 
+def verify_hashes(cfg: Any) -> bool:
+    """harvest.verify_hashes of a stage's config (on when unset)."""
+    harvest = cfg.get("harvest") or {}
+    return bool(harvest.get("verify_hashes", True))
+
+
 def records_dir_of(experiment_dir: str | Path) -> Path:
     return Path(experiment_dir) / "records"
 
 
+def verify_shards(records_dir: Path, manifest: dict[str, Any]) -> None:
+    """Each shard file's sha256 against the manifest's and finite hidden states; a mismatch
+    is a CorruptInputError naming the file and the command that redoes its shard."""
+    remedy = REDO.format(exp=records_dir.parent.name)
+    unhashed = [s["name"] for s in manifest["shards"] if "sha256" not in s]
+    if unhashed:
+        log.warning(
+            "%s: the manifest holds no content hashes for %d shards (written before hashes "
+            "were recorded); rerun stage=harvest to add them",
+            records_dir,
+            len(unhashed),
+        )
+    for shard in manifest["shards"]:
+        files = shard_files(records_dir, shard["name"])
+        for kind, expected in shard.get("sha256", {}).items():
+            if file_sha256(files[kind]) != expected:
+                raise corrupt_input(
+                    files[kind], "its sha256 differs from the one in manifest.json", remedy
+                )
+        hint = HARVEST_HINT.format(exp=records_dir.parent.name)
+        hidden = map_hidden(files["hidden"], int(shard["rows"]), int(manifest["hidden"]["d"]), hint)
+        if not np.isfinite(hidden).all():
+            raise corrupt_input(files["hidden"], "non-finite hidden states", remedy)
+
+
 def open_records(
-    experiment_dir: str | Path, columns: list[str] | None = None, stage: str = "this stage"
+    experiment_dir: str | Path,
+    columns: list[str] | None = None,
+    stage: str = "this stage",
+    verify: bool = True,
 ) -> RecordSet:
-    """Load the named columns of every shard in the manifest; fail naming stage=harvest."""
+    """Load the named columns of every shard in the manifest; fail naming stage=harvest.
+    `verify=False` (harvest.verify_hashes=false) skips the hash and finite-hidden checks,
+    which read every byte of the record set, for speed."""
     experiment_dir = Path(experiment_dir)
     records_dir = records_dir_of(experiment_dir)
     hint = HARVEST_HINT.format(exp=experiment_dir.name)
@@ -166,6 +199,8 @@ def open_records(
     for shard in manifest["shards"]:
         hidden = shard_files(records_dir, shard["name"])["hidden"]
         map_hidden(hidden, int(shard["rows"]), int(manifest["hidden"]["d"]), hint)
+    if verify:
+        verify_shards(records_dir, manifest)
     table = read_records(records_dir, names, columns=columns)
     frame = table.to_pandas()
     rows = [int(s["rows"]) for s in manifest["shards"]]

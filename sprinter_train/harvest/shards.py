@@ -3,8 +3,9 @@
 Shards are fixed groups of consecutive prompts (named by group index, never by counting a
 folder), so which prompts a shard holds depends only on the prompt order and the config:
 a resumed run, a 1-process run and an N-process run all write the same shards. Each file
-is written under a temporary name and renamed; the records parquet is written last, so a
-shard whose three files check out is complete.
+is written under a temporary name and renamed; the records parquet is written last and holds
+the sha256 of the other two, so a shard whose three files check out is complete and a file
+changed after writing is caught (on resume here, on read by harvest/reader.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sprinter_train.core.io import atomic_write
+from sprinter_train.core.io import TEMP_NAME, atomic_write, corrupt_input
+from sprinter_train.core.processes import pid_alive
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.records import RecordBatch
@@ -38,6 +40,15 @@ META_FINGERPRINT = b"sprinter.fingerprint"
 META_PROMPTS = b"sprinter.prompts"
 META_HIDDEN_DIM = b"sprinter.hidden_dim"
 META_SCHEMA = b"sprinter.schema_version"
+META_SHA256 = {"hidden": b"sprinter.hidden_sha256", "sequences": b"sprinter.sequences_sha256"}
+REDO = (
+    "rerun `python -m sprinter_train stage=harvest experiment={exp}`, which redoes only this shard"
+)
+
+# Columns whose range the record definitions fix (schema.py); NaN is never in range.
+UNIT_COLUMNS = ("q", "p", "accept_prob", "beta", "S", "A")
+NONNEGATIVE_COLUMNS = ("ratio", "draft_entropy", "target_entropy")
+RANGE_SLACK = 1e-3  # float32 rounding of sums of probabilities, e.g. beta = 1 + 1e-7
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,14 @@ class ShardPlan:
             f"{p.prompt_id}\t{m}" for p, m in zip(self.prompts, self.mixes, strict=True)
         )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def plan_shards(
@@ -126,6 +145,7 @@ def write_shard(
         META_PROMPTS: plan.digest.encode(),
         META_HIDDEN_DIM: str(hidden.shape[1]).encode(),
         META_SCHEMA: str(SCHEMA_VERSION).encode(),
+        **{key: file_sha256(files[kind]).encode() for kind, key in META_SHA256.items()},
     }
     _write_parquet(files["records"], _record_table(batch, metadata))
     return batch.rows
@@ -151,6 +171,19 @@ def shard_is_complete(records_dir: Path, plan: ShardPlan, fingerprint: str, dim:
             return False
         if not table.schema.remove_metadata().equals(RECORD_SCHEMA):
             return False
+        changed = [
+            files[kind].name
+            for kind, key in META_SHA256.items()
+            if key in meta and file_sha256(files[kind]).encode() != meta[key]
+        ]
+        if changed:
+            log.warning("%s: %s changed after writing; redoing it", plan.name, changed)
+            return False
+        if out_of_range(table):
+            log.warning(
+                "%s holds values out of range %s; redoing it", plan.name, out_of_range(table)
+            )
+            return False
         sequences = pq.read_table(files["sequences"], page_checksum_verification=True)
         hidden = np.load(files["hidden"], mmap_mode="r")
         complete = (
@@ -168,11 +201,55 @@ def shard_is_complete(records_dir: Path, plan: ShardPlan, fingerprint: str, dim:
     return complete
 
 
+def out_of_range(table: pa.Table) -> dict[str, int]:
+    """Rows per column outside the column's known range (nulls of S and A are allowed)."""
+    bad = {}
+    for name in (*UNIT_COLUMNS, *NONNEGATIVE_COLUMNS):
+        if name not in table.column_names:
+            continue
+        values = table.column(name).drop_null().to_numpy()
+        ok = values >= -RANGE_SLACK
+        if name in UNIT_COLUMNS:
+            ok &= values <= 1 + RANGE_SLACK
+        if count := int((~ok).sum()):  # NaN compares False: counted
+            bad[name] = count
+    return bad
+
+
+def read_shard_records(path: Path, columns: list[str] | None, remedy: str) -> pa.Table:
+    """One shard's records, page checksums verified and known ranges checked; anything else
+    is a CorruptInputError naming the file and `remedy`."""
+    try:
+        table = pq.read_table(path, columns=columns, page_checksum_verification=True)
+    except (OSError, ValueError, pa.ArrowException) as error:
+        raise corrupt_input(path, error, remedy) from error
+    if bad := out_of_range(table):
+        raise corrupt_input(path, f"rows out of range per column: {bad}", remedy)
+    return table
+
+
+def shard_hashes(records_dir: Path, name: str) -> dict[str, str]:
+    """sha256 of each of a shard's files, checked against the hashes its records file holds
+    from write time: a hidden or sequences file changed since then is an error naming it."""
+    files = shard_files(records_dir, name)
+    meta = pq.read_schema(files["records"]).metadata or {}
+    hashes = {kind: file_sha256(path) for kind, path in files.items()}
+    for kind, key in META_SHA256.items():
+        if key in meta and meta[key].decode() != hashes[kind]:
+            raise corrupt_input(
+                files[kind],
+                "its sha256 differs from the one recorded when it was written",
+                REDO.format(exp=records_dir.parent.name),
+            )
+    return hashes
+
+
 def read_records(
     records_dir: Path, names: Sequence[str], columns: list[str] | None = None
 ) -> pa.Table:
     """The records of the named shards, in order (manifest counts, tests, later stages)."""
-    tables = [pq.read_table(records_dir / f"{n}.parquet", columns=columns) for n in names]
+    remedy = REDO.format(exp=records_dir.parent.name)
+    tables = [read_shard_records(records_dir / f"{n}.parquet", columns, remedy) for n in names]
     if not tables:
         schema = (
             RECORD_SCHEMA
@@ -185,9 +262,14 @@ def read_records(
 
 def remove_stale_files(records_dir: Path, keep: set[str]) -> list[str]:
     """Delete shard files of no planned shard (another prompt count or split) and temp files
-    left by a killed writer, so a folder glob never mixes them into this record set."""
+    left by a killed writer, so a folder glob never mixes them into this record set; a live
+    writer's temporary file is never touched."""
     removed = []
     for path in sorted(records_dir.glob(f"*{SHARD_PREFIX}*")):
+        if path.name.startswith("."):
+            match = TEMP_NAME.match(path.name)
+            if match and pid_alive(int(match.group(1))):
+                continue  # a writer still at work (the stage lock keeps this rare)
         stem = path.name.split(".")[0] if not path.name.startswith(".") else ""
         if path.name.startswith(".") or stem not in keep:
             path.unlink()

@@ -4,7 +4,8 @@ python -m sprinter_train stage=harvest experiment=<name> [data.num_prompts=N] [h
 
 Writes artifacts/<name>/records/: Parquet shards, aligned float16 draft hidden states, the
 sequences they came from and manifest.json (see sprinter_train/harvest/schema.py). Re-running
-the same command resumes; harvest.devices=N harvest.strategy=ddp runs N processes.
+the same command resumes; harvest.devices=N harvest.strategy=ddp runs N processes. One harvest
+at a time per experiment: a second one fails at once naming the holder of <experiment>/harvest.lock.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.core import pidlock
 from sprinter_train.harvest.driver import harvest
 from sprinter_train.models.loading import looks_local, resolve_path
 
@@ -44,6 +46,11 @@ def check_inputs(cfg: DictConfig) -> None:
             )
 
 
+LOCK_NAME = "harvest.lock"
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     check_inputs(cfg)
-    return harvest(cfg)
+    experiment = Path(cfg.experiment_dir)
+    with pidlock.held(experiment / LOCK_NAME, f"stage=harvest of the experiment {experiment}"):
+        return harvest(cfg)

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from sprinter_train.core.io import write_json
 from sprinter_train.evaluation.plots import plot_sv_table
 from sprinter_train.harvest.manifest import code_version
-from sprinter_train.harvest.reader import open_records
+from sprinter_train.harvest.reader import open_records, verify_hashes
 from sprinter_train.sv.fit import COLUMNS, fit_tables, require_companion, summarise
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,9 @@ SCHEMA_VERSION = 1
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     tcfg: dict[str, Any] = OmegaConf.to_container(cfg.tables, resolve=True)  # type: ignore[assignment]
-    records = open_records(cfg.experiment_dir, columns=COLUMNS, stage="stage=tables")
+    records = open_records(
+        cfg.experiment_dir, columns=COLUMNS, stage="stage=tables", verify=verify_hashes(cfg)
+    )
     require_companion(records, "stage=tables")
     fitted = fit_tables(records.frame, tcfg)
     payload = {

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.io import write_json
 from sprinter_train.core.runtime import set_threads
-from sprinter_train.harvest.reader import open_records
+from sprinter_train.harvest.reader import open_records, verify_hashes
 from sprinter_train.verifier.checkpoint import lam_name
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.train import train_verifier
@@ -35,7 +35,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     set_threads(cfg.get("num_threads"))
     spec = FeatureSpec.from_names(list(cfg.train.features))
     columns = sorted({"split", "ratio", "prompt_id", *spec.record_columns()})
-    records = open_records(cfg.experiment_dir, columns=columns, stage="stage=train")
+    records = open_records(
+        cfg.experiment_dir, columns=columns, stage="stage=train", verify=verify_hashes(cfg)
+    )
     results = {}
     for lam in lams_of(cfg):
         result = train_verifier(cfg, records, lam)

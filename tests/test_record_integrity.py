@@ -1,0 +1,142 @@
+"""Trust in the record set (issue 14, items 1 and 2): a garbled or changed shard file is an
+error naming it and the command that redoes it, a rerun redoes only that shard, and two
+harvests never write one experiment at once."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sprinter_train.__main__ import run_stage
+from sprinter_train.core import pidlock
+from sprinter_train.core.io import CorruptInputError, read_json, write_json
+from sprinter_train.core.processes import start_time
+from sprinter_train.harvest.reader import open_records
+from sprinter_train.harvest.schema import RECORD_SCHEMA
+from sprinter_train.harvest.shards import remove_stale_files, shard_files
+from tests.synthetic import write_synthetic_records
+from tests.test_harvest import compose_at
+
+
+@pytest.fixture(scope="module")
+def harvested(tmp_path_factory) -> Path:
+    """A finished tiny harvest (3 shards), copied fresh for each test that damages it."""
+    root = tmp_path_factory.mktemp("integrity")
+    assert run_stage(compose_at(root))["shards_written"] == 3
+    return root
+
+
+@pytest.fixture
+def fresh(harvested: Path, tmp_path: Path) -> Path:
+    shutil.copytree(harvested, tmp_path / "root")
+    return tmp_path / "root"
+
+
+def records_of(root: Path) -> Path:
+    return root / "default" / "records"
+
+
+def test_the_manifest_holds_every_shard_files_sha256(harvested: Path) -> None:
+    manifest = read_json(records_of(harvested) / "manifest.json")
+    for shard in manifest["shards"]:
+        assert set(shard["sha256"]) == {"records", "hidden", "sequences"}
+        assert all(len(h) == 64 for h in shard["sha256"].values())
+
+
+def test_a_garbled_parquet_page_names_the_file_and_stage_harvest(fresh: Path) -> None:
+    path = shard_files(records_of(fresh), "shard-000001")["records"]
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    chunk = meta.column(RECORD_SCHEMA.get_field_index("S"))
+    end = chunk.data_page_offset + chunk.total_compressed_size  # S's last page's values end here
+    data = bytearray(path.read_bytes())
+    data[end - 8 : end] = b"\x00\x00\x00\xf5" * 2  # two values garbled, headers intact
+    path.write_bytes(bytes(data))
+    match = f"(?s){path.name}.*stage=harvest"
+    with pytest.raises(CorruptInputError, match=match):
+        open_records(fresh / "default")
+    with pytest.raises(CorruptInputError, match=match):
+        open_records(fresh / "default", verify=False)  # the page checksums alone catch it
+
+
+def finite_garbage(path: Path) -> None:
+    """Overwrite the last 64 float16 values with 1.0: still a valid, finite array."""
+    data = bytearray(path.read_bytes())
+    data[-128:] = np.ones(64, dtype=np.float16).tobytes()
+    path.write_bytes(bytes(data))
+
+
+def test_a_changed_hidden_file_is_named_and_a_rerun_redoes_only_its_shard(fresh: Path) -> None:
+    hidden = shard_files(records_of(fresh), "shard-000002")["hidden"]
+    finite_garbage(hidden)
+    with pytest.raises(CorruptInputError, match=f"{hidden.name}.*sha256.*stage=harvest"):
+        open_records(fresh / "default")
+    assert len(open_records(fresh / "default", verify=False).frame) == 48  # the speed switch
+    result = run_stage(compose_at(fresh))
+    assert (result["shards_written"], result["shards_skipped"]) == (1, 2)
+    assert len(open_records(fresh / "default").frame) == 48
+
+
+def test_non_finite_hidden_states_are_refused(tmp_path: Path) -> None:
+    write_synthetic_records(tmp_path / "syn", rows=64, d=8, shard_rows=64)
+    hidden = shard_files(tmp_path / "syn" / "records", "shard-000000")["hidden"]
+    data = bytearray(hidden.read_bytes())
+    data[-2:] = np.array([np.inf], dtype=np.float16).tobytes()
+    hidden.write_bytes(bytes(data))
+    with pytest.raises(CorruptInputError, match=f"{hidden.name}.*non-finite"):
+        open_records(tmp_path / "syn")
+
+
+@pytest.mark.parametrize(("column", "value"), [("S", -3.7e31), ("ratio", -1.0), ("q", 1.5)])
+def test_values_out_of_their_known_range_are_refused(tmp_path: Path, column, value) -> None:
+    write_synthetic_records(tmp_path / "syn", rows=64, d=8, shard_rows=64)
+    path = shard_files(tmp_path / "syn" / "records", "shard-000000")["records"]
+    table = pq.read_table(path)
+    values = table.column(column).to_numpy().copy()
+    values[3] = value
+    table = table.set_column(
+        table.schema.get_field_index(column), column, pa.array(values, pa.float32())
+    )
+    pq.write_table(table, path)  # valid page checksums: only the range check can tell
+    with pytest.raises(CorruptInputError, match=f"{path.name}.*{column}.*stage=harvest"):
+        open_records(tmp_path / "syn")
+
+
+@pytest.fixture
+def sleeper():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield child
+    child.kill()
+    child.wait()
+
+
+def test_a_second_harvest_of_one_experiment_fails_at_once_naming_the_holder(
+    tmp_path: Path, sleeper
+) -> None:
+    lock = tmp_path / "default" / "harvest.lock"
+    holder = {"pid": sleeper.pid, "started": start_time(sleeper.pid)}
+    write_json(lock, {"host": socket.gethostname(), "processes": [holder], "what": "harvest"})
+    with pytest.raises(pidlock.LockHeldError, match=f"process {sleeper.pid}"):
+        run_stage(compose_at(tmp_path))
+    assert not (tmp_path / "default" / "records").exists()  # refused before any work
+    assert lock.exists()
+
+
+def test_a_live_writers_temporary_shard_file_is_never_swept(tmp_path: Path, sleeper) -> None:
+    done = subprocess.Popen(["true"])
+    done.wait()
+    live = tmp_path / f".shard-000003.parquet.tmp{sleeper.pid}"
+    dead = tmp_path / f".shard-000004.parquet.tmp{done.pid}"
+    other = tmp_path / "shard-000009.parquet"  # a shard of no plan
+    for path in (live, dead, other):
+        path.write_bytes(b"x")
+    removed = remove_stale_files(tmp_path, keep={"shard-000000"})
+    assert sorted(removed) == sorted([dead.name, other.name])
+    assert live.exists()
