@@ -167,3 +167,20 @@ def test_results_md_has_a_table_per_batch_size_and_the_goodput_plot(bench) -> No
     assert "TV 1st token" in text and "sv_paper" in text[: text.index("## Batch size 4")]
     assert "| batch | target 1 |" in text  # the latency profile by batch size
     assert (out / "goodput_vs_batch.png").stat().st_size > 1000
+
+
+def test_results_carry_provenance_and_greedy_differences_from_target_only(bench) -> None:
+    results = bench["results"]
+    prov = results["provenance"]
+    assert prov["config"]["bench"]["num_prompts"] == 5 and prov["code_version"]
+    assert (prov["device"], prov["dtype"], prov["torch_threads"]) == ("cpu", "float32", 1)
+    assert prov["load_average_start"] is not None and prov["load_average_end"] is not None
+    assert set(prov["hashes"]["models"]) == {"target", "draft", "companion"}
+    table = str(Path(bench["out"]).parent / "tables" / "sv_table.json")
+    assert len(prov["hashes"]["tables"][table]) == 16
+    differing = {n: r["outputs_differing_from_target_only"] for n, r in results["methods"].items()}
+    # float32 greedy: the lossless engine methods repeat target_only token for token
+    assert {n: differing[n] for n in ("target_only", "sd", "svip", "sv")} == dict.fromkeys(
+        ("target_only", "sd", "svip", "sv"), 0
+    )
+    assert all(isinstance(differing[n], int) for n in ("sv_paper", "hf_assisted"))

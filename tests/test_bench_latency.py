@@ -152,3 +152,35 @@ def test_the_bench_reuses_a_profile_only_when_it_covers_the_run(compose_cfg, mon
     off = compose_cfg("stage=bench", "experiment=lat", *settings, "bench.latency.reuse=false")
     stage.latency_profile(off, models, cpu, [1])
     assert len(measured) == 4
+
+
+@pytest.mark.parametrize(
+    ("load", "reused"),
+    [
+        ({"start": 0.0, "end": 0.0}, True),
+        ({"start": 64.0, "end": 0.0}, False),  # measured beside another job
+        (None, False),  # no load recorded: cannot be trusted
+    ],
+)
+def test_a_profile_measured_under_load_is_measured_again(
+    compose_cfg, monkeypatch, load, reused
+) -> None:
+    import torch
+
+    from sprinter_train.models.forward import HarvestModels
+    from sprinter_train.models.loading import LoadedModel
+    from sprinter_train.stages import bench as bench_stage
+
+    cfg = compose_cfg("bench.gamma_max=3")
+    stored = profile()
+    stored.dtype, stored.load_average = "float32", load
+    stored.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
+    fresh = profile()
+    monkeypatch.setattr(bench_stage, "profile_models", lambda *args: fresh)
+    monkeypatch.setattr(bench_stage.provenance.os, "cpu_count", lambda: 2)
+    model = build_tiny_model({}, seed=0)
+    loaded = LoadedModel("tiny", model, None)
+    models = HarvestModels(loaded, loaded, None, 128, None)
+    got = bench_stage.latency_profile(cfg, models, torch.device("cpu"), [1])
+    assert (got is not fresh) == reused
+    assert got.load_average == load if reused else got is fresh

@@ -82,7 +82,8 @@ def test_sprinter_and_sv_get_the_artifacts_their_configs_name(compose_cfg, tmp_p
     assert not result.skipped
     sprinter = result.policies["sprinter"]
     assert isinstance(sprinter.verifier, CheckpointVerifier) and sprinter.verifier.bias == 0.0
-    assert result.settings["sprinter"]["verifier"] == {"lam": 1.5, "path": str(path)}
+    expected = {"lam": 1.5, "path": str(path), "hidden_layer": -1}  # the layer it reads
+    assert result.settings["sprinter"]["verifier"] == expected
     sv = result.policies["sv"]
     assert sv.latency(4, 3) == pytest.approx(PROFILE.target_batch_s(4, 3))
     assert sv.step_cost(4) == pytest.approx(PROFILE.draft_step_s(4))

@@ -96,3 +96,14 @@ def test_the_tv_column_and_batch_tables_show_only_what_ran(tmp_path: Path) -> No
     unsupported = next(line for line in four if line.startswith("| hf_assisted |"))
     header = next(line for line in four if line.startswith("| method | tokens/s"))
     assert UNSUPPORTED in unsupported and unsupported.count("|") == header.count("|")
+
+
+def test_results_md_warns_when_the_load_exceeded_the_cores(tmp_path: Path) -> None:
+    results = hand_made_results()
+    load = {"load_average_start": 5.0, "load_average_end": 1.0, "cores": 2}
+    results["provenance"] = {**load, "under_load": True}
+    write_results(tmp_path, results)
+    assert "exceeded the 2 cores" in (tmp_path / "results.md").read_text()
+    results["provenance"] = {**load, "under_load": False}
+    write_results(tmp_path, results)
+    assert "exceeded" not in (tmp_path / "results.md").read_text()

@@ -164,6 +164,21 @@ def test_win_tie_against_the_baseline_with_the_local_judge(models, compose_cfg) 
     assert verdict["win_tie_rate"] == (verdict["wins"] + verdict["ties"]) / 2
 
 
+def test_the_judge_is_off_unless_an_endpoint_or_a_local_judge_is_asked_for(
+    models, compose_cfg, capsys
+) -> None:
+    out = summarise(hand_made_runs(), models, TOKENIZER, compose_cfg())
+    assert out["judge"] is None
+    assert all(not k.startswith("win_tie") for row in out["methods"].values() for k in row)
+    assert "judge" not in capsys.readouterr().err
+
+
+def test_a_judge_that_runs_shows_a_progress_bar(models, compose_cfg, capsys) -> None:
+    summarise(hand_made_runs(), models, TOKENIZER, compose_cfg("bench.judge.local=draft"))
+    err = capsys.readouterr().err
+    assert "judge" in err and "pair" in err
+
+
 def test_without_target_only_or_sd_the_relative_columns_are_absent(models, compose_cfg) -> None:
     runs = {"sprinter": hand_made_runs()["sprinter"]}
     out = summarise(runs, models, TOKENIZER, compose_cfg("bench.judge.enabled=false"))

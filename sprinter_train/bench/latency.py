@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from sprinter_train.bench.provenance import load_average, under_load
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.runtime import synchronize
@@ -59,6 +60,16 @@ class LatencyProfile:
     batch_target_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # size > 1
     batch_draft_ms: dict[int, float] = field(default_factory=dict)
     batch_companion_ms: dict[int, float] = field(default_factory=dict)
+    # the machine's 1-minute load average before and after measuring; None: not recorded
+    load_average: dict[str, float | None] | None = None
+
+    @property
+    def measured_under_load(self) -> bool:
+        """Taken beside other work (load above the core count), or with no load recorded:
+        such timings pick the wrong gamma on a quiet machine, so they are never reused."""
+        if not self.load_average:
+            return True
+        return any(under_load(v) for v in self.load_average.values())
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -219,6 +230,7 @@ def profile_models(
     sizes = {"target": list(range(1, gamma_max + 2)), "draft": [1]}
     if companion is not None:
         models["companion"], sizes["companion"] = companion, [1]
+    load_before = load_average()
     med = measure_step_times(models, sizes, reps, context, device, sizes_b)
 
     def ms(name: str, b: int) -> dict[int, float]:
@@ -237,4 +249,5 @@ def profile_models(
         batch_companion_ms={b: ms("companion", b)[1] for b in larger}
         if companion is not None
         else {},
+        load_average={"start": load_before, "end": load_average()},
     )

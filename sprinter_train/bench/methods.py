@@ -21,9 +21,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench.latency import LatencyProfile
+from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.state import Policy
 from sprinter_train.sv.table import SVTable
-from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
+from sprinter_train.verifier.checkpoint import VerifierCheckpoint, load_verifier, verifier_path
 from sprinter_train.verifier.scorer import CheckpointVerifier
 
 PEERS = {"hf_assisted": "constant", "hf_assisted_heuristic": "heuristic"}
@@ -49,6 +50,50 @@ class RunInputs:
     draft_model: torch.nn.Module
     has_companion: bool
     device: torch.device
+    draft_identity: dict[str, Any] | None = None  # model_identity of the bench's draft
+
+
+class VerifierMismatchError(ValueError):
+    """A verifier trained for another draft or sampling than the bench runs."""
+
+
+def check_verifier(checkpoint: VerifierCheckpoint, run: RunInputs) -> None:
+    """Refuse a verifier whose draft model or sampling differs from the bench's: its scores
+    would be of features it never saw, and the bench would report a method nobody trained."""
+    meta, problems = checkpoint.meta, []
+    bench_sampling = dataclasses.asdict(SamplingConfig.from_cfg(run.cfg.sampling))
+    if meta.get("sampling") is not None and meta["sampling"] != bench_sampling:
+        problems.append(f"sampling {meta['sampling']} (the bench's: {bench_sampling})")
+    draft = run.draft_identity or {}
+    for key, field_name in (("draft_model", "id"), ("draft_model_files", "files")):
+        if draft and meta.get(key) is not None and meta[key] != draft.get(field_name):
+            problems.append(f"{key} {meta[key]!r} (the bench's: {draft.get(field_name)!r})")
+    if problems:
+        raise VerifierMismatchError(
+            f"{checkpoint.path} was trained with {'; '.join(problems)}: rerun stage=harvest "
+            "and stage=train with the bench's models and sampling, or bench with theirs"
+        )
+
+
+def verifier_hidden_layer(cfg: DictConfig) -> int:
+    """The draft hidden layer the bench's verifiers read (their sidecars' `hidden_layer`; -1,
+    the final normed state, without any): the draft's runner must hand them that layer."""
+    layers = set()
+    for name in cfg.bench.methods:
+        if name in PEERS or "verifier" not in runtime_entries(cfg.methods[name]):
+            continue
+        path = verifier_path(cfg.checkpoint_dir, float(cfg.methods[name].verifier.lam))
+        try:
+            checkpoint = load_verifier(path, cfg.experiment)
+        except FileNotFoundError:
+            continue  # plan_methods skips the method, naming stage=train
+        layers.add(int(checkpoint.meta.get("hidden_layer", -1)))
+    if len(layers) > 1:
+        raise VerifierMismatchError(
+            f"the bench's verifiers read different draft hidden layers {sorted(layers)}; "
+            "bench them in separate runs"
+        )
+    return layers.pop() if layers else -1
 
 
 def runtime_entries(node: DictConfig) -> list[str]:
@@ -75,7 +120,12 @@ def _sd_gamma(name: str, node: DictConfig, run: RunInputs) -> tuple[int, int]:
 def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, Any]]:
     path = verifier_path(run.cfg.checkpoint_dir, float(node.verifier.lam))
     checkpoint = load_verifier(path, run.cfg.experiment)  # a missing one names stage=train
-    record = {**OmegaConf.to_container(node.verifier), "path": str(path)}  # type: ignore[dict-item]
+    check_verifier(checkpoint, run)
+    record = {
+        **OmegaConf.to_container(node.verifier),  # type: ignore[dict-item]
+        "path": str(path),
+        "hidden_layer": int(checkpoint.meta.get("hidden_layer", -1)),
+    }
     return CheckpointVerifier(checkpoint, run.draft_model), record
 
 
@@ -123,13 +173,16 @@ def plan_methods(
     draft_model,
     has_companion: bool,
     device: torch.device | str = "cpu",
+    draft_identity: dict[str, Any] | None = None,
 ) -> MethodPlan:
     b = cfg.bench
     known = (*cfg.methods, *PEERS)
     unknown = sorted(set(b.methods) - set(known))
     if unknown:
         raise ValueError(f"unknown bench.methods {unknown}; choose from {', '.join(known)}")
-    run = RunInputs(cfg, profile, sd_gamma, draft_model, has_companion, torch.device(device))
+    run = RunInputs(
+        cfg, profile, sd_gamma, draft_model, has_companion, torch.device(device), draft_identity
+    )
     plan = MethodPlan({}, {}, {}, {})
     for name in b.methods:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sprinter_train.bench.provenance import load_warning
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.plots import save, subplots
 
@@ -184,9 +185,11 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
     write_json(out / "results.json", results)
     energy = {row.get("energy_note") for row in results["methods"].values()} - {None}
     sizes = results.get("batch_sizes", [1])
+    warning = load_warning(results.get("provenance") or {})
     lines = [
         f"# Bench: {results['experiment']}",
         "",
+        *([warning, ""] if warning else []),
         f"{results['num_prompts']} prompts, {results['max_new_tokens']} new tokens each, sampling "
         f"{results['sampling']}, on {results['device']} ({results['dtype']}, {results['threads']} threads), "
         f"batch sizes {sizes}. Models: {results['models']}.",

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from omegaconf import DictConfig
+from tqdm.auto import tqdm
 
-from sprinter_train.bench.judge import build_judge, win_tie, win_tie_rate
+from sprinter_train.bench.judge import Judge, build_judge, win_tie, win_tie_rate
 from sprinter_train.bench.quality import rouge_l, target_perplexity
 from sprinter_train.bench.runs import GroupRun
 from sprinter_train.data.prompts import Prompt
@@ -100,15 +101,34 @@ def summarise_batch(runs: Runs, tokenizer) -> dict[str, dict[str, Any]]:
     return methods
 
 
+def make_judge(jcfg: Any, models: HarvestModels) -> Judge | None:
+    """The win-tie judge only when asked for: `endpoint` set, or `local` naming the loaded
+    model that judges (target or draft); a small local model calls nearly every pair a tie
+    and costs a forward per pair and order, so it is never a default."""
+    local = jcfg.get("local")
+    if not jcfg.get("enabled", True) or not (jcfg.get("endpoint") or local):
+        return None
+    if local not in (None, "target", "draft"):
+        raise ValueError(f"bench.judge.local must be null, target or draft, got {local!r}")
+    loaded = {"target": models.target, "draft": models.draft}.get(local or "")
+    if jcfg.get("endpoint") or loaded is None:
+        return build_judge(dict(jcfg))
+    return build_judge(dict(jcfg), loaded.model, loaded.tokenizer)
+
+
 def summarise(runs: Runs, models: HarvestModels, tokenizer, cfg: DictConfig) -> dict[str, Any]:
     """Per method on the batch-1 run: speed, calls, acceptance, and quality (ROUGE-L, target
     perplexity, energy, win-tie)."""
     text = texts(runs, tokenizer)
-    judge = None
-    if cfg.bench.judge.enabled:
-        local = models.target if cfg.bench.judge.local == "target" else models.draft
-        judge = build_judge(dict(cfg.bench.judge), local.model, local.tokenizer)
+    judge = make_judge(cfg.bench.judge, models)
     baseline = cfg.bench.judge.baseline
+    judged = sum(len(rows(rs)) for n, rs in runs.items() if n != baseline)
+    progress = tqdm(
+        total=judged if judge is not None and baseline in runs else 0,
+        desc="judge",
+        unit="pair",
+        disable=judge is None or baseline not in runs,
+    )
     methods: dict[str, Any] = {}
     for name, rs in runs.items():
         pairs = rows(rs)
@@ -134,14 +154,28 @@ def summarise(runs: Runs, models: HarvestModels, tokenizer, cfg: DictConfig) -> 
         row["joules_per_token"] = sum(joules) / tokens if None not in joules and tokens else None
         row["energy_note"] = None if row["joules_per_token"] is not None else rs[0].energy_reason
         if judge is not None and baseline in runs and name != baseline:
-            outcomes = [
-                win_tie(judge, prompt.text, t, tb)
-                for (prompt, _), t, tb in zip(pairs, text[name], text[baseline], strict=True)
-            ]
+            outcomes = []
+            for (prompt, _), t, tb in zip(pairs, text[name], text[baseline], strict=True):
+                outcomes.append(win_tie(judge, prompt.text, t, tb))
+                progress.update(1)
             row["win_tie_vs_" + baseline] = win_tie_rate(outcomes)
         methods[name] = row
+    progress.close()
     add_speedups(methods)
     return {"methods": methods, "judge": None if judge is None else type(judge).__name__}
+
+
+def greedy_differences(runs: Runs, greedy: bool) -> dict[str, int | None]:
+    """Per method, how many outputs differ from target_only's under greedy decoding (0 for a
+    lossless method in float32; in bfloat16 near-ties may flip); None when sampling is not
+    greedy (outputs then differ by chance) or target_only did not run."""
+    if not greedy or "target_only" not in runs:
+        return {name: None for name in runs}
+    reference = [tokens for _, tokens in rows(runs["target_only"])]
+    return {
+        name: sum(list(a) != list(b) for (_, a), b in zip(rows(rs), reference, strict=True))
+        for name, rs in runs.items()
+    }
 
 
 def _mean(values) -> float:

@@ -58,11 +58,26 @@ def predictor_scores(
 def predictor_descriptions(
     cfg: DictConfig, verifiers: dict[str, VerifierCheckpoint]
 ) -> dict[str, str]:
-    """One line per predictor for the report: what its score is."""
+    """One line per predictor for the report: what its score is, and for the entropy rules
+    which H(q) (the records hold only the warped draft's; the bench's rules may read the raw)."""
     return {
         **{n: f"SPRINTER verifier trained at λ={c.lam:g}" for n, c in verifiers.items()},
         "sv_table": "SV P(accept | S, A), default binning of tables/sv_table.json",
-        "svip_entropy": f"SVIP 1 - sqrt({cfg.methods.svip.c} H_q)",
-        "adaedl_bound": f"AdaEDL 1 - sqrt({cfg.methods.adaedl.gamma} H_q)",
+        "svip_entropy": f"SVIP 1 - sqrt({cfg.methods.svip.c} H_q)"
+        + entropy_note(cfg.methods.svip, "svip"),
+        "adaedl_bound": f"AdaEDL 1 - sqrt({cfg.methods.adaedl.gamma} H_q)"
+        + entropy_note(cfg.methods.adaedl, "adaedl"),
         "draft_q": "q(x), the draft's probability of its token",
     }
+
+
+def entropy_note(method: DictConfig, name: str) -> str:
+    """Which H_q the score used: always the records' draft_entropy (warped q); when the bench's
+    rule reads the raw softmax entropy, say that the two differ instead of hiding it."""
+    used = ", H_q = the records' draft_entropy (of the warped draft distribution)"
+    if method.get("warped_entropy", False):
+        return used + ", as the bench's rule"
+    return (
+        used + f"; the bench's rule reads the raw softmax entropy (methods.{name}.warped_entropy="
+        "false), which the records do not hold, so this AUC describes the warped-H rule"
+    )

@@ -14,19 +14,27 @@ the Pareto plot is redrawn from every results.json of the experiment.
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.bench import provenance
 from sprinter_train.bench.latency import LatencyProfile, profile_models
 from sprinter_train.bench.law_distance import first_token_tv
-from sprinter_train.bench.methods import MethodPlan, at_batch_size, plan_methods
+from sprinter_train.bench.methods import (
+    MethodPlan,
+    at_batch_size,
+    plan_methods,
+    verifier_hidden_layer,
+)
 from sprinter_train.bench.peer import run_hf_assisted
+from sprinter_train.bench.provenance import cores
 from sprinter_train.bench.report import UNSUPPORTED, check_targets, plot_results, write_results
 from sprinter_train.bench.runs import Decoded, GroupRun, engine_decode, groups, run_methods
-from sprinter_train.bench.summary import summarise, summarise_batch
+from sprinter_train.bench.summary import greedy_differences, summarise, summarise_batch
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt, load_prompts
@@ -34,7 +42,8 @@ from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats
-from sprinter_train.harvest.reader import open_records
+from sprinter_train.harvest.manifest import model_identity
+from sprinter_train.harvest.reader import open_records, verify_hashes
 from sprinter_train.models.forward import HarvestModels, load_harvest_models
 
 log = logging.getLogger(__name__)
@@ -58,8 +67,9 @@ def output_dir(cfg: DictConfig) -> Path:
 def latency_profile(
     cfg: DictConfig, models: HarvestModels, device: torch.device, batch_sizes: list[int]
 ) -> LatencyProfile:
-    """bench/latency.json when it was measured on this device and dtype and covers every batch
-    size with 1..gamma_max + 1 tokens a row (and `bench.latency.reuse`), else a new one."""
+    """bench/latency.json when it was measured on this device and dtype, covers every batch
+    size with 1..gamma_max + 1 tokens a row and was not measured under load (and
+    `bench.latency.reuse`), else a new one."""
     path = Path(cfg.experiment_dir) / "bench" / "latency.json"
     dtype = str(next(models.target.model.parameters()).dtype).removeprefix("torch.")
     lat = cfg.bench.latency
@@ -67,7 +77,15 @@ def latency_profile(
         profile = LatencyProfile.load(path)
         fits = profile.covers(batch_sizes, int(cfg.bench.gamma_max) + 1)
         if profile.device == str(device) and profile.dtype == dtype and fits:
-            return profile
+            if not profile.measured_under_load:
+                return profile
+            log.warning(
+                "bench: re-measuring latency: %s was measured under load %s (or records none) "
+                "on %d cores",
+                path,
+                profile.load_average,
+                cores(),
+            )
     companion = models.companion.model if models.companion is not None else None
     profile = profile_models(
         models.target.model,
@@ -87,9 +105,18 @@ def estimate_alpha(engine: Engine, prompt: Prompt, cfg: DictConfig) -> tuple[flo
     """The draft's acceptance rate alpha and where it came from: the mean beta = sum min(p, q)
     of the experiment's records when there are any (thousands of positions), else SD's
     acceptance on the warm-up prompt (noisy: one prompt)."""
+    note = ""
     try:
-        records = open_records(cfg.experiment_dir, columns=["beta"], stage="stage=bench")
-        if len(records.frame):
+        records = open_records(
+            cfg.experiment_dir, columns=["beta"], stage="stage=bench", verify=verify_hashes(cfg)
+        )
+        measured = records.manifest.get("sampling")
+        bench = asdict(SamplingConfig.from_cfg(cfg.sampling))
+        if measured is not None and measured != bench:
+            # beta depends on the warping: records of other sampling would pick a wrong gamma
+            note = f" (records refused: measured under sampling {measured}, the bench's {bench})"
+            log.warning("bench: alpha not taken from the records%s", note)
+        elif len(records.frame):
             return float(records.frame["beta"].mean()), f"records ({len(records.frame)} rows)"
     except FileNotFoundError:
         pass
@@ -98,7 +125,7 @@ def estimate_alpha(engine: Engine, prompt: Prompt, cfg: DictConfig) -> tuple[flo
         policy = SpeculativeDecoding(max(1, int(cfg.bench.gamma_max) // 2))
         result = engine.generate([prompt.input_ids], policy, cfg.bench.max_new_tokens, [run])
         stats.add(result[0].stats)
-    return stats.accepted / max(stats.drafted, 1), "sd on the warm-up prompt"
+    return stats.accepted / max(stats.drafted, 1), "sd on the warm-up prompt" + note
 
 
 def sd_gamma(cfg: DictConfig, profile: LatencyProfile, alpha: float, batch_size: int) -> int:
@@ -121,11 +148,23 @@ def law_distance(
     }
 
 
+def input_hashes(plan: MethodPlan) -> dict[str, dict[str, str | None]]:
+    """sha256 of every verifier and SV table a method loaded, by path."""
+    found: dict[str, dict[str, str | None]] = {"verifiers": {}, "tables": {}}
+    for settings in plan.settings.values():
+        for key, kind in (("verifier", "verifiers"), ("table", "tables")):
+            entry = settings.get(key)
+            if isinstance(entry, dict) and entry.get("path"):
+                found[kind][entry["path"]] = provenance.file_hash(entry["path"])
+    return found
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     b = cfg.bench
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
+    started = provenance.start(cfg, device, dtype)
     models = load_harvest_models(cfg.models, device, dtype)
     tokenizer = models.tokenizer
     data_cfg = {**OmegaConf.to_container(cfg.data, resolve=True), "num_prompts": int(b.num_prompts)}
@@ -138,7 +177,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     engine = Engine(
         ModelRunner(models.target.model, vocab),
         sampling,
-        draft=ModelRunner(models.draft.model, vocab),
+        draft=ModelRunner(models.draft.model, vocab, hidden_layer=verifier_hidden_layer(cfg)),
         companion=ModelRunner(models.companion.model, vocab)
         if models.companion is not None
         else None,
@@ -148,7 +187,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg)
     gammas = {size: sd_gamma(cfg, profile, alpha, size) for size in batch_sizes}
     plan = plan_methods(
-        cfg, profile, gammas[1], models.draft.model, models.companion is not None, device
+        cfg,
+        profile,
+        gammas[1],
+        models.draft.model,
+        models.companion is not None,
+        device,
+        draft_identity=model_identity(models.draft),
     )
     for name, reason in plan.skipped.items():
         log.warning("bench: skipping %s: %s", name, reason)
@@ -189,6 +234,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         )
 
     results = summarise(runs[1], models, tokenizer, cfg)
+    for name, count in greedy_differences(runs[1], sampling.greedy).items():
+        results["methods"][name]["outputs_differing_from_target_only"] = count
     distances = law_distance(engine, plan, names, prompts, int(b.law_distance_prompts))
     for name, tvs in distances.items():
         results["methods"][name]["tv_first_token"] = sum(tvs) / len(tvs)
@@ -233,6 +280,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 "companion": models.companion.name if models.companion else None,
             },
         }
+    )
+    results["provenance"] = provenance.finish(
+        started,
+        models=provenance.model_hashes(
+            {"target": models.target, "draft": models.draft, "companion": models.companion}
+        ),
+        **input_hashes(plan),
     )
     results["targets"] = check_targets(results, OmegaConf.to_container(b.get("targets") or {}))
     out = output_dir(cfg)

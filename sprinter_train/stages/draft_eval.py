@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from sprinter_train.bench import provenance
 from sprinter_train.bench.latency import profile_models
 from sprinter_train.core.distributions import acceptance_alpha, implied_speedup
 from sprinter_train.core.io import atomic_write, write_json
@@ -116,6 +117,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
+    started = provenance.start(cfg, device, dtype)
     specs = OmegaConf.to_container(cfg.models, resolve=True)
     target = load_model(specs["target"], "target", device, dtype, specs.get("cache_dir"))
     draft = load_model(specs["draft"], "draft", device, dtype, specs.get("cache_dir"))
@@ -156,6 +158,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "targets_met": met,
         "device": str(device),
         "threads": torch.get_num_threads(),
+        "provenance": provenance.finish(
+            started, models=provenance.model_hashes({"target": target, "draft": draft})
+        ),
     }
     out = Path(cfg.experiment_dir) / "draft_eval.json"
     write_json(out, result)

@@ -1,0 +1,84 @@
+"""What a measurement ran under, so a number can be traced and a run under load recognised.
+
+bench/results.json and draft_eval.json both carry it: the resolved config, the code version,
+device, dtype, torch threads, the machine's load average at the start and end, and hashes of
+the models, verifier and table they used (as eval/report.json does for its inputs).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from sprinter_train.harvest.manifest import code_version, model_identity
+from sprinter_train.harvest.shards import file_sha256
+from sprinter_train.models.loading import LoadedModel
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
+
+
+def cores() -> int:
+    return os.cpu_count() or 1
+
+
+def under_load(load: float | None) -> bool:
+    """More runnable processes than cores: timings taken now are slowed by other work."""
+    return load is not None and load > cores()
+
+
+def start(cfg: DictConfig, device: torch.device | str, dtype: torch.dtype) -> dict[str, Any]:
+    """The provenance known before the run; `finish` adds the end load."""
+    return {
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "code_version": code_version(),
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch_threads": torch.get_num_threads(),
+        "cores": cores(),
+        "load_average_start": load_average(),
+    }
+
+
+def finish(provenance: dict[str, Any], **hashes: Any) -> dict[str, Any]:
+    """Provenance with the end load, whether the run was under load, and the input hashes."""
+    end = load_average()
+    loads = [v for v in (provenance["load_average_start"], end) if v is not None]
+    return {
+        **provenance,
+        "load_average_end": end,
+        "under_load": any(under_load(v) for v in loads),
+        "hashes": hashes,
+    }
+
+
+def model_hashes(models: dict[str, LoadedModel | None]) -> dict[str, Any]:
+    """Each model's identity (id, revision, file signature) as the harvest manifest has it."""
+    return {role: model_identity(m) for role, m in models.items() if m is not None}
+
+
+def file_hash(path: str | Path | None) -> str | None:
+    """sha256 (16 hex) of an input file the run used, None when it used none."""
+    if path is None or not Path(path).exists():
+        return None
+    return file_sha256(Path(path))[:16]
+
+
+def load_warning(provenance: dict[str, Any]) -> str | None:
+    """The results.md warning for a run under load, else None."""
+    if not provenance.get("under_load"):
+        return None
+    return (
+        f"**Warning:** the load average ({provenance['load_average_start']} at the start, "
+        f"{provenance['load_average_end']} at the end) exceeded the {provenance['cores']} cores "
+        "during this run: other work shared the machine and the timings are slower than alone."
+    )

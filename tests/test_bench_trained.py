@@ -1,0 +1,110 @@
+"""The bench runs what was trained (issue 14, item 10): the verifier's hidden layer reaches
+the draft's runner, a verifier of another draft or sampling is refused, and alpha is never
+taken from records measured under other sampling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from sprinter_train.bench.latency import LatencyProfile
+from sprinter_train.bench.methods import (
+    VerifierMismatchError,
+    plan_methods,
+    verifier_hidden_layer,
+)
+from sprinter_train.core.io import read_json, write_json
+from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.models.tiny import build_tiny_model
+from sprinter_train.stages.bench import estimate_alpha
+from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
+from tests.synthetic import write_synthetic_records
+
+SAMPLING = {"temperature": 0.2, "top_k": 0, "top_p": 0.9}  # the shipped conf/config.yaml's
+TINY_D = 64
+
+
+@pytest.fixture(scope="module")
+def draft() -> torch.nn.Module:
+    return build_tiny_model({}, seed=0)
+
+
+@pytest.fixture
+def bench_cfg(compose_cfg, tmp_path: Path):
+    """compose_cfg with verifiers under tmp_path (never the repository's checkpoints/)."""
+    return lambda *overrides: compose_cfg(f"checkpoints_root={tmp_path / 'ck'}", *overrides)
+
+
+def save(cfg, **meta) -> Path:
+    full = {"lam": 1.2, "features": {"names": ["hidden"], "d_in": TINY_D}, **meta}
+    path = verifier_path(cfg.checkpoint_dir, 1.2)
+    return save_verifier(path, torch.ones(TINY_D), torch.zeros(1), full)
+
+
+def plan(cfg, draft, identity=None):
+    profile = LatencyProfile({1: 30.0, 2: 31.0, 3: 33.0}, 3.0, None, 128, "cpu", "float32")
+    return plan_methods(cfg, profile, 2, draft, False, "cpu", draft_identity=identity)
+
+
+def test_the_drafts_runner_reads_the_layer_the_verifier_was_trained_on(bench_cfg) -> None:
+    cfg = bench_cfg("bench.methods=[sd,sprinter]")
+    assert verifier_hidden_layer(cfg) == -1  # no verifier yet: the plan skips sprinter
+    save(cfg, hidden_layer=2, sampling=SAMPLING)
+    assert verifier_hidden_layer(cfg) == 2
+
+
+def test_a_verifier_of_the_benchs_draft_and_sampling_runs(bench_cfg, draft) -> None:
+    cfg = bench_cfg("bench.methods=[sprinter]")
+    save(cfg, hidden_layer=-1, sampling=SAMPLING, draft_model="tiny", draft_model_files=None)
+    got = plan(cfg, draft, {"id": "tiny", "files": None})
+    assert "sprinter" in got.policies and got.settings["sprinter"]["verifier"]["hidden_layer"] == -1
+
+
+@pytest.mark.parametrize(
+    ("meta", "named"),
+    [
+        ({"sampling": {**SAMPLING, "temperature": 1.0}}, "sampling"),
+        ({"sampling": SAMPLING, "draft_model": "another-draft"}, "draft_model"),
+    ],
+)
+def test_a_verifier_of_another_draft_or_sampling_is_refused(bench_cfg, draft, meta, named) -> None:
+    cfg = bench_cfg("bench.methods=[sprinter]")
+    path = save(cfg, hidden_layer=-1, **meta)
+    with pytest.raises(VerifierMismatchError, match=f"{path.name}.*{named}"):
+        plan(cfg, draft, {"id": "tiny", "files": None})
+
+
+def test_alpha_is_not_taken_from_records_of_other_sampling(compose_cfg, draft) -> None:
+    cfg = compose_cfg("bench.warmup_runs=1", "bench.max_new_tokens=4", "bench.gamma_max=2")
+    write_synthetic_records(Path(cfg.experiment_dir), rows=64, d=8, shard_rows=64)
+    manifest_path = Path(cfg.experiment_dir) / "records" / "manifest.json"
+    manifest = read_json(manifest_path)
+    sampling = SamplingConfig.from_cfg(cfg.sampling)
+    engine = Engine(ModelRunner(draft, 128), sampling, draft=ModelRunner(draft, 128))
+    prompt = Prompt("p", "syn", "test", "", [1, 2, 3], None)
+
+    write_json(manifest_path, {**manifest, "sampling": SAMPLING})
+    assert estimate_alpha(engine, prompt, cfg)[1] == "records (64 rows)"
+    write_json(manifest_path, {**manifest, "sampling": {**SAMPLING, "temperature": 0.7}})
+    alpha, source = estimate_alpha(engine, prompt, cfg)
+    assert source.startswith("sd on the warm-up prompt") and "refused" in source
+    assert 0.0 <= alpha <= 1.0
+
+
+@pytest.mark.parametrize("warped", [False, True])
+def test_evaluate_states_which_entropy_its_svip_and_adaedl_scores_used(compose_cfg, warped):
+    from sprinter_train.evaluation.scores import predictor_descriptions
+
+    flag = str(warped).lower()
+    cfg = compose_cfg(
+        f"methods.svip.warped_entropy={flag}", f"methods.adaedl.warped_entropy={flag}"
+    )
+    described = predictor_descriptions(cfg, {})
+    for name in ("svip_entropy", "adaedl_bound"):
+        assert "warped draft distribution" in described[name]
+        assert ("raw softmax entropy" in described[name]) != warped
