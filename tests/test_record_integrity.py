@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +141,36 @@ def test_a_live_writers_temporary_shard_file_is_never_swept(tmp_path: Path, slee
     removed = remove_stale_files(tmp_path, keep={"shard-000000"})
     assert sorted(removed) == sorted([dead.name, other.name])
     assert live.exists()
+
+
+def test_two_harvests_at_once_the_second_is_refused_and_the_first_writes_every_shard(
+    tmp_path: Path,
+) -> None:
+    """Two real processes on one experiment: the later one stops at once naming the holder,
+    and the first finishes with every shard it planned (it once lost a finished shard to the
+    second's sweep and crashed after all its compute)."""
+    from tests.test_harvest import TINY
+
+    overrides = [f"artifacts_root={tmp_path}", *TINY, "data.num_prompts=24"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "sprinter_train", *overrides, "hydra.run.dir=" + str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lock = tmp_path / "default" / "harvest.lock"
+    try:
+        deadline = time.monotonic() + 120
+        while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lock.exists(), "the first harvest never took its lock"
+        with pytest.raises(pidlock.LockHeldError, match=f"process {first.pid}"):
+            run_stage(compose_at(tmp_path, "data.num_prompts=24"))
+    finally:
+        _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr[-2000:]
+    manifest = read_json(records_of(tmp_path) / "manifest.json")
+    assert len(manifest["shards"]) >= 2
+    records = open_records(tmp_path / "default")  # every listed shard is there and intact
+    assert len(records.shard_names) == len(manifest["shards"]) and len(records.frame) > 0
+    assert not lock.exists()
