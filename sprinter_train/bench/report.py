@@ -282,14 +282,16 @@ def plot_goodput(results: dict[str, Any], path: Path) -> Path | None:
     sizes = sorted(int(b) for b in batches)
     fig, ax = subplots(figsize=(7, 4.5))
     names = dict.fromkeys(n for b in sizes for n in batches[str(b)]["methods"])
-    for name in names:
+    colours = [f"C{i}" for i in range(10)]
+    for index, name in enumerate(names):  # past ten methods the colours repeat: vary the dash
         points = [
             (b, batches[str(b)]["methods"][name]["tokens_per_s"])
             for b in sizes
             if name in batches[str(b)]["methods"]
         ]
-        style = "o-" if len(points) > 1 else "s"
-        ax.plot([x for x, _ in points], [y for _, y in points], style, label=name)
+        style = ("o-" if index < len(colours) else "o--") if len(points) > 1 else "s"
+        colour = colours[index % len(colours)]
+        ax.plot([x for x, _ in points], [y for _, y in points], style, color=colour, label=name)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(b) for b in sizes])
     ax.set_xlabel("batch size")
