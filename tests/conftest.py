@@ -8,6 +8,8 @@ only the slow tests also marked `smoke`, a bounded subset chosen by cost; `--run
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,12 @@ def compose_cfg(tmp_path: Path):
         )
 
     return _compose
+
+
+@pytest.fixture
+def sleeper():
+    """A live process that is not this one (a writer still at work, a lock's holder)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield child
+    child.kill()
+    child.wait()

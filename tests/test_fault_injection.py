@@ -63,15 +63,6 @@ def dead_pid() -> int:
     return child.pid
 
 
-@pytest.fixture
-def sleeper():
-    """A live process that is not this one (a 'writer' still at work)."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield child
-    child.kill()
-    child.wait()
-
-
 def cli(tmp_path: Path, *overrides: str) -> subprocess.Popen:
     """`python -m sprinter_train` as a user runs it, artifacts and Hydra outputs under tmp_path,
     its output in tmp_path/cli.log (a file: a pipe nobody reads could stall it)."""

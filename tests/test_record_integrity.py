@@ -110,14 +110,6 @@ def test_values_out_of_their_known_range_are_refused(tmp_path: Path, column, val
         open_records(tmp_path / "syn")
 
 
-@pytest.fixture
-def sleeper():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield child
-    child.kill()
-    child.wait()
-
-
 def test_a_second_harvest_of_one_experiment_fails_at_once_naming_the_holder(
     tmp_path: Path, sleeper
 ) -> None:

@@ -8,6 +8,8 @@ a full-vocabulary head over every fed position would cost as much as the body.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +60,21 @@ class ModelRunner:
             self._events.clear()
         return self._cpu_seconds
 
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Time the block: CUDA events on a GPU (read later, no sync), the wall clock on CPU."""
+        start = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
+        if start is not None:
+            start.record()
+        began = time.perf_counter()
+        yield
+        if start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((start, end))
+        else:
+            self._cpu_seconds += time.perf_counter() - began
+
     @torch.inference_mode()
     def prime(self, cache: RowCache, rows: list[list[int]]) -> None:
         """Fill an empty cache with each row's tokens, one forward a row.
@@ -69,26 +86,16 @@ class ModelRunner:
         laid side by side (short rows end in empty slots)."""
         if cache.slots:
             raise ValueError("prime fills an empty cache; this one holds tokens already")
-        cuda = self.device.type == "cuda"
-        start = torch.cuda.Event(enable_timing=True) if cuda else None
-        if start is not None:
-            start.record()
-        began = time.perf_counter()
-        caches = []
-        for tokens in rows:
-            if not tokens:
-                caches.append(None)
-                continue
-            ids = torch.as_tensor([tokens], dtype=torch.long).to(self.device)
-            _, _, kv = body(self.model, ids, past_key_values=DynamicCache(), use_cache=True)
-            caches.append(kv)
-        cache.absorb(caches, [len(tokens) for tokens in rows])
-        if start is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._events.append((start, end))
-        else:
-            self._cpu_seconds += time.perf_counter() - began
+        with self._timed():
+            caches = []
+            for tokens in rows:
+                if not tokens:
+                    caches.append(None)
+                    continue
+                ids = torch.as_tensor([tokens], dtype=torch.long).to(self.device)
+                _, _, kv = body(self.model, ids, past_key_values=DynamicCache(), use_cache=True)
+                caches.append(kv)
+            cache.absorb(caches, [len(tokens) for tokens in rows])
 
     @torch.inference_mode()
     def forward(
@@ -99,31 +106,21 @@ class ModelRunner:
         block, so a row's unused entries may point anywhere)."""
         width = ids.shape[1]
         positions, mask = cache.block(counts, width)
-        cuda = self.device.type == "cuda"
-        start = torch.cuda.Event(enable_timing=True) if cuda else None
-        if start is not None:
-            start.record()
-        began = time.perf_counter()
-        final, chosen, kv = body(
-            self.model,
-            ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache.kv,
-            hidden_layer=self.hidden_layer,
-            use_cache=True,
-        )
-        cache.append(kv, counts, width)
-        index = keep.clamp(0, width - 1)
-        picked = final.gather(1, index[..., None].expand(-1, -1, final.shape[-1]))
-        hidden = chosen.gather(1, index[..., None].expand(-1, -1, chosen.shape[-1]))
-        logits = head_logits(self.model, picked, self.vocab_size).float()
-        if start is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._events.append((start, end))
-        else:
-            self._cpu_seconds += time.perf_counter() - began
+        with self._timed():
+            final, chosen, kv = body(
+                self.model,
+                ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache.kv,
+                hidden_layer=self.hidden_layer,
+                use_cache=True,
+            )
+            cache.append(kv, counts, width)
+            index = keep.clamp(0, width - 1)
+            picked = final.gather(1, index[..., None].expand(-1, -1, final.shape[-1]))
+            hidden = chosen.gather(1, index[..., None].expand(-1, -1, chosen.shape[-1]))
+            logits = head_logits(self.model, picked, self.vocab_size).float()
         self._watch(logits, positions, keep, counts)
         return RowOutput(logits, hidden)
 
