@@ -77,24 +77,28 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prime(self, cache: RowCache, rows: list[list[int]]) -> None:
-        """Fill an empty cache with each row's tokens, one forward a row.
+        """Fill an empty cache with each row's tokens, one forward per prompt length.
 
         A batched prefill pads every row to the longest prompt: on ShareGPT's prompts that
         is several times the compute of the prompts themselves, and on a CPU prefill is
-        compute-bound. Alone, a row costs its own length, and its keys and values are exactly
-        those of the row decoded by itself, whatever the batch. The rows' caches are then
-        laid side by side (short rows end in empty slots)."""
+        compute-bound. Rows of one length go through one forward (no padding), so a row costs
+        its own length; the rows' caches are then laid side by side (short rows end in empty
+        slots)."""
         if cache.slots:
             raise ValueError("prime fills an empty cache; this one holds tokens already")
         with self._timed():
-            caches = []
-            for tokens in rows:
-                if not tokens:
-                    caches.append(None)
-                    continue
-                ids = torch.as_tensor([tokens], dtype=torch.long).to(self.device)
-                _, _, kv = body(self.model, ids, past_key_values=DynamicCache(), use_cache=True)
-                caches.append(kv)
+            caches: list[DynamicCache | None] = [None] * len(rows)
+            by_length: dict[int, list[int]] = {}
+            for r, tokens in enumerate(rows):
+                if tokens:
+                    by_length.setdefault(len(tokens), []).append(r)
+            for members in by_length.values():  # equal lengths batch without padding
+                ids = torch.as_tensor([rows[r] for r in members], dtype=torch.long)
+                _, _, kv = body(
+                    self.model, ids.to(self.device), past_key_values=DynamicCache(), use_cache=True
+                )
+                for i, r in enumerate(members):
+                    caches[r] = _row_of(kv, i)
             cache.absorb(caches, [len(tokens) for tokens in rows])
 
     @torch.inference_mode()
@@ -157,3 +161,11 @@ class ModelRunner:
                 raise nonfinite_error(
                     role, f"at position {position} (the next-token distribution after it)"
                 )
+
+
+def _row_of(kv: DynamicCache, index: int) -> DynamicCache:
+    """Row `index` of a batched cache, as a cache of its own (views, no copy)."""
+    row = DynamicCache()
+    for layer, entry in enumerate(kv.layers):
+        row.update(entry.keys[index : index + 1], entry.values[index : index + 1], layer)
+    return row
