@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
+from sprinter_train.models.tiny import build_tiny_model
 
 
 class MemoRunner:
@@ -106,3 +107,15 @@ class FixedLogits(torch.nn.Module):
         return SimpleNamespace(
             last_hidden_state=hidden, hidden_states=None, past_key_values=past_key_values
         )
+
+
+def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
+    """A model that agrees with `model` often but not always (weights plus seeded noise)."""
+    """A model that agrees with `model` often but not always."""
+    copy = build_tiny_model({}, seed=0)
+    copy.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in copy.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * scale)
+    return copy.eval()

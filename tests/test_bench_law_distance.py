@@ -19,7 +19,7 @@ from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpecVerification, SpecVerificationPaper
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
-from tests.decoding_helpers import FixedLogits, chi_square_pvalue
+from tests.decoding_helpers import FixedLogits, chi_square_pvalue, noisy_copy
 
 VOCAB = 128
 SAMPLING = SamplingConfig(temperature=0.2)  # random tiny models are flat: sharpen them
@@ -81,16 +81,6 @@ def test_the_smallest_case_is_three_quarters_against_one_half() -> None:
     )
     assert first_token_tv(engine, policy(True, ByA()), [[0]]) == [pytest.approx(0.25)]
     assert first_token_tv(engine, policy(False, ByA()), [[0]]) == [pytest.approx(0.0, abs=1e-12)]
-
-
-def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
-    copy = build_tiny_model({}, seed=0)
-    copy.load_state_dict(model.state_dict())
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in copy.parameters():
-            param.add_(torch.randn(param.shape, generator=gen) * scale)
-    return copy.eval()
 
 
 @pytest.fixture(scope="module")

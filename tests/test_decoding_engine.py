@@ -39,6 +39,7 @@ from tests.decoding_helpers import (
     chi_square_pvalue,
     enumerate_joint,
     exact_joint,
+    noisy_copy,
 )
 
 VOCAB = 128
@@ -47,17 +48,6 @@ SAMPLING = SamplingConfig(temperature=0.9, top_k=4, top_p=0.95)
 GREEDY = SamplingConfig(temperature=0)
 RUNS = 20000  # rows of the first prompt; the other prompts ride along as batch-mates
 BATCH = 1000
-
-
-def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
-    """A model that agrees with `model` often but not always."""
-    copy = build_tiny_model({}, seed=0)
-    copy.load_state_dict(model.state_dict())
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in copy.parameters():
-            param.add_(torch.randn(param.shape, generator=gen) * scale)
-    return copy.eval()
 
 
 @pytest.fixture(scope="module")
