@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
 
 
@@ -119,3 +121,37 @@ def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Modu
         for param in copy.parameters():
             param.add_(torch.randn(param.shape, generator=gen) * scale)
     return copy.eval()
+
+
+def smallest_case_engine(sampling: SamplingConfig) -> Engine:
+    """p = q = (1/2, 1/2) and a companion c = (1, 0), on a two-token vocabulary: the case
+    where the SV paper's rule emits token 0 with probability 3/4."""
+    half, sure = FixedLogits([0.0, 0.0]), FixedLogits([0.0, float("-inf")])
+    return Engine(
+        ModelRunner(half, 2), sampling, draft=ModelRunner(half, 2), companion=ModelRunner(sure, 2)
+    )
+
+
+class ByA:
+    """P(accept | S, A) = A: token 0 (A = 1) looks certain, token 1 (A = 0) hopeless."""
+
+    prior = 0.5
+
+    def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+        return A
+
+    def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
+        return S
+
+
+class ATable:
+    """An SV table that leans hard on A: a rule that drops a drafted token on A's word would
+    bias the law visibly."""
+
+    prior = 0.5
+
+    def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+        return 0.05 + 0.9 * A * S
+
+    def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
+        return 0.05 + 0.45 * S

@@ -19,7 +19,13 @@ from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpecVerification, SpecVerificationPaper
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
-from tests.decoding_helpers import FixedLogits, chi_square_pvalue, noisy_copy
+from tests.decoding_helpers import (
+    ATable,
+    ByA,
+    chi_square_pvalue,
+    noisy_copy,
+    smallest_case_engine,
+)
 
 VOCAB = 128
 SAMPLING = SamplingConfig(temperature=0.2)  # random tiny models are flat: sharpen them
@@ -35,30 +41,6 @@ def policy(paper: bool, table) -> SpecVerification | SpecVerificationPaper:
     return kind(table, latency, lambda b: 0.05, max_gamma=4)
 
 
-class ByA:
-    """P(accept | S, A) = A: the paper's rule verifies a token with A = 1, drops one with A = 0."""
-
-    prior = 0.5
-
-    def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-        return A
-
-    def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
-        return S
-
-
-class ATable:
-    """A table that leans on A, as the engine's tests use: dropping on A's word shows."""
-
-    prior = 0.5
-
-    def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-        return 0.05 + 0.9 * A * S
-
-    def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
-        return 0.05 + 0.45 * S
-
-
 def test_the_law_formula_by_hand() -> None:
     p, q = torch.tensor([0.6, 0.4, 0.0]), torch.tensor([0.2, 0.5, 0.3])
     everything = torch.ones(3, dtype=torch.bool)
@@ -72,13 +54,7 @@ def test_the_law_formula_by_hand() -> None:
 
 def test_the_smallest_case_is_three_quarters_against_one_half() -> None:
     """p = q = (1/2, 1/2), c = (1, 0): sv_paper emits token 0 with 3/4 (TV 1/4), sv keeps p."""
-    half, sure = FixedLogits([0.0, 0.0]), FixedLogits([0.0, float("-inf")])
-    engine = Engine(
-        ModelRunner(half, 2),
-        SamplingConfig(temperature=1.0),
-        draft=ModelRunner(half, 2),
-        companion=ModelRunner(sure, 2),
-    )
+    engine = smallest_case_engine(SamplingConfig(temperature=1.0))
     assert first_token_tv(engine, policy(True, ByA()), [[0]]) == [pytest.approx(0.25)]
     assert first_token_tv(engine, policy(False, ByA()), [[0]]) == [pytest.approx(0.0, abs=1e-12)]
 

@@ -34,12 +34,14 @@ from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Batch, DraftStep, Round
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import (
-    FixedLogits,
+    ATable,
+    ByA,
     MemoRunner,
     chi_square_pvalue,
     enumerate_joint,
     exact_joint,
     noisy_copy,
+    smallest_case_engine,
 )
 
 VOCAB = 128
@@ -59,19 +61,6 @@ def models() -> dict[str, torch.nn.Module]:
         # a companion that disagrees with the draft: A carries real information about x
         "companion": noisy_copy(target, 0.05, 2),
     }
-
-
-class ATable:
-    """An SV table that leans hard on A: the rule that drops a drafted token on A's word
-    would bias the law visibly."""
-
-    prior = 0.5
-
-    def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-        return 0.05 + 0.9 * A * S
-
-    def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
-        return 0.05 + 0.45 * S
 
 
 def sv(paper: bool = False):
@@ -138,26 +127,6 @@ def test_sv_paper_rule_is_measurably_off_the_target_law(models) -> None:
     assert chi_square_pvalue(counts[0], expected) < 1e-6
 
 
-def fixed_engine(sampling: SamplingConfig = SAMPLING) -> Engine:
-    """p = q = (1/2, 1/2) and a companion c = (1, 0), on a two-token vocabulary."""
-    half, sure = FixedLogits([0.0, 0.0]), FixedLogits([0.0, float("-inf")])
-    return Engine(
-        ModelRunner(half, 2), sampling, draft=ModelRunner(half, 2), companion=ModelRunner(sure, 2)
-    )
-
-
-class ByA:
-    """P(accept | S, A) = A: token 0 (A = 1) looks certain, token 1 (A = 0) hopeless."""
-
-    prior = 0.5
-
-    def lookup(self, S: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-        return A
-
-    def lookup_s(self, S: torch.Tensor) -> torch.Tensor:
-        return S
-
-
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_the_smallest_case_sv_exact_and_the_paper_rule(batch_size: int) -> None:
     """p = q = (1/2, 1/2), c = (1, 0): the paper's rule verifies token 0 and drops token 1,
@@ -167,7 +136,7 @@ def test_the_smallest_case_sv_exact_and_the_paper_rule(batch_size: int) -> None:
     for paper, share in ((False, 0.5), (True, 0.75)):
         kind = SpecVerificationPaper if paper else SpecVerification
         policy = kind(ByA(), lambda b, n: 1.0 + 0.1 * n, lambda b: 0.1, max_gamma=1)
-        engine = fixed_engine(sampling)
+        engine = smallest_case_engine(sampling)
         zeros = drafted = 0
         for start in range(0, runs, batch_size):
             seeds = range(start, start + batch_size)
