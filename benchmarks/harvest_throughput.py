@@ -9,13 +9,17 @@ building, draft + companion + target forwards, sampling, statistics, shard writi
 target alone producing its logits at the recorded positions (its body over the padded batch,
 its head where a record needs it). A record is one position, so the ratio is the target's
 time over the harvest's: how close the harvest comes to the one target pass it cannot avoid.
-`original` needs no generation; `all_mixes` uses the default equal mixes. The last line is
+`original` needs no generation; `all_mixes` uses the default equal mixes. Each scenario
+runs `--repeats` times, interleaved with the other, and the ratios are the medians over the
+repeats (each repeat pairs a harvest with the target pass right after it, so a noisy moment
+on a shared machine skews one repeat, not the result). The last line is
 `ratio_original=<x> ratio_all_mixes=<y>`.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -66,12 +70,28 @@ def target_teacher_forced(
 
 
 def measure(
-    models, prompts, mixes, options, batch_size, device, out_dir: Path, generation_batch_size=64
+    models,
+    prompts,
+    mixes,
+    options,
+    batch_size,
+    device,
+    out_dir: Path,
+    generation_batch_size=64,
+    statistics_rows=128,
 ) -> dict[str, float]:
     synchronize(device)
     start = time.perf_counter()
     batch, sequences = harvest_prompts(
-        models, prompts, mixes, options, batch_size, device, None, generation_batch_size
+        models,
+        prompts,
+        mixes,
+        options,
+        batch_size,
+        device,
+        None,
+        generation_batch_size,
+        statistics_rows,
     )
     for plan in plan_shards(prompts, mixes, len(prompts)):
         write_shard(out_dir, plan, batch, sequences, "benchmark")
@@ -96,6 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="offline_default", help="a conf/models/ option")
     parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each scenario")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (key=value)")
     args = parser.parse_args()
     cfg = compose_config(
@@ -116,41 +137,52 @@ def main() -> None:
     batch_size = int(hcfg["batch_size"])
     # warm-up: first calls allocate and pick kernels; neither side should pay for it
     warm = prompts[:1]
+    scenarios = {
+        "original": (["original"] * len(prompts), batch_size),
+        "all_mixes": (
+            assign_mixes([p.prompt_id for p in prompts], options.mix_weights, options.seed),
+            int(hcfg["generation_batch_size"]),
+        ),
+    }
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in scenarios}
     with tempfile.TemporaryDirectory() as tmp:
         measure(models, warm, ["original"], options, batch_size, device, Path(tmp))
-        results = {
-            "original": measure(
-                models, prompts, ["original"] * len(prompts), options, batch_size, device, Path(tmp)
-            ),
-            "all_mixes": measure(
-                models,
-                prompts,
-                assign_mixes([p.prompt_id for p in prompts], options.mix_weights, options.seed),
-                options,
-                batch_size,
-                device,
-                Path(tmp),
-                int(hcfg["generation_batch_size"]),
-            ),
-        }
+        for _ in range(max(1, args.repeats)):
+            for name, (mixes, generation) in scenarios.items():
+                runs[name].append(
+                    measure(
+                        models,
+                        prompts,
+                        mixes,
+                        options,
+                        batch_size,
+                        device,
+                        Path(tmp),
+                        generation,
+                        int(hcfg["statistics_rows"]),
+                    )
+                )
     print(
         f"models={args.models} draft={models.draft.name} target={models.target.name} "
         f"prompts={len(prompts)} device={device} threads={torch.get_num_threads()} "
-        f"sampling={OmegaConf.to_container(cfg.sampling)}"
+        f"repeats={max(1, args.repeats)} sampling={OmegaConf.to_container(cfg.sampling)}"
     )
     print(
-        "scenario  | records | harvest s | records/s | target s | target tok/s (recorded) | (all)"
+        "scenario  | records | harvest s | records/s | target s | target tok/s (recorded) | "
+        "ratio | (all)"
     )
-    for name, r in results.items():
-        print(
-            f"{name:<9} | {r['records']:>7} | {r['harvest_s']:>9.2f} | {r['records_per_s']:>9.1f} | "
-            f"{r['target_s']:>8.2f} | {r['target_tokens_per_s']:>23.1f} | "
-            f"{r['target_all_tokens_per_s']:.1f} over {r['all_tokens']} tokens"
-        )
-    print(
-        f"ratio_original={results['original']['ratio']:.3f} "
-        f"ratio_all_mixes={results['all_mixes']['ratio']:.3f}"
-    )
+    for name, measured in runs.items():
+        for r in measured:
+            print(
+                f"{name:<9} | {r['records']:>7} | {r['harvest_s']:>9.2f} | "
+                f"{r['records_per_s']:>9.1f} | {r['target_s']:>8.2f} | "
+                f"{r['target_tokens_per_s']:>23.1f} | {r['ratio']:.3f} | "
+                f"{r['target_all_tokens_per_s']:.1f} over {r['all_tokens']} tokens"
+            )
+    median = {
+        name: statistics.median(r["ratio"] for r in measured) for name, measured in runs.items()
+    }
+    print(f"ratio_original={median['original']:.3f} ratio_all_mixes={median['all_mixes']:.3f}")
 
 
 if __name__ == "__main__":

@@ -265,6 +265,8 @@ def test_a_lock_outlives_its_holder_only_while_a_helper_runs(tmp_path, sleeper) 
         ("train.lam=inf", "train.lam", "finite"),
         ("train.lams=[]", "train.lams", "non-empty"),
         ("data.max_prompt_tokens=-5", "data.max_prompt_tokens", ">= 0"),
+        ("harvest.statistics_rows=0", "harvest.statistics_rows", ">= 1"),
+        ("harvest.generation_batch_size=2.5", "harvest.generation_batch_size", "whole"),
     ],
 )
 def test_a_bad_setting_is_one_error_naming_it_and_nothing_is_written(

@@ -393,17 +393,20 @@ def test_continuations_end_at_the_first_eos() -> None:
     assert any(len(row) == 8 for row in cut)
 
 
-@pytest.mark.parametrize("batching", [("1", "18", "1"), ("8", "48", "64"), ("2", "48", "3")])
+@pytest.mark.parametrize(
+    "batching", [("1", "18", "1", "1"), ("8", "48", "64", "128"), ("2", "48", "3", "5")]
+)
 def test_records_do_not_depend_on_batching(baseline, tmp_path, batching) -> None:
-    """All four mixes, one prompt per batch and per generation call, all eight in one, or
-    generation chunks that cut across teacher-forced batches, give the baseline's sequences
-    and records exactly (float32)."""
-    batch_size, shard_rows, generation = batching
+    """All four mixes, one prompt per batch, per generation call and per statistics block,
+    all eight in one, or generation chunks that cut across teacher-forced batches, give the
+    baseline's sequences and records exactly (float32)."""
+    batch_size, shard_rows, generation, statistics = batching
     cfg = compose_at(
         tmp_path,
         f"harvest.batch_size={batch_size}",
         f"harvest.shard_rows={shard_rows}",
         f"harvest.generation_batch_size={generation}",
+        f"harvest.statistics_rows={statistics}",
     )
     run_stage(cfg)
     records, hidden, seqs = load_record_set(cfg)

@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+VERIFIER_LABELS = ("ratio", "accept_prob")  # verifier/labels.py LABELS (core cannot import it)
+
 
 class ConfigError(ValueError):
     """A setting out of its range; the message names the key and the range."""
@@ -89,6 +91,11 @@ def config_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         else:
             for i, lam in enumerate(lams):
                 _check(problems, f"train.lams[{i}]", lam, _positive_finite, "a finite number > 0")
+    if (train.get("label") or "ratio") not in VERIFIER_LABELS:  # null: ratio, as before labels
+        problems.append(
+            f"train.label={train['label']!r} is out of range: ratio (q/p <= λ) or accept_prob "
+            "(soft min(1, p/q), no λ)"
+        )
     data = _section(cfg, "data")
     if data.get("max_prompt_tokens") is not None:
         _check(
@@ -98,6 +105,16 @@ def config_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
             lambda n: _whole(n) and n >= 0,
             "a whole number >= 0 (0 or null: no limit)",
         )
+    harvest = _section(cfg, "harvest")
+    for key in ("batch_size", "generation_batch_size", "statistics_rows"):
+        if key in harvest:
+            _check(
+                problems,
+                f"harvest.{key}",
+                harvest[key],
+                lambda n: _whole(n) and n >= 1,
+                "a whole number >= 1",
+            )
     return problems
 
 

@@ -88,6 +88,7 @@ def harvest_prompts(
     device: torch.device,
     on_batch: Callable[[int, int], None] | None = None,
     generation_batch_size: int = 64,
+    statistics_rows: int = 128,
 ) -> tuple[RecordBatch, list[HarvestSequence]]:
     """Records of `prompts` in order: build the sequences, then one forward per model a batch.
 
@@ -117,7 +118,13 @@ def harvest_prompts(
         chunk = order[start : start + batch_size]
         built = [built_of[i] for i in chunk]
         batch = harvest_batch(
-            models, built, options.sampling, options.hidden_layer, options.seed, device
+            models,
+            built,
+            options.sampling,
+            options.hidden_layer,
+            options.seed,
+            device,
+            statistics_rows,
         )
         for i, seq in zip(chunk, built, strict=True):
             count = max(0, seq.region_end - seq.region_start)
@@ -215,7 +222,11 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
         models,
         todo,
         options,
-        (int(hcfg["batch_size"]), int(hcfg["generation_batch_size"])),
+        (
+            int(hcfg["batch_size"]),
+            int(hcfg["generation_batch_size"]),
+            int(hcfg["statistics_rows"]),
+        ),
         device,
         records_dir,
         fingerprint,
@@ -277,14 +288,15 @@ def _write_shards(
     models: HarvestModels,
     plans: list[ShardPlan],
     options: HarvestOptions,
-    batch_sizes: tuple[int, int],
+    batch_sizes: tuple[int, int, int],
     device: torch.device,
     records_dir: Path,
     fingerprint: str,
     show: bool,
 ) -> int:
     """Harvest and write the given shards with a progress bar of prompts and records/s;
-    batch_sizes: (teacher-forced sequences, prompts generated together)."""
+    batch_sizes: (teacher-forced sequences, prompts generated together, records whose
+    statistics are computed together)."""
     progress = tqdm(
         total=sum(len(p.prompts) for p in plans), unit="prompt", desc="harvest", disable=not show
     )
@@ -309,6 +321,7 @@ def _write_shards(
                 device,
                 on_batch,
                 batch_sizes[1],
+                batch_sizes[2],
             )
             write_shard(records_dir, plan, batch, sequences, fingerprint)
     finally:

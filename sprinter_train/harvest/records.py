@@ -12,7 +12,7 @@ whatever else is in the batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,28 +95,32 @@ def pad_right(
     return ids, mask
 
 
-def _distributions(
+def _states(
     model: torch.nn.Module,
     ids: torch.Tensor,
     mask: torch.Tensor,
     rows: torch.Tensor,
     cols: torch.Tensor,
+    hidden_layer: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final hidden states at (rows, cols) (the head's input) and the chosen layer's."""
+    final, chosen, _ = body(model, ids, mask, hidden_layer=hidden_layer)
+    return final[rows, cols], chosen[rows, cols]
+
+
+def _warped(
+    model: torch.nn.Module,
+    final: torch.Tensor,
     vocab_size: int,
     sampling: SamplingConfig,
-    hidden_layer: int = -1,
-    role: str = "draft",
-    prompt_ids: Sequence[str] = (),
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Warped distributions at (rows, cols) and the chosen layer's hidden states there; broken
-    logits (NaN, +inf) stop the harvest naming `role`, the prompt and the position."""
-    final, chosen, _ = body(model, ids, mask, hidden_layer=hidden_layer)
-    logits = head_logits(model, final[rows, cols], vocab_size)
-    check_logits(
-        logits,
-        role,
-        lambda i: f"for prompt {prompt_ids[int(rows[i])]}'s token at position {int(cols[i]) + 1}",
-    )
-    return warp_probs(logits, sampling), chosen[rows, cols]
+    role: str,
+    where: Callable[[int], str],
+) -> torch.Tensor:
+    """Warped distributions from final hidden states; broken logits (NaN, +inf) stop the
+    harvest naming `role`, the prompt and the position."""
+    logits = head_logits(model, final, vocab_size)
+    check_logits(logits, role, where)
+    return warp_probs(logits, sampling)
 
 
 @torch.no_grad()
@@ -127,8 +131,15 @@ def harvest_batch(
     hidden_layer: int,
     seed: int,
     device: torch.device,
+    statistics_rows: int = 128,
 ) -> RecordBatch:
-    """Every record of `sequences`: one forward per model, then per-row statistics."""
+    """Every record of `sequences`: one forward per model, then per-row statistics.
+
+    The statistics run over whole sequences' regions, about `statistics_rows` records at a
+    time: each record holds three full-vocabulary distributions, and on a CPU one block of
+    every record at once spends more time faulting in fresh pages than computing. Each row's
+    values do not depend on the blocks (every operation is row-wise).
+    """
     sequences = [s for s in sequences if s.region_end > s.region_start]
     if not sequences:
         return empty_batch(models)
@@ -140,29 +151,48 @@ def harvest_batch(
     cols = torch.cat([torch.arange(s.region_start - 1, s.region_end - 1) for s in sequences]).to(
         device
     )
-    vocab = models.vocab_size
-    ids_of = [s.prompt.prompt_id for s in sequences]
-    q, hidden = _distributions(
-        models.draft.model, ids, mask, rows, cols, vocab, sampling, hidden_layer, "draft", ids_of
-    )
-    p, _ = _distributions(
-        models.target.model, ids, mask, rows, cols, vocab, sampling, -1, "target", ids_of
-    )
-    c = None
+    draft_final, hidden = _states(models.draft.model, ids, mask, rows, cols, hidden_layer)
+    target_final, _ = _states(models.target.model, ids, mask, rows, cols)
+    companion_final = None
     if models.companion is not None:
-        companion = models.companion.model
-        c, _ = _distributions(
-            companion, ids, mask, rows, cols, vocab, sampling, -1, "companion", ids_of
-        )
+        companion_final, _ = _states(models.companion.model, ids, mask, rows, cols)
 
-    x = torch.empty(len(rows), dtype=torch.long, device=device)
-    start = 0
-    for seq in sequences:
-        end = start + seq.region_end - seq.region_start
-        generator = make_generator(prompt_seed(seed, seq.prompt.prompt_id, "records"), device)
-        x[start:end] = sample(q[start:end], generator)
-        start = end
-    stats = token_statistics(q, p, c, x)
+    def where(offset: int) -> Callable[[int], str]:
+        def named(i: int) -> str:
+            row, col = int(rows[offset + i]), int(cols[offset + i])
+            return f"for prompt {sequences[row].prompt.prompt_id}'s token at position {col + 1}"
+
+        return named
+
+    vocab = models.vocab_size
+    tokens, blocks = [], []
+    for group in _groups(sequences, statistics_rows):
+        start = sum(s.region_end - s.region_start for s in sequences[: group.start])
+        end = start + sum(s.region_end - s.region_start for s in sequences[group])
+        at = slice(start, end)
+        q = _warped(models.draft.model, draft_final[at], vocab, sampling, "draft", where(start))
+        p = _warped(models.target.model, target_final[at], vocab, sampling, "target", where(start))
+        c = None
+        if companion_final is not None:
+            c = _warped(
+                models.companion.model,
+                companion_final[at],
+                vocab,
+                sampling,
+                "companion",
+                where(start),
+            )
+        x = torch.empty(end - start, dtype=torch.long, device=device)
+        offset = 0
+        for seq in sequences[group]:
+            n = seq.region_end - seq.region_start
+            generator = make_generator(prompt_seed(seed, seq.prompt.prompt_id, "records"), device)
+            x[offset : offset + n] = sample(q[offset : offset + n], generator)
+            offset += n
+        tokens.append(x)
+        blocks.append({k: v.float().cpu() for k, v in token_statistics(q, p, c, x).items()})
+    x = torch.cat(tokens)
+    stats = {name: torch.cat([b[name] for b in blocks]) for name in blocks[0]}
 
     counts = [s.region_end - s.region_start for s in sequences]
     columns: dict[str, np.ndarray] = {
@@ -174,13 +204,27 @@ def harvest_batch(
         "token_id": x.cpu().numpy().astype(np.int32),
     }
     for name, values in stats.items():
-        columns[name] = values.float().cpu().numpy().astype(np.float32)
-    if c is None:
+        columns[name] = values.numpy().astype(np.float32)
+    if companion_final is None:
         columns["S"] = np.full(len(x), np.nan, dtype=np.float32)  # written as null
         columns["A"] = np.full(len(x), np.nan, dtype=np.float32)
     columns = {name: columns[name] for name in NUMPY_DTYPES}
     hidden_np = as_record_half(hidden).cpu().numpy()
     return RecordBatch(columns, hidden_np)
+
+
+def _groups(sequences: Sequence[HarvestSequence], rows: int) -> list[slice]:
+    """Consecutive runs of whole sequences holding about `rows` records each (one sequence's
+    region is never split: its draws come from its own stream in order)."""
+    groups, start, filled = [], 0, 0
+    for i, seq in enumerate(sequences):
+        filled += seq.region_end - seq.region_start
+        if filled >= rows:
+            groups.append(slice(start, i + 1))
+            start, filled = i + 1, 0
+    if start < len(sequences):
+        groups.append(slice(start, len(sequences)))
+    return groups
 
 
 def hidden_dim(models: HarvestModels) -> int:
