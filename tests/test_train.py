@@ -22,8 +22,9 @@ from sprinter_train.verifier.checkpoint import (
     save_verifier,
     verifier_path,
 )
-from sprinter_train.verifier.data import VerifierDataModule, labels_at, split_features
+from sprinter_train.verifier.data import VerifierDataModule, split_features
 from sprinter_train.verifier.features import FeatureSpec
+from sprinter_train.verifier.labels import labels_at
 from sprinter_train.verifier.module import VerifierModule
 from tests.synthetic import write_synthetic_records
 

@@ -1,5 +1,7 @@
 """The decoder's verifier (CheckpointVerifier on a DraftStep) scores a drafted token exactly as
-training scored its record: both build the feature vector through features.assemble."""
+training scored its record: both build the feature vector through features.assemble. Its score
+is calibrated with the sidecar's temperature, which leaves SPRINTER's tau = 0.5 decisions as
+they were."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ import torch
 from sprinter_train.core.io import write_json
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.policies import Sprinter
+from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats, DraftStep
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import MIXES
@@ -67,13 +72,24 @@ def write_records(experiment_dir: Path, seed: int = 0) -> dict[str, torch.Tensor
     return {"q": q, "x": x, "hidden": hidden}
 
 
-def export_verifier(checkpoint_dir: Path, names: list[str], d_in: int, seed: int = 0) -> Path:
-    """A verifier with random weights, exported as stage=train exports one."""
+def export_verifier(
+    checkpoint_dir: Path,
+    names: list[str],
+    d_in: int,
+    seed: int = 0,
+    temperature: float | None = None,
+    bias: float | None = None,
+) -> Path:
+    """A verifier with random weights, exported as stage=train exports one (with a
+    calibration temperature when one is given; without, an old sidecar)."""
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(d_in, generator=generator) / d_in**0.5
-    bias = torch.randn(1, generator=generator)
-    meta = {"lam": 1.0, "features": {"names": names}}
-    return save_verifier(verifier_path(checkpoint_dir, 1.0), weight, bias, meta)
+    b = torch.randn(1, generator=generator) if bias is None else torch.tensor([bias])
+    meta: dict = {"lam": 1.0, "features": {"names": names}}
+    if temperature is not None:
+        meta["label"] = "ratio"
+        meta["calibration"] = {"method": "temperature", "temperature": temperature}
+    return save_verifier(verifier_path(checkpoint_dir, 1.0), weight, b, meta)
 
 
 def width(names: list[str]) -> int:
@@ -181,3 +197,51 @@ def test_assemble_names_a_missing_part() -> None:
     spec = FeatureSpec.from_names(["hidden", "q"])
     with pytest.raises(ValueError, match=r"\['q'\] were not given"):
         assemble(spec, {"hidden": torch.zeros(2, 3)})
+
+
+def test_the_call_applies_the_sidecars_temperature(tmp_path, draft_model) -> None:
+    record = write_records(tmp_path / "toy")
+    names = ["hidden", "q"]
+    checkpoint = load_verifier(export_verifier(tmp_path / "ck", names, D + 1, temperature=3.0))
+    features, rows = split_features(
+        open_records(tmp_path / "toy"), None, FeatureSpec.from_names(names)
+    )
+    logits = checkpoint.logits(features.batch())
+    decoded = CheckpointVerifier(checkpoint, draft_model)(
+        None, new_batch(), None, draft_step(record, list(rows))
+    ).numpy()
+    np.testing.assert_allclose(decoded, 1 / (1 + np.exp(-logits / 3.0)), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(decoded, checkpoint.calibrated_score(features.batch()), atol=1e-5)
+    raw = checkpoint.score(features.batch())
+    assert np.abs(decoded - raw).max() > 0.05  # T = 3 flattens them: not the raw sigmoid
+    assert ((decoded >= 0.5) == (raw >= 0.5)).all()
+
+
+def test_sprinters_decisions_do_not_depend_on_the_temperature(tmp_path, draft_model) -> None:
+    """sigmoid(z / T) >= 0.5 exactly when z >= 0: SPRINTER at tau = 0.5 drafts, trusts and
+    checks the same tokens whatever T the sidecar holds, row for row, in sampling mode."""
+    target = load_model(
+        {"path": "tiny_random", "seed": 1, "config": {"num_hidden_layers": 3}},
+        "target",
+        torch.device("cpu"),
+        torch.float32,
+    ).model
+    engine = Engine(
+        ModelRunner(target, VOCAB),
+        SamplingConfig(temperature=0.9, top_k=20),
+        draft=ModelRunner(draft_model, VOCAB),
+    )
+    d = draft_model.config.hidden_size
+    prompts = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8], [60, 61, 62]] * 2
+    runs = {}
+    for temperature in (None, 0.2, 5.0):
+        path = export_verifier(tmp_path / f"ck-{temperature}", ["hidden"], d, 0, temperature, 0.5)
+        verifier = CheckpointVerifier(load_verifier(path), draft_model)
+        assert verifier.temperature == (temperature or 1.0)
+        results = engine.generate(prompts, Sprinter(verifier, tau=0.5, max_run=4), 16)
+        stats = results[0].stats
+        counts = (stats.drafted, stats.accepted, stats.verifier_accepted, stats.target_calls)
+        runs[temperature] = ([r.tokens for r in results], counts)
+    drafted, _, trusted, _ = runs[None][1]
+    assert 0 < trusted < drafted  # the verifier says both yes and no: decisions are tested
+    assert runs[0.2] == runs[None] and runs[5.0] == runs[None]

@@ -1,15 +1,19 @@
-"""stage=train: SPRINTER verifiers (Linear(d, 1) + sigmoid on the draft hidden state), one per λ.
+"""stage=train: SPRINTER verifiers (Linear(d, 1) + sigmoid on the draft hidden state), one per λ,
+or the one soft-label verifier (train.label=accept_prob); each with a temperature fitted on
+the val split.
 
 python -m sprinter_train stage=train experiment=<exp>                      # every λ in train.lams
 python -m sprinter_train -m stage=train experiment=<exp> train.lam=1,1.2,1.5  # Hydra multirun
+python -m sprinter_train stage=train experiment=<exp> train.label=accept_prob  # min(1, p/q)
 
 Reads artifacts/<exp>/records/ (stage=harvest); writes
-checkpoints/<exp>/verifier-lam<λ>.safetensors + .json and CSV logs under
-artifacts/<exp>/train/lam<λ>/.
+checkpoints/<exp>/verifier-lam<λ>.safetensors + .json (verifier-accept.* for accept_prob) and
+CSV logs under artifacts/<exp>/train/lam<λ>/ (train/accept/).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +23,11 @@ from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.io import write_json
 from sprinter_train.core.runtime import set_threads
 from sprinter_train.harvest.reader import open_records, verify_hashes
-from sprinter_train.verifier.checkpoint import lam_name
 from sprinter_train.verifier.features import FeatureSpec
+from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.train import train_verifier
+
+log = logging.getLogger(__name__)
 
 
 def lams_of(cfg: DictConfig) -> list[float]:
@@ -31,19 +37,30 @@ def lams_of(cfg: DictConfig) -> list[float]:
     return [float(lam) for lam in cfg.train.lams]
 
 
+def labels_of(cfg: DictConfig) -> list[Label]:
+    """One ratio label per λ of `lams_of`, or the single accept_prob label (which has no λ)."""
+    kind = str(cfg.train.get("label") or "ratio")
+    if kind == "accept_prob":
+        if cfg.train.get("lam") is not None:
+            log.info("train.label=accept_prob has no λ: train.lam=%s is not used", cfg.train.lam)
+        return [Label("accept_prob")]
+    return [Label(kind, lam) for lam in lams_of(cfg)]  # Label names an unknown kind
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     set_threads(cfg.get("num_threads"))
     spec = FeatureSpec.from_names(list(cfg.train.features))
-    columns = sorted({"split", "ratio", "prompt_id", *spec.record_columns()})
+    labels = labels_of(cfg)
+    label_columns = {label.column for label in labels}
+    columns = sorted({"split", "ratio", "prompt_id", *label_columns, *spec.record_columns()})
     records = open_records(
         cfg.experiment_dir, columns=columns, stage="stage=train", verify=verify_hashes(cfg)
     )
     results = {}
-    for lam in lams_of(cfg):
-        result = train_verifier(cfg, records, lam)
-        write_json(
-            Path(cfg.experiment_dir) / "train" / f"lam{lam_name(lam)}" / "summary.json", result
-        )
-        results[f"verifier_lam{lam_name(lam)}"] = result
-        note_completed(f"verifier {lam}", f"verifier λ={lam_name(lam)} ({result['checkpoint']})")
+    for label in labels:
+        result = train_verifier(cfg, records, label)
+        write_json(Path(cfg.experiment_dir) / "train" / label.name / "summary.json", result)
+        results[f"verifier_{label.name}"] = result
+        key = f"verifier {label.lam}" if label.kind == "ratio" else "verifier accept_prob"
+        note_completed(key, f"verifier {label.describe()} ({result['checkpoint']})")
     return results

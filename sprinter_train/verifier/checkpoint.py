@@ -1,8 +1,11 @@
-"""Exported verifiers: `verifier-lam<λ>.safetensors` (weight, bias) plus a `.json` sidecar.
+"""Exported verifiers: `verifier-lam<λ>.safetensors` (label q/p <= λ) or
+`verifier-accept.safetensors` (soft label min(1, p/q)), weight and bias, plus a `.json` sidecar.
 
 The exported weights act on raw features (the training-time standardisation is folded in),
-so a decoder computes V(s) = sigmoid(w·s + b) with nothing else to load. The sidecar is
-written last: a checkpoint whose sidecar exists is complete.
+so a decoder computes V(s) = sigmoid((w·s + b) / T) with nothing else to load, T being the
+sidecar's `calibration.temperature` (1 when absent: checkpoints from before calibration).
+The sidecar also names the `label` ("ratio" when absent). It is written last: a checkpoint
+whose sidecar exists is complete.
 """
 
 from __future__ import annotations
@@ -19,17 +22,16 @@ from safetensors.torch import load_file, save_file
 from sprinter_train.core.io import atomic_write, corrupt_input, read_json_input, write_json
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.verifier.features import FeatureSpec
+from sprinter_train.verifier.labels import ACCEPT_NAME, LABELS, Label
+from sprinter_train.verifier.labels import lam_name as lam_name  # the stages import it from here
 
 FORMAT_VERSION = 1
 
 
-def lam_name(lam: float) -> str:
-    """1.0 -> '1', 1.2 -> '1.2': the λ in file names and report keys."""
-    return f"{float(lam):g}"
-
-
-def verifier_path(checkpoint_dir: str | Path, lam: float) -> Path:
-    return Path(checkpoint_dir) / f"verifier-lam{lam_name(lam)}.safetensors"
+def verifier_path(checkpoint_dir: str | Path, label: Label | float) -> Path:
+    """verifier-lam<λ>.safetensors for a λ (or a ratio Label), verifier-accept.safetensors for
+    the accept_prob Label."""
+    return Path(checkpoint_dir) / f"verifier-{Label.of(label).name}.safetensors"
 
 
 def sidecar_path(path: Path) -> Path:
@@ -47,7 +49,7 @@ class LinearVerifier(torch.nn.Module):
         return self.linear(features.to(self.linear.weight.dtype)).squeeze(-1)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """P(q/p <= λ | s): the probability that the draft token is acceptable."""
+        """The raw probability the label names: P(q/p <= λ | s), or E[min(1, p/q) | s]."""
         return torch.sigmoid(self.logits(features))
 
 
@@ -58,18 +60,50 @@ class VerifierCheckpoint:
     path: Path
 
     @property
-    def lam(self) -> float:
-        return float(self.meta["lam"])
+    def label(self) -> str:
+        """ "ratio" (q/p <= λ) or "accept_prob" (min(1, p/q)); old sidecars: "ratio"."""
+        return str(self.meta.get("label", "ratio"))
+
+    @property
+    def lam(self) -> float | None:
+        """The λ of a ratio verifier; None for the accept_prob one, which has none."""
+        lam = self.meta["lam"]
+        return None if lam is None else float(lam)
+
+    @property
+    def temperature(self) -> float:
+        """The calibration temperature fitted on the val split; 1 for old sidecars."""
+        return float((self.meta.get("calibration") or {}).get("temperature", 1.0))
 
     @property
     def spec(self) -> FeatureSpec:
         return FeatureSpec.from_names(self.meta["features"]["names"])
 
+    def calibrated(self, logits: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+        """sigmoid(logit / T), as a tensor for a tensor and as an array for an array."""
+        if isinstance(logits, torch.Tensor):
+            return torch.sigmoid(logits / self.temperature)
+        return torch.sigmoid(torch.tensor(np.asarray(logits)) / self.temperature).numpy()
+
+    @torch.no_grad()
+    def logits(self, features: torch.Tensor, batch: int = 65536) -> np.ndarray:
+        """w·s + b of float32 feature rows (batched: the rows may be many)."""
+        out = [
+            self.model.logits(features[i : i + batch]).numpy()
+            for i in range(0, len(features), batch)
+        ]
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+
     @torch.no_grad()
     def score(self, features: torch.Tensor, batch: int = 65536) -> np.ndarray:
-        """Sigmoid scores of float32 feature rows (batched: the rows may be many)."""
+        """Raw (uncalibrated) sigmoid scores of float32 feature rows, what training fitted."""
         out = [self.model(features[i : i + batch]).numpy() for i in range(0, len(features), batch)]
         return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+
+    def calibrated_score(self, features: torch.Tensor, batch: int = 65536) -> np.ndarray:
+        """sigmoid((w·s + b) / T): the probabilities the decoder's scorer returns."""
+        logits = torch.from_numpy(self.logits(features, batch))
+        return torch.sigmoid(logits / self.temperature).numpy()
 
 
 def save_verifier(path: Path, weight: torch.Tensor, bias: torch.Tensor, meta: dict) -> Path:
@@ -92,9 +126,12 @@ def load_verifier(path: str | Path, experiment: str | None = None) -> VerifierCh
     """Load one exported verifier; a missing or corrupt one names the file and stage=train."""
     path = Path(path)
     sidecar = sidecar_path(path)
-    lam = path.stem.removeprefix("verifier-lam")
     exp = f" experiment={experiment}" if experiment else ""
-    command = f"`python -m sprinter_train stage=train{exp} train.lam={lam}`"
+    if path.stem == f"verifier-{ACCEPT_NAME}":
+        which = "train.label=accept_prob"
+    else:
+        which = f"train.lam={path.stem.removeprefix('verifier-lam')}"
+    command = f"`python -m sprinter_train stage=train{exp} {which}`"
     if not path.exists() or not sidecar.exists():
         raise MissingInputError(
             f"verifier checkpoint {path} (with its {sidecar.name}) does not exist: make it with "
@@ -117,7 +154,23 @@ def load_verifier(path: str | Path, experiment: str | None = None) -> VerifierCh
         raise corrupt_input(
             path, f"{weight.shape[1]} weights, but {sidecar.name} says d_in {d_in}", remedy
         )
+    check_label_and_calibration(meta, sidecar, remedy)
     model = LinearVerifier(int(weight.shape[1]))
     model.linear.weight.data.copy_(weight)
     model.linear.bias.data.copy_(tensors["bias"])
     return VerifierCheckpoint(model.eval(), meta, path)
+
+
+def check_label_and_calibration(meta: dict[str, Any], sidecar: Path, remedy: str) -> None:
+    """A sidecar's label and temperature must be usable (absent ones are old checkpoints)."""
+    label = meta.get("label", "ratio")
+    if label not in LABELS:
+        raise corrupt_input(sidecar, f"label {label!r}, not one of {list(LABELS)}", remedy)
+    if label == "ratio" and not isinstance(meta["lam"], int | float):
+        raise corrupt_input(sidecar, f"a ratio label with lam {meta['lam']!r}", remedy)
+    calibration = meta.get("calibration")
+    if calibration is None:
+        return
+    temperature = calibration.get("temperature") if isinstance(calibration, dict) else None
+    if not isinstance(temperature, int | float) or not np.isfinite(temperature) or temperature <= 0:
+        raise corrupt_input(sidecar, f"calibration temperature {temperature!r}, not > 0", remedy)

@@ -1,4 +1,5 @@
-"""Verifier data: records split by prompt (the records' `split` column), labels q/p <= λ.
+"""Verifier data: records split by prompt (the records' `split` column), targets from a Label
+(q/p <= λ, or the soft min(1, p/q)).
 
 A million records are a (1M, d) half-precision tensor in memory; batches are gathered from it
 by index (no per-row __getitem__, no worker processes), which is what makes an epoch over a
@@ -17,11 +18,12 @@ import torch
 
 from sprinter_train.harvest.reader import RecordSet
 from sprinter_train.verifier.features import Embedder, Features, FeatureSpec, build_features
+from sprinter_train.verifier.labels import Label
 
 
-def labels_at(ratio: np.ndarray, lam: float) -> np.ndarray:
-    """SPRINTER §3.2: 1 if q(x)/p(x) <= λ (acceptable), else 0; ratio is +inf where p = 0."""
-    return (np.asarray(ratio) <= lam).astype(np.float32)
+def split_targets(records: RecordSet, rows: np.ndarray, label: Label) -> np.ndarray:
+    """The label's float32 targets of these global rows."""
+    return label.targets(records.frame[label.column].to_numpy()[rows])
 
 
 def split_features(
@@ -81,20 +83,20 @@ class BatchIterator:
 
 
 class VerifierDataModule(pl.LightningDataModule):
-    """Train and val splits of one record set at one λ; statistics for standardisation."""
+    """Train and val splits of one record set with one label; statistics for standardisation."""
 
     def __init__(
         self,
         records: RecordSet,
         spec: FeatureSpec,
-        lam: float,
+        label: Label | float,
         batch_size: int,
         seed: int = 0,
         embedder: Embedder | None = None,
         min_batches_per_epoch: int = 1,
     ) -> None:
         super().__init__()
-        self.records, self.spec, self.lam = records, spec, float(lam)
+        self.records, self.spec, self.label = records, spec, Label.of(label)
         self.batch_size, self.seed, self.embedder = batch_size, seed, embedder
         self.min_batches_per_epoch = int(min_batches_per_epoch)
         self.data: dict[str, tuple[Features, torch.Tensor]] = {}
@@ -116,8 +118,8 @@ class VerifierDataModule(pl.LightningDataModule):
                     "rows; harvest more prompts (data.num_prompts) or change "
                     "data.val_fraction / data.test_fraction"
                 )
-            ratio = self.records.frame["ratio"].to_numpy()[rows]
-            self.data[split] = (features, torch.from_numpy(labels_at(ratio, self.lam)))
+            targets = split_targets(self.records, rows, self.label)
+            self.data[split] = (features, torch.from_numpy(targets))
         return self.data[split]
 
     def setup(self, stage: str | None = None) -> None:

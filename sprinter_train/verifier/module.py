@@ -1,5 +1,8 @@
 """The LightningModule: SPRINTER §3.2's Linear(d, 1) + sigmoid, BCE, Adam.
 
+The BCE takes the targets as given: 0/1 for the ratio label, the soft min(1, p/q) for the
+accept_prob label (SpecDec++), whose minimiser is sigmoid(logit) = E[min(1, p/q) | s].
+
 Inputs are standardised with the train split's statistics (buffers, so they travel with the
 state dict across DDP ranks); `folded()` returns the equivalent weights on raw features,
 which is what gets exported.
@@ -40,12 +43,14 @@ class VerifierModule(pl.LightningModule):
             self.scale.copy_(datamodule.scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits of P(q/p <= λ)."""
+        """Logits of the label's probability: P(q/p <= λ), or E[min(1, p/q)]."""
         return self.linear((x - self.mean) / self.scale).squeeze(-1)
 
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
-        return F.binary_cross_entropy_with_logits(self(x), y)  # = BCE(sigmoid(logit), y)
+        return F.binary_cross_entropy_with_logits(
+            self(x), y
+        )  # = BCE(sigmoid(logit), y), y in [0, 1]
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)

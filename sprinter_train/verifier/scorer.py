@@ -3,6 +3,9 @@
 The parts of the feature vector come from the DraftStep (the draft's hidden state that
 produced q, which is the record's `hidden` at t-1; the drafted token's input embedding; q(x);
 H(q)) and are put together by verifier/features.py's `assemble`, the function training uses.
+The score is calibrated, sigmoid((w·s + b) / T) with the sidecar's temperature (1 for old
+checkpoints): probabilities a length policy can plan with. SPRINTER's tau = 0.5 keeps the same
+decisions under any T, since sigmoid(z / T) >= 0.5 exactly when z >= 0.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from sprinter_train.verifier.features import assemble
 
 
 class CheckpointVerifier:
-    """Callable as policies.Verifier: returns sigmoid(w . s(x, prefix) + b)."""
+    """Callable as policies.Verifier: returns sigmoid((w . s(x, prefix) + b) / T)."""
 
     def __init__(self, checkpoint: VerifierCheckpoint, draft_model: torch.nn.Module) -> None:
         self.checkpoint = checkpoint
@@ -28,6 +31,7 @@ class CheckpointVerifier:
         linear = checkpoint.model.linear
         self.weight = linear.weight.detach().float()[0]
         self.bias = float(linear.bias.detach().float()[0])
+        self.temperature = checkpoint.temperature
 
     def parts(self, step: DraftStep) -> dict[str, torch.Tensor]:
         """The spec's inputs of each row's drafted token, (B, width) or (B,), on its device."""
@@ -55,9 +59,9 @@ class CheckpointVerifier:
         return rows
 
     def __call__(self, engine: Engine, batch: Batch, rnd: Round, step: DraftStep) -> torch.Tensor:
-        """(B,) sigmoid(w . s(x, prefix) + b) for each row's drafted token."""
+        """(B,) calibrated sigmoid((w . s(x, prefix) + b) / T) for each row's drafted token."""
         start = time.perf_counter()
         weight = self.weight.to(step.q.device)
-        score = torch.sigmoid(self.features(step) @ weight + self.bias)
+        score = torch.sigmoid((self.features(step) @ weight + self.bias) / self.temperature)
         batch.stats.verifier_seconds += time.perf_counter() - start
         return score

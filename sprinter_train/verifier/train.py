@@ -1,12 +1,14 @@
-"""Fit one verifier at one λ under a Lightning Trainer and export it with its sidecar."""
+"""Fit one verifier (one label: q/p <= λ, or the soft min(1, p/q)) under a Lightning Trainer,
+fit its temperature on the val split, and export it with its sidecar."""
 
 from __future__ import annotations
 
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -19,15 +21,16 @@ from sprinter_train.core.runtime import resolve_device
 from sprinter_train.harvest.manifest import code_version
 from sprinter_train.harvest.reader import RecordSet
 from sprinter_train.models.loading import describe_spec
+from sprinter_train.verifier.calibration import fit_temperature
 from sprinter_train.verifier.checkpoint import (
     LinearVerifier,
     VerifierCheckpoint,
-    lam_name,
     save_verifier,
     verifier_path,
 )
-from sprinter_train.verifier.data import VerifierDataModule, labels_at, split_features
+from sprinter_train.verifier.data import VerifierDataModule, split_features, split_targets
 from sprinter_train.verifier.features import DraftEmbedder, FeatureSpec
+from sprinter_train.verifier.labels import Label, labels_at
 from sprinter_train.verifier.module import KeepBest, VerifierModule
 
 log = logging.getLogger(__name__)
@@ -77,67 +80,99 @@ def make_loggers(cfg: DictConfig, save_dir: Path, name: str) -> list[Logger]:
     return loggers
 
 
-def class_balance(records: RecordSet, lam: float) -> dict[str, Any]:
-    """Fraction of acceptable tokens (q/p <= λ) per split: the label's base rate."""
-    ratio = records.frame["ratio"].to_numpy()
+def class_balance(records: RecordSet, label: Label) -> dict[str, Any]:
+    """The label's base rate per split: the fraction with q/p <= λ, or the mean min(1, p/q)."""
+    values = records.frame[label.column].to_numpy()
     split = records.frame["split"].to_numpy()
+    key = "positive_fraction" if label.kind == "ratio" else "mean_accept_prob"
     out: dict[str, Any] = {}
     for name in ("train", "val", "test"):
-        labels = labels_at(ratio[split == name], lam)
+        targets = label.targets(values[split == name])
         out[name] = {
-            "rows": int(len(labels)),
-            "positive_fraction": float(labels.mean()) if len(labels) else None,
+            "rows": int(len(targets)),
+            key: float(targets.mean()) if len(targets) else None,
         }
+    return out
+
+
+SplitLogits = dict[str, tuple[torch.Tensor, np.ndarray]]
+
+
+def split_logits(
+    verifier: VerifierCheckpoint | LinearVerifier,
+    records: RecordSet,
+    spec: FeatureSpec,
+    embedder: DraftEmbedder | None,
+) -> SplitLogits:
+    """(logits w·s + b, global rows) of the val and test splits; a split without rows is left
+    out."""
+    model = verifier.model if isinstance(verifier, VerifierCheckpoint) else verifier
+    out: SplitLogits = {}
+    for split in ("val", "test"):
+        features, rows = split_features(records, split, spec, embedder)
+        if len(rows):
+            with torch.no_grad():
+                out[split] = (model.logits(features.batch()), rows)
     return out
 
 
 def split_metrics(
-    verifier: VerifierCheckpoint | LinearVerifier,
-    records: RecordSet,
-    spec: FeatureSpec,
-    lam: float,
-    embedder: DraftEmbedder | None,
+    logits: SplitLogits, records: RecordSet, label: Label, temperature: float = 1.0
 ) -> dict[str, Any]:
-    """AUC against the training label (q/p <= λ) and against q/p <= 1, and BCE, per split."""
-    model = verifier.model if isinstance(verifier, VerifierCheckpoint) else verifier
+    """Per split: BCE against the training label, raw and at temperature T; AUC against
+    q/p <= 1 and, for a ratio label, against q/p <= λ; for the soft label, the mean target
+    and the mean calibrated score (do they agree on average?)."""
+    ratio_all = records.frame["ratio"].to_numpy()
     out: dict[str, Any] = {}
     for split in ("val", "test"):
-        features, rows = split_features(records, split, spec, embedder)
-        if len(rows) == 0:
+        if split not in logits:
             out[split] = None
             continue
-        with torch.no_grad():
-            logits = model.logits(features.batch())
-        ratio = records.frame["ratio"].to_numpy()[rows]
-        y = labels_at(ratio, lam)
-        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(y))
-        score = torch.sigmoid(logits).numpy()
-        out[split] = {
+        z, rows = logits[split]
+        y = torch.from_numpy(split_targets(records, rows, label))
+        score = torch.sigmoid(z).numpy()
+        entry: dict[str, Any] = {
             "rows": int(len(rows)),
-            "bce": float(bce),
-            "auc_label_lam": auc(y, score),
-            "auc_q_le_p": auc(labels_at(ratio, 1.0), score),
+            "bce": float(torch.nn.functional.binary_cross_entropy_with_logits(z, y)),
         }
+        if label.kind == "ratio":
+            entry["auc_label_lam"] = auc(y.numpy(), score)
+        entry["auc_q_le_p"] = auc(labels_at(ratio_all[rows], 1.0), score)
+        entry["bce_calibrated"] = float(
+            torch.nn.functional.binary_cross_entropy_with_logits(z / temperature, y)
+        )
+        if label.kind == "accept_prob":
+            entry["mean_label"] = float(y.mean())
+            entry["mean_score_calibrated"] = float(torch.sigmoid(z / temperature).mean())
+        out[split] = entry
     return out
+
+
+class Fit(NamedTuple):
+    verifier: LinearVerifier
+    metrics: dict[str, Any]
+    layout: list[dict[str, Any]]
+    calibration: dict[str, Any]
 
 
 def fit_verifier(
     cfg: DictConfig,
     records: RecordSet,
-    lam: float,
+    label: Label,
     spec: FeatureSpec,
     embedder: DraftEmbedder | None,
     name: str,
-) -> tuple[LinearVerifier, dict[str, Any], list[dict[str, Any]]]:
-    """Fit on the train split under a Lightning Trainer, early-stopped on the val loss, and
-    return the best epoch's verifier (standardisation folded in), its metrics and layout."""
+) -> Fit:
+    """Fit on the train split under a Lightning Trainer, early-stopped on the val loss; return
+    the best epoch's verifier (standardisation folded in), its metrics, layout and the
+    temperature fitted on the val split (after training: the weights do not depend on it)."""
     tcfg = cfg.train
     start = time.perf_counter()
     pl.seed_everything(int(tcfg.seed), workers=False, verbose=False)
     datamodule = VerifierDataModule(
         records,
         spec,
-        lam,
+        label,
         int(tcfg.batch_size),
         int(tcfg.seed),
         embedder,
@@ -186,6 +221,11 @@ def fit_verifier(
     verifier = LinearVerifier(d_in)
     verifier.linear.weight.data.copy_(weight[None])
     verifier.linear.bias.data.copy_(bias)
+    logits = split_logits(verifier.eval(), records, spec, embedder)
+    val_logits, val_rows = logits["val"]  # the data module refused a split without val rows
+    calibration = fit_temperature(
+        val_logits.numpy(), split_targets(records, val_rows, label), fitted_on="val"
+    )
     metrics = {
         "best_val_loss": float(module.best_val_loss),
         "best_epoch": int(module.best_epoch),
@@ -193,15 +233,15 @@ def fit_verifier(
         "fit_seconds": fit_seconds,
         "world_size": trainer.world_size,
         "train_rows": int(len(records.rows_of("train"))),
-        **split_metrics(verifier.eval(), records, spec, lam, embedder),
+        **split_metrics(logits, records, label, calibration["temperature"]),
     }
-    return verifier, metrics, layout
+    return Fit(verifier, metrics, layout, calibration)
 
 
 def learning_curve(
     cfg: DictConfig,
     records: RecordSet,
-    lam: float,
+    label: Label,
     spec: FeatureSpec,
     embedder: DraftEmbedder | None,
     fractions: list[float],
@@ -214,9 +254,9 @@ def learning_curve(
         subset = records.with_train_prompts(fraction, int(cfg.train.seed))
         if len(subset.rows_of("train")) == 0:
             continue
-        name = f"lam{lam_name(lam)}/curve-{fraction:g}"
-        _, metrics, _ = fit_verifier(cfg, subset, lam, spec, embedder, name)
-        points.append(curve_point(fraction, subset, metrics))
+        name = f"{label.name}/curve-{fraction:g}"
+        fit = fit_verifier(cfg, subset, label, spec, embedder, name)
+        points.append(curve_point(fraction, subset, fit.metrics))
     points.append(curve_point(1.0, records, full))
     return points
 
@@ -236,29 +276,41 @@ def curve_point(fraction: float, records: RecordSet, metrics: dict[str, Any]) ->
     }
 
 
-def train_verifier(cfg: DictConfig, records: RecordSet, lam: float) -> dict[str, Any]:
-    """Train, restore the best epoch, export `verifier-lam<λ>` and return its metrics
-    (with the learning curve of `train.learning_curve` when it lists fractions)."""
+LABEL_NOTES = {
+    "ratio": "1 if q/p <= lam (SPRINTER §3.2)",
+    "accept_prob": "soft target min(1, p/q) with BCE (SpecDec++): no λ, train.lam and "
+    "train.lams are not used",
+}
+
+
+def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) -> dict[str, Any]:
+    """Train, restore the best epoch, fit the temperature, export `verifier-lam<λ>` (a number
+    is the ratio label at that λ) or `verifier-accept`, and return its metrics (with the
+    learning curve of `train.learning_curve` when it lists fractions)."""
+    label = Label.of(label)
     tcfg = cfg.train
     spec = FeatureSpec.from_names(list(tcfg.features))
     embedder = make_embedder(cfg, spec, records)
-    name = f"lam{lam_name(lam)}"
+    name = label.name
     log_dir = Path(cfg.experiment_dir) / "train"
-    verifier, metrics, layout = fit_verifier(cfg, records, lam, spec, embedder, name)
+    verifier, metrics, layout, calibration = fit_verifier(cfg, records, label, spec, embedder, name)
     fit_seconds = metrics["fit_seconds"]
     d_in = sum(block["width"] for block in layout)
     weight, bias = verifier.linear.weight.detach()[0], verifier.linear.bias.detach()
     fractions = [float(f) for f in tcfg.get("learning_curve") or []]
     if fractions:
         metrics["learning_curve"] = learning_curve(
-            cfg, records, lam, spec, embedder, fractions, metrics
+            cfg, records, label, spec, embedder, fractions, metrics
         )
-    balance = class_balance(records, lam)
+    balance = class_balance(records, label)
     draft = records.manifest.get("models", {}).get("draft", {})
     meta = {
         "stage": "train",
         "experiment": str(cfg.experiment),
-        "lam": float(lam),
+        "label": label.kind,
+        "label_note": LABEL_NOTES[label.kind],
+        "lam": label.lam,
+        "calibration": calibration,
         "features": {"names": list(spec.names), "layout": layout, "d_in": d_in},
         "standardisation": "folded into weight and bias: apply to raw features",
         "hidden_layer": records.manifest["hidden"]["layer"],
@@ -278,15 +330,27 @@ def train_verifier(cfg: DictConfig, records: RecordSet, lam: float) -> dict[str,
         "code_version": code_version(),
         "logs": str(log_dir / name),
     }
-    path = save_verifier(verifier_path(cfg.checkpoint_dir, lam), weight, bias, meta)
+    path = save_verifier(verifier_path(cfg.checkpoint_dir, label), weight, bias, meta)
+    val = metrics["val"] or {}
     log.info(
-        "verifier λ=%s: val AUC %.3f (q/p<=1: %s), positives %.3f, %d epochs, %.1f s -> %s",
-        lam_name(lam),
-        (metrics["val"] or {}).get("auc_label_lam") or float("nan"),
-        (metrics["val"] or {}).get("auc_q_le_p"),
-        balance["train"]["positive_fraction"] or float("nan"),
+        "verifier %s (%s): val AUC (q/p<=1) %s, BCE %.4f, T %.3f (val NLL %.4f -> %.4f), "
+        "%d epochs, %.1f s -> %s",
+        name,
+        label.describe(),
+        val.get("auc_q_le_p"),
+        val.get("bce", float("nan")),
+        calibration["temperature"],
+        calibration["nll_before"],
+        calibration["nll_after"],
         metrics["epochs_run"],
         fit_seconds,
         path,
     )
-    return {"checkpoint": str(path), "lam": float(lam), "class_balance": balance, **metrics}
+    return {
+        "checkpoint": str(path),
+        "label": label.kind,
+        "lam": label.lam,
+        "calibration": calibration,
+        "class_balance": balance,
+        **metrics,
+    }

@@ -1,0 +1,76 @@
+"""What a verifier learns to predict: SPRINTER's hard label or SpecDec++'s soft one.
+
+`ratio` (SPRINTER §3.2): 1 if q(x)/p(x) <= λ, else 0, one verifier per λ. `accept_prob`
+(SpecDec++, Huang et al. 2024): the acceptance probability min(1, p(x)/q(x)) itself, fitted
+with BCE on that soft target, so sigmoid(logit) estimates E[min(1, p/q) | s], the quantity a
+length policy multiplies along a draft run. It has no λ. The records hold both columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+LABELS = ("ratio", "accept_prob")
+ACCEPT_NAME = "accept"  # verifier-accept.safetensors, train/accept/, "verifier_accept"
+
+
+def lam_name(lam: float) -> str:
+    """1.0 -> '1', 1.2 -> '1.2': the λ in file names and report keys."""
+    return f"{float(lam):g}"
+
+
+def labels_at(ratio: np.ndarray, lam: float) -> np.ndarray:
+    """SPRINTER §3.2: 1 if q(x)/p(x) <= λ (acceptable), else 0; ratio is +inf where p = 0."""
+    return (np.asarray(ratio) <= lam).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Label:
+    """One training target: `kind` is ratio (with its λ) or accept_prob (no λ)."""
+
+    kind: str = "ratio"
+    lam: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in LABELS:
+            raise ValueError(f"train.label={self.kind!r}: choose from {list(LABELS)}")
+        if self.kind == "ratio" and (
+            self.lam is None or not np.isfinite(self.lam) or self.lam <= 0
+        ):
+            raise ValueError(f"train.label=ratio needs a finite λ > 0, got {self.lam!r}")
+        if self.kind == "accept_prob" and self.lam is not None:
+            raise ValueError("train.label=accept_prob has no λ (the soft label is min(1, p/q))")
+
+    @classmethod
+    def of(cls, value: Label | float) -> Label:
+        """A Label as is; a bare number is the ratio label at that λ (the historical call)."""
+        return value if isinstance(value, Label) else cls("ratio", float(value))
+
+    @property
+    def threshold(self) -> float:
+        """The λ of a ratio label; an accept_prob label has none."""
+        if self.lam is None:
+            raise ValueError("train.label=accept_prob has no λ")
+        return self.lam
+
+    @property
+    def column(self) -> str:
+        """The records column the target is computed from."""
+        return "ratio" if self.kind == "ratio" else "accept_prob"
+
+    @property
+    def name(self) -> str:
+        """'lam1.2' or 'accept': the file stem's suffix, the log folder, the result key."""
+        return f"lam{lam_name(self.threshold)}" if self.kind == "ratio" else ACCEPT_NAME
+
+    def targets(self, values: np.ndarray) -> np.ndarray:
+        """float32 targets from the `column` values: 0/1 at λ, or min(1, p/q) in [0, 1]."""
+        if self.kind == "ratio":
+            return labels_at(values, self.threshold)
+        return np.clip(np.asarray(values, dtype=np.float32), 0.0, 1.0)
+
+    def describe(self) -> str:
+        """The target in words, for logs and errors."""
+        return f"q/p <= {lam_name(self.threshold)}" if self.kind == "ratio" else "min(1, p/q)"
