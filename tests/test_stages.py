@@ -132,21 +132,29 @@ def test_draft_eval_writes_its_figures_into_the_model_card(compose_cfg, tmp_path
     assert card.count("## Measured") == 1 and "best gamma 1" in card
 
 
-def test_stage_all_runs_the_train_stage_once_for_every_lambda(compose_cfg, monkeypatch) -> None:
+def test_stage_all_trains_every_lambda_then_the_soft_label_verifier(
+    compose_cfg, monkeypatch
+) -> None:
     calls = []
 
     def fake_train(cfg) -> dict:
-        calls.append(train_stage.lams_of(cfg))
-        return {f"verifier_lam{lam:g}": {"lam": lam} for lam in train_stage.lams_of(cfg)}
+        labels = train_stage.labels_of(cfg)
+        calls.append([label.name for label in labels])
+        return {f"verifier_{label.name}": {"lam": label.lam} for label in labels}
 
     monkeypatch.setattr(train_stage, "run", fake_train)
-    result = run_stage(compose_cfg("stage=all", "all_steps=[train]"))
-    assert calls == [[1.0, 1.2, 1.5]]
+    cfg = compose_cfg("stage=all", "all_steps=[train]")
+    result = run_stage(cfg)
+    assert calls == [["lam1", "lam1.2", "lam1.5"], ["accept"]]  # one stage run per label
+    assert cfg.train.label == "ratio"  # each run had its own copy of the config
     assert list(result) == ["train", "seconds"]
-    assert set(result["train"]) == {"verifier_lam1", "verifier_lam1.2", "verifier_lam1.5"}
+    expected = {"verifier_lam1", "verifier_lam1.2", "verifier_lam1.5", "verifier_accept"}
+    assert set(result["train"]) == expected
     assert all(set(r) == {"lam", "stage_seconds"} for r in result["train"].values())
-    one = run_stage(compose_cfg("stage=all", "all_steps=[train]", "train.lam=1.2"))
-    assert calls[-1] == [1.2] and set(one["train"]) == {"verifier_lam1.2"}
+    one = run_stage(
+        compose_cfg("stage=all", "all_steps=[train]", "train.lam=1.2", "train.all_labels=[ratio]")
+    )
+    assert calls[-1] == ["lam1.2"] and set(one["train"]) == {"verifier_lam1.2"}
 
 
 def test_stage_all_refuses_an_empty_step_list(compose_cfg) -> None:

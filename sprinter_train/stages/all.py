@@ -1,4 +1,5 @@
-"""stage=all: harvest -> train (every λ in train.lams, or train.lam) -> tables -> evaluate -> bench.
+"""stage=all: harvest -> train (every λ in train.lams, or train.lam, then the soft-label
+verifier: train.all_labels) -> tables -> evaluate -> bench.
 
 The steps are `all_steps` in conf/config.yaml, run in this pipeline order.
 
@@ -12,16 +13,18 @@ have no companion (evaluate then reports no SV table, bench skips sv).
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import time
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from sprinter_train.core.interrupt import note_completed
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.stages import STAGES
+from sprinter_train.verifier.labels import LABELS
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +55,34 @@ def steps_of(cfg: DictConfig) -> list[str]:
     return [s for s in PIPELINE if s in asked]
 
 
+def labels_of(cfg: DictConfig) -> list[str]:
+    """train.all_labels, checked before the first step runs: known kinds, none twice, not
+    empty when the train step runs."""
+    asked = [str(label) for label in cfg.train.get("all_labels") or []]
+    problems = []
+    if unknown := sorted(set(asked) - set(LABELS)):
+        problems.append(f"unknown label(s) {unknown}")
+    if not asked:
+        problems.append("no label")
+    if len(set(asked)) != len(asked):
+        problems.append("a label named twice")
+    if problems:
+        raise ValueError(
+            f"train.all_labels={asked}: {', '.join(problems)}; choose from {list(LABELS)}"
+        )
+    return asked
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     steps = steps_of(cfg)
+    if "train" in steps:
+        labels_of(cfg)
     start = time.perf_counter()
     results: dict[str, Any] = {}
     if "harvest" in steps:
         results["harvest"] = _stage("harvest", cfg)
     if "train" in steps:
-        results["train"] = train_lambdas(cfg)
+        results["train"] = train_labels(cfg)
     if "tables" in steps:
         results["tables"] = tables_if_companion(cfg)
     for name in ("evaluate", "bench"):
@@ -70,12 +93,31 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return results
 
 
-def train_lambdas(cfg: DictConfig) -> dict[str, Any]:
-    """stage=train once (every λ of train.lams, or train.lam when set); each verifier's result
-    carries the stage's wall time as `stage_seconds`."""
-    trained = _stage("train", cfg)
-    seconds = trained.pop("seconds")
-    return {name: {**result, "stage_seconds": seconds} for name, result in trained.items()}
+def with_label(cfg: DictConfig, label: str) -> DictConfig:
+    """A copy of cfg with train.label set (the caller's cfg is left as it was)."""
+    out = copy.deepcopy(cfg)
+    with open_dict(out):
+        out.train.label = label
+    return out
+
+
+def train_labels(cfg: DictConfig) -> dict[str, Any]:
+    """stage=train once per label of train.all_labels: ratio trains every λ of train.lams (or
+    train.lam), accept_prob the soft-label verifier, after the λ sweep so that evaluate shows
+    it beside them. Each verifier's result carries its stage run's wall time as
+    `stage_seconds`."""
+    if str(cfg.train.get("label") or "ratio") != "ratio":
+        log.warning(
+            "stage=all trains train.all_labels=%s; train.label=%s is stage=train's setting",
+            list(cfg.train.all_labels),
+            cfg.train.label,
+        )
+    results: dict[str, Any] = {}
+    for label in labels_of(cfg):
+        trained = _stage("train", with_label(cfg, label))
+        seconds = trained.pop("seconds")
+        results.update({n: {**r, "stage_seconds": seconds} for n, r in trained.items()})
+    return results
 
 
 def tables_if_companion(cfg: DictConfig) -> dict[str, Any]:
