@@ -18,6 +18,7 @@ from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.state import DecodeStats
 from sprinter_train.models.tiny import build_tiny_model
 from tests.synthetic import write_synthetic_records
 
@@ -184,3 +185,26 @@ def test_results_carry_provenance_and_greedy_differences_from_target_only(bench)
         ("target_only", "sd", "svip", "sv"), 0
     )
     assert all(isinstance(differing[n], int) for n in ("sv_paper", "hf_assisted"))
+
+
+def test_few_groups_are_decoded_again_and_keep_their_median_run() -> None:
+    """One group and min_timed_runs=4: four passes, method order rotating, and each method
+    keeps the run of median time (the lower middle of four), with that run's own tokens."""
+    calls: list[str] = []
+    walls = {"a": iter([5.0, 1.0, 3.0, 2.0]), "b": iter([9.0, 7.0, 8.0, 6.0])}
+
+    def decode(name, group, seeds):
+        calls.append(name)
+        wall = next(walls[name])
+        return [[int(wall)]], wall, DecodeStats(target_calls=int(wall))
+
+    prompt = Prompt("p0", "syn", "test", "", [3, 4], None)
+    runs = run_methods(decode, ["a", "b"], [prompt], 1, 0, warmup_runs=0, min_timed_runs=4)
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert runs["a"][0].wall_s == 2.0 and runs["a"][0].tokens == [[2]]
+    assert runs["b"][0].wall_s == 7.0 and runs["b"][0].stats.target_calls == 7
+    # enough groups: one pass
+    calls.clear()
+    walls = {"a": iter([1.0] * 4), "b": iter([1.0] * 4)}
+    runs = run_methods(decode, ["a", "b"], [prompt] * 4, 1, 0, warmup_runs=0, min_timed_runs=4)
+    assert len(calls) == 8 and len(runs["a"]) == 4

@@ -1,7 +1,8 @@
 """The bench's decoding runs: every method on the same prompts, one batch size at a time.
 
 Prompts are taken in consecutive groups of the batch size (the last group may be smaller);
-within a group every method runs in turn, so machine noise hits all alike. Prompt i is
+within a group every method runs in turn, so machine noise hits all alike (and when a batch
+size leaves few groups, each is decoded several times and keeps its median run). Prompt i is
 decoded with seed + i whatever its group, so at temperature 0, or for methods whose rows
 ignore their batch-mates, a row's tokens are the same at every batch size. Each method is
 warmed up on the first group first (caches, allocator, the kernels of that batch's shapes).
@@ -60,24 +61,36 @@ def run_methods(
     seed: int,
     warmup_runs: int,
     energy_device: torch.device | None = None,
+    min_timed_runs: int = 1,
 ) -> dict[str, list[GroupRun]]:
     """Every method on every group, methods interleaved per group; energy metered per group
-    when `energy_device` is given."""
+    when `energy_device` is given.
+
+    With fewer groups than `min_timed_runs` (a batch size near the prompt count leaves one
+    or two), the groups are decoded again until each method has that many timed runs, the
+    method order rotating each pass, and each group keeps its run of median time: one group
+    timed once, on a shared machine, read a third slower for the same work."""
     chunks = groups(len(prompts), batch_size)
+    passes = max(1, -(-int(min_timed_runs) // len(chunks)))
     first = [prompts[i] for i in chunks[0]]
     for name in names:
         for run in range(warmup_runs):
             decode(name, first, [seed + run + i for i in range(len(first))])
     runs: dict[str, list[GroupRun]] = {name: [] for name in names}
-    for chunk in tqdm(chunks, desc=f"bench batch {batch_size}", unit="group"):
+    label = f"bench batch {batch_size}" + (f" ({passes} passes)" if passes > 1 else "")
+    for chunk in tqdm(chunks, desc=label, unit="group"):
         group = [prompts[i] for i in chunk]
         seeds = [seed + i for i in chunk]
-        for name in names:
-            meter = EnergyMeter(energy_device) if energy_device is not None else None
-            if meter:
-                meter.start()
-            tokens, wall, stats = decode(name, group, seeds)
-            joules = meter.stop() if meter else None
-            reason = meter.unavailable_reason if meter else "disabled"
-            runs[name].append(GroupRun(group, tokens, wall, stats, joules, reason))
+        timed: dict[str, list[GroupRun]] = {name: [] for name in names}
+        for rep in range(passes):
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                meter = EnergyMeter(energy_device) if energy_device is not None else None
+                if meter:
+                    meter.start()
+                tokens, wall, stats = decode(name, group, seeds)
+                joules = meter.stop() if meter else None
+                reason = meter.unavailable_reason if meter else "disabled"
+                timed[name].append(GroupRun(group, tokens, wall, stats, joules, reason))
+        for name, tries in timed.items():
+            runs[name].append(sorted(tries, key=lambda r: r.wall_s)[(len(tries) - 1) // 2])
     return runs
