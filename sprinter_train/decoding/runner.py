@@ -8,9 +8,11 @@ a full-vocabulary head over every fed position would cost as much as the body.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -47,6 +49,8 @@ class ModelRunner:
         self._cpu_seconds = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._nonfinite: torch.Tensor | None = None  # lowest position with broken logits
+        # (rows, block width, seconds or CUDA events) of the latest forwards (not prefills)
+        self._shapes: deque[tuple[int, int, Any]] = deque(maxlen=256)
 
     def new_cache(self, rows: int) -> RowCache:
         return RowCache(rows, self.device)
@@ -60,9 +64,26 @@ class ModelRunner:
             self._events.clear()
         return self._cpu_seconds
 
+    def forward_times(self) -> list[tuple[int, int, float]]:
+        """(rows, block width, seconds) of each forward since the last call whose time is
+        known: on CUDA, those whose end event has completed (after a round's transfer, all of
+        that round's), so reading them never waits for the device."""
+        done = []
+        while self._shapes:
+            rows, width, timing = self._shapes[0]
+            if isinstance(timing, tuple):
+                start, end = timing
+                if not end.query():
+                    break
+                timing = start.elapsed_time(end) / 1000.0
+            done.append((rows, width, float(timing)))
+            self._shapes.popleft()
+        return done
+
     @contextmanager
-    def _timed(self) -> Iterator[None]:
-        """Time the block: CUDA events on a GPU (read later, no sync), the wall clock on CPU."""
+    def _timed(self, shape: tuple[int, int] | None = None) -> Iterator[None]:
+        """Time the block: CUDA events on a GPU (read later, no sync), the wall clock on CPU;
+        a forward's (rows, width) `shape` is kept with its time for `forward_times`."""
         start = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
         if start is not None:
             start.record()
@@ -72,8 +93,13 @@ class ModelRunner:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._events.append((start, end))
+            if shape is not None:
+                self._shapes.append((*shape, (start, end)))
         else:
-            self._cpu_seconds += time.perf_counter() - began
+            elapsed = time.perf_counter() - began
+            self._cpu_seconds += elapsed
+            if shape is not None:
+                self._shapes.append((*shape, elapsed))
 
     @torch.inference_mode()
     def prime(self, cache: RowCache, rows: list[list[int]]) -> None:
@@ -110,7 +136,7 @@ class ModelRunner:
         block, so a row's unused entries may point anywhere)."""
         width = ids.shape[1]
         positions, mask = cache.block(counts, width)
-        with self._timed():
+        with self._timed((ids.shape[0], width)):
             final, chosen, kv = body(
                 self.model,
                 ids,

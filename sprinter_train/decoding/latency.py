@@ -1,0 +1,60 @@
+"""The target's forward time as this run measures it, starting from the latency profile.
+
+SV's scheduler plans with the target's forward time at (rows, tokens a row). The profile
+measures it once, before the run, with the plain model over random tokens at one context
+length; the run's forwards add the engine's masks and a longer cache with holes, and on a CPU
+a forward over a few more tokens a row costs in proportion once the batch fills the cores.
+The profile of the offline pair said a batch of 8 verifies 2 tokens a row in the time of 1
+(52 vs 51 ms); the bench's forwards took 102 vs 59 ms, so sv kept paying for drafts that the
+goodput rule would have refused at the true price. Here each shape the run has executed is
+priced by the median of its latest forwards, and a shape not yet seen by the profile scaled
+by how the run's own forwards of that width (else of any width) compare with the profile.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+
+Seconds = Callable[[int, int], float]  # (rows, tokens a row) -> seconds of a target forward
+
+
+class RunningLatency:
+    """Callable like the profile's `target_batch_s`, corrected by `observe`d forwards."""
+
+    def __init__(self, prior: Seconds, window: int = 8) -> None:
+        self.prior = prior
+        self.window = window
+        self._seen: dict[tuple[int, int], deque[float]] = {}
+
+    def observe(self, rows: int, width: int, seconds: float) -> None:
+        """One forward of `rows` rows over a block of `width` tokens took `seconds`."""
+        if rows > 0 and width > 0 and seconds > 0:
+            self._seen.setdefault((rows, width), deque(maxlen=self.window)).append(seconds)
+
+    def __call__(self, rows: int, width: int) -> float:
+        seen = self._seen.get((rows, width))
+        if seen:
+            return statistics.median(seen)
+        return self.prior(rows, width) * self._scale(width)
+
+    def _scale(self, width: int) -> float:
+        """Median of measured / profiled over the shapes of this width, else over all."""
+        for same_width in (True, False):
+            ratios = [
+                statistics.median(times) / self.prior(r, w)
+                for (r, w), times in self._seen.items()
+                if (w == width or not same_width) and self.prior(r, w) > 0
+            ]
+            if ratios:
+                return statistics.median(ratios)
+        return 1.0
+
+
+def learn(latency: Seconds, forwards: list[tuple[int, int, float]]) -> None:
+    """Feed a runner's `forward_times` to `latency` when it learns (a fixed callable does not)."""
+    observe = getattr(latency, "observe", None)
+    if observe is not None:
+        for rows, width, seconds in forwards:
+            observe(rows, width, seconds)
