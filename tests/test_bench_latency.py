@@ -88,6 +88,8 @@ def test_gamma_is_chosen_at_each_batch_size() -> None:
         assert speedups[best] == max(speedups.values())
     # at batch 8 each token a row costs half a forward: drafting far stops paying
     assert p.best_gamma(0.8, range(1, 6), 8) < p.best_gamma(0.8, range(1, 6), 1)
+    # and at a low acceptance no draft pays there: gamma 0 is target-only decoding
+    assert p.best_gamma(0.3, range(0, 6), 8) == 0 and p.best_gamma(0.3, range(0, 6), 1) > 0
 
 
 def test_per_batch_profile_of_tiny_models(tmp_path: Path) -> None:

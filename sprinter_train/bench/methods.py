@@ -22,9 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.latency import RunningLatency
 from sprinter_train.decoding.state import Policy
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint, load_verifier, verifier_path
+from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
 
 PEERS = {"hf_assisted": "constant", "hf_assisted_heuristic": "heuristic"}
@@ -82,7 +84,7 @@ def verifier_hidden_layer(cfg: DictConfig) -> int:
     for name in cfg.bench.methods:
         if name in PEERS or "verifier" not in runtime_entries(cfg.methods[name]):
             continue
-        path = verifier_path(cfg.checkpoint_dir, float(cfg.methods[name].verifier.lam))
+        path = method_verifier_path(cfg.checkpoint_dir, cfg.methods[name])
         try:
             checkpoint = load_verifier(path, cfg.experiment)
         except FileNotFoundError:
@@ -96,9 +98,18 @@ def verifier_hidden_layer(cfg: DictConfig) -> int:
     return layers.pop() if layers else -1
 
 
+def method_verifier_path(checkpoint_dir: str | Path, node: DictConfig) -> Path:
+    """The exported verifier a method's `verifier` entry names: `label: accept_prob` the soft-label
+    one, else the ratio one at its `lam`."""
+    entry = node.verifier
+    if entry.get("label", "ratio") == "accept_prob":
+        return verifier_path(checkpoint_dir, Label("accept_prob"))
+    return verifier_path(checkpoint_dir, float(entry.lam))
+
+
 def runtime_entries(node: DictConfig) -> list[str]:
     """The entries of a method's config the bench fills in: `gamma: auto` (sd's chosen gamma),
-    `verifier` (the exported verifier it describes), `table` (SV's fitted table) and
+    `verifier` (the exported verifier it describes), `table` (SV's fitted table; null: none) and
     `latency: profile`, `step_cost: profile` (the latency profile's target forward and
     drafting step; a sentinel string, not `???`: Lightning's launcher walks the config and a
     missing value would stop a DDP harvest)."""
@@ -106,7 +117,7 @@ def runtime_entries(node: DictConfig) -> list[str]:
     wanted = {
         "gamma": "gamma" in keys and node.gamma == "auto",
         "verifier": "verifier" in keys,
-        "table": "table" in keys,
+        "table": "table" in keys and node.table is not None,
         "latency": node.get("latency") == "profile",
         "step_cost": node.get("step_cost") == "profile",
     }
@@ -118,7 +129,7 @@ def _sd_gamma(name: str, node: DictConfig, run: RunInputs) -> tuple[int, int]:
 
 
 def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, Any]]:
-    path = verifier_path(run.cfg.checkpoint_dir, float(node.verifier.lam))
+    path = method_verifier_path(run.cfg.checkpoint_dir, node)
     checkpoint = load_verifier(path, run.cfg.experiment)  # a missing one names stage=train
     check_verifier(checkpoint, run)
     record = {
@@ -131,6 +142,8 @@ def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[st
 
 def _table(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, Any]]:
     if not run.has_companion:
+        if node.table.get("optional", False):  # the policy runs without it
+            return None, {**OmegaConf.to_container(node.table), "path": None}  # type: ignore[dict-item]
         raise FileNotFoundError(f"{name} needs a companion model (models.companion)")
     path = Path(run.cfg.experiment_dir) / "tables" / "sv_table.json"
     table = SVTable.load(path, node.table.binning)  # a missing table names stage=tables
@@ -139,10 +152,15 @@ def _table(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, 
 
 
 def _latency(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, str]:
-    return run.profile.target_batch_s, "the latency profile's target forward (bench/latency.json)"
+    return (
+        RunningLatency(run.profile.target_batch_s),
+        "the latency profile's target forward (bench/latency.json), corrected by the run's own",
+    )
 
 
 def _step_cost(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, str]:
+    if node.get("table") is None or not run.has_companion:  # no table: no companion forward
+        return lambda b: run.profile.draft_batch_ms(b) / 1e3, "the latency profile's draft step"
     return run.profile.draft_step_s, "the latency profile's draft + companion step"
 
 
@@ -188,7 +206,7 @@ def plan_methods(
         try:
             if name in PEERS:
                 tokens = b[name].num_assistant_tokens
-                n = sd_gamma if tokens == "auto" else int(tokens)
+                n = max(1, sd_gamma) if tokens == "auto" else int(tokens)  # HF drafts >= 1
                 plan.peers[name] = {"schedule": PEERS[name], "num_assistant_tokens": n}
                 plan.settings[name] = dict(plan.peers[name])
             else:
@@ -210,6 +228,6 @@ def at_batch_size(plan: MethodPlan, cfg: DictConfig, sd_gamma: int) -> MethodPla
             settings[name]["gamma"] = sd_gamma
     peers = {k: dict(v) for k, v in plan.peers.items()}
     for name, peer in peers.items():
-        if cfg.bench[name].num_assistant_tokens == "auto":
-            peer["num_assistant_tokens"] = settings[name]["num_assistant_tokens"] = sd_gamma
+        if cfg.bench[name].num_assistant_tokens == "auto":  # HF drafts at least one token
+            peer["num_assistant_tokens"] = settings[name]["num_assistant_tokens"] = max(1, sd_gamma)
     return MethodPlan(policies, peers, dict(plan.skipped), settings)

@@ -9,8 +9,9 @@ draft token j may use anything fixed before it is drawn (the prefix, q_j, the co
 c_j and S_j) and the values of the tokens before it; a score computed from x_j's own value
 (A_j, features of x_j) may only decide whether to draft x_{j+1}. Then each position is
 speculative sampling with a stopping time, and the target's law is kept. Lossless: sd,
-sd_heuristic, svip, adaedl, sv. Lossy by design: sprinter (Theorem 3.1's mixture), mtad
-(joint-ratio threshold) and sv_paper (the paper's rule, which drops x_j on A_j's word).
+sd_heuristic, svip, adaedl, sv, sd_learned. Lossy by design: sprinter (Theorem 3.1's
+mixture), mtad (joint-ratio threshold) and sv_paper (the paper's rule, which drops x_j on
+A_j's word).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sprinter_train.core.rules import (
     svip_should_stop,
 )
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.latency import learn
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
 
 Rule = Callable[[DraftStep], torch.Tensor]  # (B,) bool per row
@@ -258,16 +260,20 @@ class SpecVerification:
     in sampling mode a row's tokens depend on them too; its law does not. Before any forward,
     a round whose average token (the table's prior) would not pay for one drafting step is
     not drafted at all: otherwise a batch where drafting never pays would still spend a draft
-    and a companion forward a round to find out.
+    and a companion forward a round to find out. Likewise after each draw, a row whose next
+    draft would not pay at its last draft's refined acceptance stops before that draft's
+    forwards.
     """
 
     table: AcceptanceTable
-    latency: Callable[[int, int], float]  # (batch size, tokens per row) -> target seconds
+    latency: Callable[[int, int], float]  # (batch size, tokens per row) -> target seconds;
+    # a RunningLatency learns from the run's own target forwards (the bench passes one)
     step_cost: Callable[[int], float]  # batch size -> one draft + companion step, seconds
     max_gamma: int
     name: str = "sv"
 
     def round(self, engine: Engine, batch: Batch) -> Emitted:
+        learn(self.latency, engine.runners["target"].forward_times())
         B = len(batch)
         rnd = Round()
         if not self.worth_a_draft(B):
@@ -288,7 +294,12 @@ class SpecVerification:
             refined = self.table.lookup(S, A).double()
             product = torch.where(step.active, product * refined, product)
             expected = torch.where(step.active, expected + product, expected)
-            return torch.zeros_like(step.active)
+            # whether a row looks at draft j + 1 at all (a draft and a companion forward) is
+            # decided from what x_j told, which may shape only the drafting after x_j: x_j's
+            # refined acceptance stands in for the next draft's, so a round does not end on
+            # a drafting step spent to learn that no draft pays
+            foreseen = torch.where(step.active, product * refined, 0.0)
+            return ~self.schedule(B, len(rnd.steps), expected, foreseen)
 
         draft_round(engine, batch, batch.room(self.max_gamma), stop, keep, rnd)
         return verify(engine, batch, rnd)
@@ -329,6 +340,7 @@ class SpecVerificationPaper:
     name: str = "sv_paper"
 
     def round(self, engine: Engine, batch: Batch) -> Emitted:
+        learn(self.latency, engine.runners["target"].forward_times())
         B = len(batch)
         rnd = Round()
         device = engine.device
@@ -439,3 +451,129 @@ class MTAD:
         if steps > 1:
             cache.select(rows * W + parent[rows, best])
         return history[rows, best], joint[rows, best].exp()
+
+
+PRE_DRAW_FEATURES = frozenset({"hidden", "draft_entropy"})  # fixed before x_j is drawn
+
+
+def scores_before_the_draw(verifier: object) -> bool:
+    """Whether a verifier's score of x_j is fixed before x_j is drawn: every feature it reads
+    is (the draft hidden state that produced q_j, H(q_j)). A verifier that names no features,
+    or reads any of x_j's own (its embedding, q(x_j)), counts as scoring after the draw."""
+    names = getattr(getattr(verifier, "spec", None), "names", None)
+    return bool(names) and set(names) <= PRE_DRAW_FEATURES
+
+
+def expected_accepted(acceptance: torch.Tensor) -> torch.Tensor:
+    """E(N | gamma) for gamma = 1..G from (..., G) acceptances a_i: sum_{k<=gamma} prod_{i<=k}
+    a_i (SV App. D, eq. 3-4, with a_i the predicted acceptance of the i-th draft)."""
+    return acceptance.cumprod(-1).cumsum(-1)
+
+
+def round_goodput(
+    expected: torch.Tensor | float,
+    drafts: int,
+    batch_size: int,
+    latency: Callable[[int, int], float],
+    step_cost: Callable[[int], float],
+) -> torch.Tensor | float:
+    """Estimated tokens a second of a round that drafts `drafts` tokens a row and expects
+    `expected` of them accepted: those and the target's own token, over the drafting steps and
+    the target's forward over drafts + 1 tokens a row (SV App. D's goodput; counting the
+    target's token makes a round without drafts worth its one token, not nothing)."""
+    seconds = drafts * step_cost(batch_size) + latency(batch_size, drafts + 1)
+    return (expected + 1.0) / seconds
+
+
+@dataclass
+class LearnedLength:
+    """sd_learned: speculative sampling whose drafting length a trained predictor chooses, per
+    row, lossless.
+
+    Each draft's acceptance is estimated by the verifier (calibrated P(accept)) and, with a
+    table, SV's P(accept | S) before the draw and P(accept | S, A) after it (their mean). A row
+    draws its next draft while that raises its estimated goodput, (E(N | gamma) + 1) /
+    (gamma drafting steps + the profiled target forward over gamma + 1 tokens at this batch
+    size); every drawn draft is verified. Exact by the module's rule: a verifier that reads
+    only features fixed before x_j is drawn (`hidden`, `draft_entropy`) decides whether x_j
+    is drawn; one that reads x_j's own (`token_embedding`, `q`) only refines the product of
+    acceptances that later drafts are weighed by (without a table a row's first draft is then
+    always drawn). After each draw, x_j's acceptance stands in for the next draft's: a row
+    whose next draft would not pay at it stops before that draft's forward, so a round does
+    not end on a drafting step spent to learn that no draft pays (as sv does). The batch size
+    enters the latency, so in sampling mode a row's tokens depend on how many rows it decodes
+    beside; its law does not. A round whose average draft (the predictors' prior) would not
+    pay for one drafting step is not drafted at all.
+    """
+
+    verifier: Verifier  # its `spec.names` say which features it reads (CheckpointVerifier's)
+    table: AcceptanceTable | None
+    latency: Callable[[int, int], float]  # (batch size, tokens per row) -> target seconds;
+    # a RunningLatency learns from the run's own target forwards (the bench passes one)
+    step_cost: Callable[[int], float]  # batch size -> one drafting step, seconds
+    max_gamma: int
+    name: str = "sd_learned"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        learn(self.latency, engine.runners["target"].forward_times())
+        B = len(batch)
+        rnd = Round()
+        if not self.worth_a_draft(B):
+            return verify(engine, batch, rnd)
+        before_draw = scores_before_the_draw(self.verifier)
+        product = torch.ones(B, dtype=torch.float64, device=engine.device)
+        expected = torch.zeros(B, dtype=torch.float64, device=engine.device)
+        companion: list[torch.Tensor] = []
+        scored: list[torch.Tensor] = []  # the verifier's pre-draw score of the current draft
+
+        def rises(drafts: int, gain: torch.Tensor) -> torch.Tensor:
+            """Whether one more draft, worth `gain` expected tokens, raises the goodput."""
+            now = round_goodput(expected, drafts, B, self.latency, self.step_cost)
+            more = round_goodput(expected + gain, drafts + 1, B, self.latency, self.step_cost)
+            return more > now
+
+        def score(step: DraftStep) -> torch.Tensor:
+            batch.stats.verifier_calls += 1
+            return self.verifier(engine, batch, rnd, step).double()
+
+        def keep(j: int, step: DraftStep) -> torch.Tensor:
+            estimates = []
+            if self.table is not None:
+                companion.append(engine.companion_probs(batch, rnd, step.active))
+                S = torch.minimum(step.q, companion[-1]).sum(-1)
+                estimates.append(self.table.lookup_s(S).double())
+            if before_draw:
+                scored[:] = [score(step)]
+                estimates.append(scored[0])
+            return rises(j, product * torch.stack(estimates).mean(0))
+
+        def stop(step: DraftStep) -> torch.Tensor:
+            nonlocal product, expected
+            estimates = [scored[0] if before_draw else score(step)]
+            if self.table is not None:
+                S, A = companion_features(step.q, companion[-1], step.tokens)
+                estimates.append(self.table.lookup(S, A).double())
+            acceptance = torch.stack(estimates).mean(0)
+            product = torch.where(step.active, product * acceptance, product)
+            expected = torch.where(step.active, expected + product, expected)
+            return ~rises(len(rnd.steps), product * acceptance)
+
+        informed = before_draw or self.table is not None  # a score known before the draw
+        room = batch.room(self.max_gamma)
+        draft_round(engine, batch, room, stop, keep if informed else None, rnd)
+        return verify(engine, batch, rnd)
+
+    @property
+    def prior(self) -> float:
+        """A draft's average acceptance before any forward: the table's and the verifier's
+        `prior` where they have one, else 1 (skip drafting only where even a sure draft would
+        not pay)."""
+        priors = [] if self.table is None else [float(self.table.prior)]
+        if getattr(self.verifier, "prior", None) is not None:
+            priors.append(float(self.verifier.prior))  # type: ignore[attr-defined]
+        return sum(priors) / len(priors) if priors else 1.0
+
+    def worth_a_draft(self, B: int) -> bool:
+        """Would one draft a row at the predictors' average acceptance raise the goodput?"""
+        go = round_goodput(self.prior, 1, B, self.latency, self.step_cost)
+        return go > round_goodput(0.0, 0, B, self.latency, self.step_cost)

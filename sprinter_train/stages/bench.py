@@ -129,9 +129,11 @@ def estimate_alpha(engine: Engine, prompt: Prompt, cfg: DictConfig) -> tuple[flo
 
 
 def sd_gamma(cfg: DictConfig, profile: LatencyProfile, alpha: float, batch_size: int) -> int:
-    """methods.sd.gamma, or for `auto` the implied-speedup optimum at this batch size."""
+    """methods.sd.gamma, or for `auto` the implied-speedup optimum at this batch size; 0 (no
+    drafts: target-only decoding) when no gamma pays, as on a CPU whose forward at a large
+    batch costs in proportion to the tokens it verifies."""
     if cfg.methods.sd.gamma == "auto":
-        return profile.best_gamma(alpha, range(1, int(cfg.bench.gamma_max) + 1), batch_size)
+        return profile.best_gamma(alpha, range(0, int(cfg.bench.gamma_max) + 1), batch_size)
     return int(cfg.methods.sd.gamma)
 
 
@@ -231,6 +233,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             int(b.seed),
             int(b.warmup_runs),
             device if b.energy and size == 1 else None,
+            int(b.min_timed_runs),
         )
 
     results = summarise(runs[1], models, tokenizer, cfg)
