@@ -50,10 +50,10 @@ LOSSLESS = (
     "hf_assisted",
     "hf_assisted_heuristic",
 )
+# stage=all trains train.all_labels: the λ sweep, then the soft-label verifier
+VERIFIERS = {"verifier_lam1", "verifier_lam1.2", "verifier_lam1.5", "verifier_accept"}
 REPORT_AUC_KEYS = {
-    "verifier_lam1",
-    "verifier_lam1.2",
-    "verifier_lam1.5",
+    *VERIFIERS,
     "sv_table",
     "svip_entropy",
     "adaedl_bound",
@@ -161,7 +161,7 @@ def chained(tmp_path_factory) -> dict:
 def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
     cfg, result = chained["cfg"], chained["result"]
     assert result["harvest"]["records"] == 16 * 8
-    assert set(result["train"]) == {"verifier_lam1", "verifier_lam1.2", "verifier_lam1.5"}
+    assert set(result["train"]) == VERIFIERS
     bench = read_json(Path(result["bench"]["results"]))
     assert set(bench["methods"]) == set(cfg.bench.methods)  # sprinter and sv found their inputs
     assert not bench["skipped"]
@@ -191,7 +191,7 @@ def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
     for key in ("info_gain_bits", "entropy_accepted", "entropy_rejected", "theorem_checks"):
         assert report[key] is not None, key
     assert all(0 <= v <= 1 for v in report["auc"].values() if v is not None)
-    assert set(report["theorem_checks"]) == {"verifier_lam1", "verifier_lam1.2", "verifier_lam1.5"}
+    assert set(report["theorem_checks"]) == VERIFIERS
     check = report["theorem_checks"]["verifier_lam1.2"]
     assert {"theorem_3_1", "theorem_A_4", "theorem_3_3"} <= set(check)
     assert set(report["eta"]["draft_q"]) == {"0.3", "0.5", "0.7"}
@@ -215,6 +215,48 @@ def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
     json.dumps(report, allow_nan=False)  # strict JSON: no NaN or Infinity
     assert report["notes"] == []  # verifiers and table come from this very record set
     assert all(v["trained_on_this_record_set"] for v in report["inputs"]["verifiers"].values())
+
+
+def test_every_auc_has_its_prompt_interval_and_every_verifier_its_calibration(chained) -> None:
+    """report.json: an interval beside every AUC (the test prompts resampled), the paired
+    verifier - q(x) difference, ECE/Brier before and after each sidecar's temperature, the
+    soft-label verifier judged against min(1, p/q); report.md prints all of them."""
+    from sprinter_train.evaluation.bootstrap import PromptBootstrap
+    from sprinter_train.evaluation.report import fmt_ci
+    from sprinter_train.harvest.reader import open_records
+
+    cfg = chained["cfg"]
+    eval_dir = Path(cfg.experiment_dir) / "eval"
+    report = read_json(eval_dir / "report.json")
+    assert set(report["auc_ci"]) == set(report["auc_sampled_ci"]) == REPORT_AUC_KEYS
+    for name, ci in report["auc_ci"].items():
+        assert ci is None or 0.0 <= ci[0] <= ci[1] <= 1.0, name
+    assert report["bootstrap"]["prompts"] == report["prompts"]
+    assert report["bootstrap"]["resamples"] == cfg.evaluate.bootstrap.resamples
+    records = open_records(cfg.experiment_dir)
+    frame = records.frame.iloc[records.rows_of("test")]
+    boot = PromptBootstrap.from_cfg(cfg.evaluate.bootstrap, frame["prompt_id"].to_numpy())
+    y = frame["ratio"].to_numpy() <= 1.0
+    assert report["auc_ci"]["draft_q"] == pytest.approx(boot.auc_interval(y, frame["q"]))
+    assert set(report["auc_minus_draft_q"]) <= VERIFIERS
+    calibration = report["verifier_calibration"]
+    assert set(calibration) == VERIFIERS
+    assert calibration["verifier_lam1.2"]["target"] == "q/p <= 1.2"
+    soft = calibration["verifier_accept"]
+    assert soft["label"] == "accept_prob" and soft["target"] == "min(1, p/q)"
+    for name, entry in calibration.items():
+        assert entry["temperature"] > 0 and entry["fitted_on"] == "val", name
+        assert set(entry["own_target"]) == {
+            "ece_before",
+            "ece_after",
+            "brier_before",
+            "brier_after",
+        }
+    text = (eval_dir / "report.md").read_text()
+    shown = fmt_ci(report["auc"]["draft_q"], report["auc_ci"]["draft_q"])
+    assert shown.count("[") == 1 and f"| draft_q | {shown} |" in text
+    assert "## Verifier calibration" in text and "| verifier_accept | accept_prob |" in text
+    assert (eval_dir / "reliability_verifiers.png").stat().st_size > 1000
 
 
 def test_greedy_lossless_methods_emit_target_onlys_tokens(chained) -> None:
@@ -286,11 +328,10 @@ def test_transfer_between_two_tiny_experiments(chained) -> None:
     )
     assert forward["auc"]  # the stage's own summary
     report = read_json(Path(chained["cfg"].experiment_dir) / "eval" / "report.json")
-    assert set(report["transfer"]["code"]["auc"]) == {
-        "verifier_lam1",
-        "verifier_lam1.2",
-        "verifier_lam1.5",
-    }
+    assert set(report["transfer"]["code"]["auc"]) == VERIFIERS
+    assert set(report["transfer"]["code"]["auc_ci"]) == VERIFIERS
+    assert report["transfer"]["code"]["prompts"] > 0
+    assert "## Transfer" in (Path(chained["cfg"].experiment_dir) / "eval" / "report.md").read_text()
     assert report["transfer"]["code"]["rows"] > 0
     run_stage(compose_at(root, "stage=evaluate", "experiment=code", "evaluate.transfer=[chat]"))
     reverse = read_json(Path(code.experiment_dir) / "eval" / "report.json")
@@ -356,7 +397,9 @@ def test_ceiling_and_shortfall_sections_explain_a_short_auc(chained) -> None:
     assert report["ceiling"]["rows"]["test"] == report["rows"]
     text = (eval_dir / "report.md").read_text()
     assert "Below the target AUC, and why" in text and "What the draft's features" in text
-    assert text.count("< 1.01") == 3  # one line per verifier
+    assert text.count("< 1.01") == len(VERIFIERS)  # one line per verifier
+    for entry in models.values():  # the probes' test AUCs on the same test prompts
+        assert entry["test_auc_ci"] is None or entry["test_auc_ci"][0] <= entry["test_auc_ci"][1]
 
 
 def test_ceiling_leaves_out_an_embedding_it_cannot_load(chained, monkeypatch) -> None:

@@ -14,6 +14,28 @@ def auc(y: np.ndarray, score: np.ndarray) -> float | None:
     return float(roc_auc_score(y, np.asarray(score, dtype=np.float64)))
 
 
+def weighted_auc(y: np.ndarray, score: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """AUC of each row of `weights` (shape (B, n), one weight per record, e.g. how often a
+    bootstrap drew its prompt), ties counting one half: sum over positive i and negative j of
+    w_i w_j [s_i > s_j] (+ 1/2 on ties) over W_pos W_neg. One sort serves every row, so B
+    resamples cost O(B n), not B calls of roc_auc_score; NaN where a row lacks a class."""
+    y = np.asarray(y).astype(bool)
+    score = np.asarray(score, dtype=np.float64)
+    if len(score) == 0:
+        return np.full(len(weights), np.nan)
+    order = np.argsort(score, kind="stable")
+    sorted_score = score[order]
+    starts = np.flatnonzero(np.r_[True, sorted_score[1:] != sorted_score[:-1]])
+    w = np.asarray(weights, dtype=np.float64)[:, order]
+    positive = np.add.reduceat(w * y[order], starts, axis=1)  # (B, tie levels)
+    negative = np.add.reduceat(w * ~y[order], starts, axis=1)
+    below = np.cumsum(negative, axis=1) - negative  # negatives strictly below each level
+    wins = (positive * (below + 0.5 * negative)).sum(axis=1)
+    pairs = positive.sum(axis=1) * negative.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(pairs > 0, wins / pairs, np.nan)
+
+
 def roc(y: np.ndarray, score: np.ndarray, max_points: int = 400) -> dict[str, list[float]]:
     """False- and true-positive rates (thinned to at most max_points for plots and JSON)."""
     y = np.asarray(y).astype(bool)

@@ -22,6 +22,16 @@ from sklearn.preprocessing import StandardScaler
 from sprinter_train.core.classification import auc
 
 SPLITS = ("train", "val", "test")
+# (test labels, test scores) -> the AUC's interval over the test rows (bootstrap.py)
+Interval = Callable[[np.ndarray, np.ndarray], list[float] | None]
+
+
+def test_auc(y: np.ndarray, score: np.ndarray, interval: Interval | None) -> dict[str, Any]:
+    """The test AUC, and its interval when the caller knows the test rows' prompts."""
+    out: dict[str, Any] = {"test_auc": auc(y, score)}
+    if interval is not None:
+        out["test_auc_ci"] = interval(y, score)
+    return out
 
 
 def fit_best(
@@ -31,9 +41,10 @@ def fit_best(
     y_train: np.ndarray,
     y_eval: np.ndarray,
     split: np.ndarray,
+    interval: Interval | None = None,
 ) -> dict[str, Any]:
     """One model per grid value fitted on train (standardised inputs); the best val AUC wins
-    and its test AUC is reported."""
+    and its test AUC (with `interval`'s, if given) is reported."""
     scaler = StandardScaler().fit(x[split == "train"])
     z = {s: scaler.transform(x[split == s]) for s in SPLITS}
     best: dict[str, Any] = {}
@@ -46,7 +57,7 @@ def fit_best(
             best = {
                 "setting": float(value),
                 "val_auc": val,
-                "test_auc": auc(y_eval[split == "test"], score["test"]),
+                **test_auc(y_eval[split == "test"], score["test"], interval),
                 "seconds": time.perf_counter() - start,
             }
     return best
@@ -64,9 +75,10 @@ def ceiling(
     mlp_hidden: int = 256,
     mlp_alphas: Sequence[float] = (1e-3, 1e-1),
     seed: int = 0,
+    interval: Interval | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Test AUC against q/p <= 1 of: q(x) alone, linear probes on growing feature sets, and an
-    MLP on the largest set (see the module docstring)."""
+    MLP on the largest set (see the module docstring); `interval` adds each one's interval."""
     y_train, y_eval = ratio <= lam, ratio <= 1.0
     scalars = np.stack([q, draft_entropy], axis=1).astype(np.float32)
     hidden = np.asarray(hidden, dtype=np.float32)
@@ -85,11 +97,11 @@ def ceiling(
         )
 
     test = split == "test"
-    out: dict[str, dict[str, Any]] = {"draft_q alone": {"test_auc": auc(y_eval[test], q[test])}}
+    out: dict[str, dict[str, Any]] = {"draft_q alone": test_auc(y_eval[test], q[test], interval)}
     for name, x in sets.items():
-        out[f"linear: {name}"] = fit_best(logistic, c_grid, x, y_train, y_eval, split)
+        out[f"linear: {name}"] = fit_best(logistic, c_grid, x, y_train, y_eval, split, interval)
     largest = list(sets)[-1]
     out[f"MLP ({mlp_hidden}): {largest}"] = fit_best(
-        mlp, mlp_alphas, sets[largest], y_train, y_eval, split
+        mlp, mlp_alphas, sets[largest], y_train, y_eval, split, interval
     )
     return out

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from sprinter_train.evaluation.bootstrap import PromptBootstrap
 from sprinter_train.evaluation.ceiling import ceiling
 from sprinter_train.harvest.reader import RecordSet
 from sprinter_train.verifier.features import FeatureSpec
@@ -41,6 +42,8 @@ def ceiling_report(cfg: DictConfig, records: RecordSet) -> dict[str, Any] | None
             skipped = f"the draft's embedding of x was left out: {error}"
             log.warning("evaluate.ceiling: %s", skipped)
     lam = float(ccfg.lam)
+    test_prompts = frame["prompt_id"].to_numpy()[rows][split[rows] == "test"]
+    boot = PromptBootstrap.from_cfg(cfg.evaluate.bootstrap, test_prompts)
     models = ceiling(
         records.hidden(rows),
         frame["q"].to_numpy()[rows],
@@ -53,6 +56,7 @@ def ceiling_report(cfg: DictConfig, records: RecordSet) -> dict[str, Any] | None
         mlp_hidden=int(ccfg.mlp_hidden),
         mlp_alphas=list(ccfg.mlp_alphas),
         seed=int(cfg.evaluate.seed),
+        interval=boot.auc_interval,
     )
     counts = {s: int((split[rows] == s).sum()) for s in ("train", "val", "test")}
     return {"lam": lam, "rows": counts, "models": models, "embedding_skipped": skipped}

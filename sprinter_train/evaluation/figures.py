@@ -1,7 +1,8 @@
 """The figures beside report.json: which plots stage=evaluate draws, from what, and where.
 
-ROC per λ and per predictor (against both labels), the reliability diagram, SV's table and
-its calibration when there is a table, the learning curves when the verifiers carry them.
+ROC per λ and per predictor (against both labels), the reliability diagram, each verifier's
+reliability before and after its temperature, SV's table and its calibration when there is a
+table, the learning curves when the verifiers carry them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from sprinter_train.evaluation.plots import (
+    plot_calibration,
     plot_learning_curves,
     plot_reliability,
     plot_roc,
@@ -31,11 +33,15 @@ def make_plots(
     frame: pd.DataFrame,
     learning: dict[str, Any],
     target_auc: float,
+    calibration: dict[str, Any],
 ) -> list[Path]:
     """Draw every figure into `out_dir`; returns their paths in report order."""
 
     def curves(names, key="roc", auc_key="auc"):
-        return {n: {**metrics[key][n], "auc": metrics[auc_key][n]} for n in names}
+        return {
+            n: {**metrics[key][n], "auc": metrics[auc_key][n], "ci": metrics[f"{auc_key}_ci"][n]}
+            for n in names
+        }
 
     plots = [
         plot_roc(
@@ -57,6 +63,8 @@ def make_plots(
             out_dir / "reliability.png",
         ),
     ]
+    if calibration:
+        plots.append(plot_calibration(calibration, out_dir / "reliability_verifiers.png"))
     if table is not None:
         calib = table_calibration(table, frame)
         plots.append(

@@ -19,6 +19,7 @@ from sprinter_train.verifier.checkpoint import (
     load_verifier,
     verifier_path,
 )
+from sprinter_train.verifier.labels import ACCEPT_NAME, Label
 
 COLUMNS = [
     "prompt_id",
@@ -41,7 +42,8 @@ def table_path(cfg: DictConfig) -> Path:
 
 
 def load_inputs(cfg: DictConfig) -> tuple[RecordSet, dict[str, VerifierCheckpoint], SVTable | None]:
-    """Records, verifiers and table, each checked on entry (errors name the stage to run)."""
+    """Records, verifiers and table, each checked on entry (errors name the stage to run);
+    the soft-label verifier joins the λ ones when it was trained."""
     records = open_records(
         cfg.experiment_dir, columns=COLUMNS, stage="stage=evaluate", verify=verify_hashes(cfg)
     )
@@ -51,6 +53,9 @@ def load_inputs(cfg: DictConfig) -> tuple[RecordSet, dict[str, VerifierCheckpoin
         )
         for lam in cfg.evaluate.lams
     }
+    accept = verifier_path(cfg.checkpoint_dir, Label("accept_prob"))
+    if accept.exists():
+        verifiers[f"verifier_{ACCEPT_NAME}"] = load_verifier(accept, str(cfg.experiment))
     table = SVTable.load(table_path(cfg)) if records.has_companion else None
     return records, verifiers, table
 

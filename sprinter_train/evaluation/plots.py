@@ -11,12 +11,17 @@ from sprinter_train.core.plots import save, subplots
 
 
 def plot_roc(curves: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
-    """One ROC curve per entry {name: {fpr, tpr, auc}}; the diagonal is chance."""
+    """One ROC curve per entry {name: {fpr, tpr, auc, ci (optional [lo, hi])}}; the diagonal
+    is chance."""
     fig, ax = subplots(figsize=(5.5, 5))
     for name, curve in curves.items():
         if not curve.get("fpr"):
             continue
-        label = f"{name} (AUC {curve['auc']:.3f})" if curve.get("auc") is not None else name
+        value, ci = curve.get("auc"), curve.get("ci")
+        label = name
+        if value is not None:
+            interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+            label = f"{name} (AUC {value:.3f}{interval})"
         ax.plot(curve["fpr"], curve["tpr"], label=label)
     ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("false-positive rate (η_FP)")
@@ -45,6 +50,42 @@ def plot_reliability(panels: dict[str, dict[str, dict[str, list]]], path: Path) 
         ax.set_xlabel("predicted P(accept)")
         ax.set_ylabel("observed frequency")
         ax.set_title(f"reliability against {label}")
+        ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+def _occupied(table: dict[str, list]) -> tuple[list[float], list[float]]:
+    """(mean predicted, observed) of the bins that hold records."""
+    points = [
+        (m, r)
+        for m, r, c in zip(table["mean_prob"], table["rate"], table["count"], strict=True)
+        if c
+    ]
+    xs, ys = zip(*points, strict=True) if points else ((), ())
+    return list(xs), list(ys)
+
+
+def plot_calibration(entries: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Each verifier's reliability before (dashed, x) and after (solid, o) its temperature, one
+    colour per verifier; left against its own target, right against the sampled accept event."""
+    panels = (
+        ("own_target", "its own target (q/p <= λ; min(1, p/q) for the soft label)"),
+        ("sampled", "the sampled accept event"),
+    )
+    fig, axes = subplots(1, 2, figsize=(10.4, 4.8))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for index, (name, entry) in enumerate(entries.items()):
+            tables = entry["reliability"][key]
+            colour = f"C{index}"
+            ax.plot(*_occupied(tables["before"]), "x--", color=colour, markersize=4, alpha=0.6)
+            label = f"{name} (T = {entry['temperature']:.2f})"
+            ax.plot(*_occupied(tables["after"]), "o-", color=colour, markersize=3, label=label)
+        ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("predicted P(accept) (dashed: before, solid: after the temperature)")
+        ax.set_ylabel("observed frequency")
+        ax.set_title(f"against {title}", fontsize=9)
         ax.legend(fontsize=7)
     return save(fig, path)
 

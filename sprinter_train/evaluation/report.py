@@ -13,6 +13,13 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def fmt_ci(value: Any, ci: list[float] | None, digits: int = 3) -> str:
+    """'0.730 [0.690, 0.770]': a value and its interval (the value alone when it has none)."""
+    if value is None or not ci:
+        return fmt(value, digits)
+    return f"{fmt(value, digits)} [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
+
+
 def table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
@@ -26,8 +33,8 @@ def predictor_section(report: dict[str, Any]) -> str:
         rows.append(
             [
                 name,
-                report["auc"][name],
-                report["auc_sampled"].get(name),
+                fmt_ci(report["auc"][name], report["auc_ci"].get(name)),
+                fmt_ci(report["auc_sampled"].get(name), report["auc_sampled_ci"].get(name)),
                 calib.get("ece_q_le_p"),
                 calib.get("brier_q_le_p"),
                 calib.get("ece_sampled"),
@@ -49,12 +56,78 @@ def predictor_section(report: dict[str, Any]) -> str:
             [name] + [f"{fmt(v['eta_TP'])} / {fmt(v['eta_FP'])}" for v in by_tau.values()]
         )
     taus = list(next(iter(report["eta"].values()), {}).keys())
+    boot = report["bootstrap"]
+    paired = [
+        f"- {name}: {fmt_ci(entry['value'], entry['ci'])}"
+        for name, entry in report["auc_minus_draft_q"].items()
+    ]
+    parts = [
+        "## Every predictor on the same rows",
+        f"AUCs with {boot['level']:.0%} intervals in brackets: percentile bootstrap over the "
+        f"{boot['prompts']} {report['split']} prompts ({boot['resamples']} resamples of the "
+        f"prompts with replacement, each drawn prompt bringing all its rows; seed "
+        f"{boot['seed']}). ECE and Brier are of the raw scores (verifiers: before their "
+        "temperature).",
+        table(header, rows),
+    ]
+    if paired:
+        parts.append(
+            "Verifier AUC minus q(x)'s (q/p <= 1), paired over the same resamples (an interval "
+            "above 0: the verifier ranks better than the draft's own probability):\n\n"
+            + "\n".join(paired)
+        )
+    parts += [
+        "η_TP / η_FP against q/p <= 1 (accept when the score >= τ):",
+        table(["predictor"] + [f"τ = {t}" for t in taus], eta_rows),
+    ]
+    return "\n\n".join(parts)
+
+
+def fmt_before_after(entry: dict[str, float], metric: str) -> str:
+    return f"{fmt(entry[f'{metric}_before'])} -> {fmt(entry[f'{metric}_after'])}"
+
+
+def calibration_section(report: dict[str, Any]) -> str | None:
+    """Each verifier's ECE and Brier before -> after the temperature in its sidecar."""
+    entries = report.get("verifier_calibration") or {}
+    if not entries:
+        return None
+    rows = [
+        [
+            name,
+            entry["label"],
+            fmt(entry["temperature"]) + ("" if entry["fitted_on"] else " (none fitted)"),
+            entry["target"],
+            fmt_before_after(entry["own_target"], "ece"),
+            fmt_before_after(entry["own_target"], "brier"),
+            fmt_before_after(entry["sampled"], "ece"),
+            fmt_before_after(entry["sampled"], "brier"),
+        ]
+        for name, entry in entries.items()
+    ]
     return "\n\n".join(
         [
-            "## Every predictor on the same rows",
-            table(header, rows),
-            "η_TP / η_FP against q/p <= 1 (accept when the score >= τ):",
-            table(["predictor"] + [f"τ = {t}" for t in taus], eta_rows),
+            "## Verifier calibration: before -> after the temperature (sigmoid(logit / T))",
+            "Each verifier against its own target, the one its temperature is fitted to "
+            "(q/p <= λ for the λ verifiers; for the soft-label verifier, min(1, p/q), the "
+            "probability that speculative sampling accepts the token: a bin's observed rate is "
+            "its mean min(1, p/q) and Brier the squared error to it), and against the sampled "
+            "accept event u < min(1, p/q), the event a goodput plan spends. "
+            f"{fmt(report['config']['ece_bins'])} equal-width bins; the diagram is "
+            "`reliability_verifiers.png`.",
+            table(
+                [
+                    "verifier",
+                    "label",
+                    "T",
+                    "own target",
+                    "ECE (own)",
+                    "Brier (own)",
+                    "ECE (sampled)",
+                    "Brier (sampled)",
+                ],
+                rows,
+            ),
         ]
     )
 
@@ -191,6 +264,9 @@ def learning_section(report: dict[str, Any]) -> str | None:
                 ["verifier", "fraction", "train prompts", "train rows", "val AUC", "test AUC"],
                 rows,
             ),
+            "The curve's AUCs carry no interval: training does not keep the models of the "
+            "smaller fractions to resample. The last point is the verifier itself; its interval "
+            "is in the predictor table.",
             "\n".join(lines),
         ]
     )
@@ -202,7 +278,7 @@ def ceiling_section(report: dict[str, Any]) -> str | None:
     if not entry:
         return None
     rows = [
-        [name, m.get("setting"), m.get("val_auc"), m.get("test_auc")]
+        [name, m.get("setting"), m.get("val_auc"), fmt_ci(m.get("test_auc"), m.get("test_auc_ci"))]
         for name, m in entry["models"].items()
     ]
     counts = entry["rows"]
@@ -226,7 +302,8 @@ def shortfall_lines(report: dict[str, Any]) -> list[str]:
     for name, value in report["auc"].items():
         if not name.startswith("verifier_") or value is None or target is None or value >= target:
             continue
-        line = f"- **{name}: AUC {fmt(value)} < {fmt(target, 2)}.**"
+        ci = report.get("auc_ci", {}).get(name)
+        line = f"- **{name}: AUC {fmt_ci(value, ci)} < {fmt(target, 2)}.**"
         curve = (report.get("learning_curve") or {}).get(name)
         if curve and len(curve["points"]) > 1:
             before, after = curve["points"][-2], curve["points"][-1]
@@ -245,7 +322,7 @@ def shortfall_lines(report: dict[str, Any]) -> list[str]:
             )
             line += (
                 f" The best model on the draft's features, {best_name}, reaches "
-                f"{fmt(best.get('test_auc'))} on the same test rows."
+                f"{fmt_ci(best.get('test_auc'), best.get('test_auc_ci'))} on the same test rows."
             )
         lines.append(line)
     return lines
@@ -272,6 +349,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     why = shortfall_lines(report)
     extra = [
+        calibration_section(report),
         "## Below the target AUC, and why\n\n" + "\n".join(why) if why else None,
         learning_section(report),
         ceiling_section(report),
@@ -279,13 +357,20 @@ def render_markdown(report: dict[str, Any]) -> str:
     parts[3:3] = [section for section in extra if section]
     if report.get("transfer"):
         rows = [
-            [other, name, value, entry["auc_sampled"].get(name)]
+            [
+                other,
+                entry.get("prompts"),
+                name,
+                fmt_ci(value, entry.get("auc_ci", {}).get(name)),
+                fmt_ci(entry["auc_sampled"].get(name), entry.get("auc_sampled_ci", {}).get(name)),
+            ]
             for other, entry in report["transfer"].items()
             for name, value in entry["auc"].items()
         ]
         parts.append(
             "## Transfer (this experiment's verifiers on other test records)\n\n"
-            + table(["records", "verifier", "AUC (q/p <= 1)", "AUC (sampled)"], rows)
+            "Intervals: the same bootstrap over the other records' test prompts.\n\n"
+            + table(["records", "prompts", "verifier", "AUC (q/p <= 1)", "AUC (sampled)"], rows)
         )
     parts.append("## Plots\n\n" + "\n".join(f"- `{p}`" for p in report["plots"]))
     if report.get("notes"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from omegaconf import DictConfig
 
+from sprinter_train.evaluation.calibration import probabilities
 from sprinter_train.evaluation.predictors import adaedl_bound, draft_q, svip_score
 from sprinter_train.harvest.reader import RecordSet
 from sprinter_train.sv.table import SVTable
@@ -17,10 +18,11 @@ from sprinter_train.verifier.features import build_features
 from sprinter_train.verifier.train import make_embedder
 
 
-def verifier_scores(
+def verifier_logits(
     cfg: DictConfig, records: RecordSet, rows: np.ndarray, verifiers: dict[str, VerifierCheckpoint]
 ) -> dict[str, np.ndarray]:
-    """Each verifier's sigmoid score on the given rows (hidden states read once)."""
+    """Each verifier's logit on the given rows (hidden states read once); the logits, not the
+    scores, so that a temperature can be applied without losing the tails to rounding."""
     hidden = records.hidden(rows)
     columns = {c: records.frame[c].to_numpy()[rows] for c in ("q", "draft_entropy", "token_id")}
     out = {}
@@ -32,20 +34,29 @@ def verifier_scores(
             )
         embedder = make_embedder(cfg, checkpoint.spec, records)
         features = build_features(checkpoint.spec, hidden, columns, embedder)
-        out[name] = checkpoint.score(features.batch())
+        out[name] = checkpoint.logits(features.batch())
     return out
+
+
+def verifier_scores(
+    cfg: DictConfig, records: RecordSet, rows: np.ndarray, verifiers: dict[str, VerifierCheckpoint]
+) -> dict[str, np.ndarray]:
+    """Each verifier's sigmoid score (uncalibrated) on the given rows."""
+    logits = verifier_logits(cfg, records, rows, verifiers)
+    return {name: probabilities(value) for name, value in logits.items()}
 
 
 def predictor_scores(
     cfg: DictConfig,
     records: RecordSet,
     rows: np.ndarray,
-    verifiers: dict[str, VerifierCheckpoint],
+    logits: dict[str, np.ndarray],
     table: SVTable | None,
 ) -> dict[str, np.ndarray]:
-    """P(accept) estimates of every predictor on the same rows."""
+    """P(accept) estimates of every predictor on the same rows (verifiers: sigmoid of
+    `logits`, uncalibrated, as the sidecar's weights give them)."""
     frame = records.frame.iloc[rows]
-    scores = verifier_scores(cfg, records, rows, verifiers)
+    scores = {name: probabilities(value) for name, value in logits.items()}
     if table is not None:
         scores["sv_table"] = np.asarray(table.lookup(frame["S"].to_numpy(), frame["A"].to_numpy()))
     entropy = frame["draft_entropy"].to_numpy()
@@ -61,7 +72,7 @@ def predictor_descriptions(
     """One line per predictor for the report: what its score is, and for the entropy rules
     which H(q) (the records hold only the warped draft's; the bench's rules may read the raw)."""
     return {
-        **{n: f"SPRINTER verifier trained at λ={c.lam:g}" for n, c in verifiers.items()},
+        **{n: verifier_description(c) for n, c in verifiers.items()},
         "sv_table": "SV P(accept | S, A), default binning of tables/sv_table.json",
         "svip_entropy": f"SVIP 1 - sqrt({cfg.methods.svip.c} H_q)"
         + entropy_note(cfg.methods.svip, "svip"),
@@ -69,6 +80,13 @@ def predictor_descriptions(
         + entropy_note(cfg.methods.adaedl, "adaedl"),
         "draft_q": "q(x), the draft's probability of its token",
     }
+
+
+def verifier_description(checkpoint: VerifierCheckpoint) -> str:
+    """What a verifier was trained on: the label q/p <= λ, or the soft label min(1, p/q)."""
+    if checkpoint.label == "accept_prob":
+        return "SPRINTER verifier trained on the soft label min(1, p/q) (SpecDec++'s target)"
+    return f"SPRINTER verifier trained at λ={checkpoint.lam:g}"
 
 
 def entropy_note(method: DictConfig, name: str) -> str:

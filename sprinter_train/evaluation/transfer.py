@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from sprinter_train.core.classification import auc
 from sprinter_train.core.rules import sampled_acceptance
+from sprinter_train.evaluation.bootstrap import PromptBootstrap
 from sprinter_train.evaluation.inputs import COLUMNS
 from sprinter_train.evaluation.scores import verifier_scores
 from sprinter_train.harvest.reader import open_records
@@ -20,7 +21,8 @@ from sprinter_train.verifier.checkpoint import VerifierCheckpoint
 
 
 def transfer_report(cfg: DictConfig, verifiers: dict[str, VerifierCheckpoint]) -> dict[str, Any]:
-    """Per experiment of evaluate.transfer: rows, the records' hash, each verifier's AUCs."""
+    """Per experiment of evaluate.transfer: rows, the records' hash, each verifier's AUCs with
+    intervals over the other records' test prompts."""
     out: dict[str, Any] = {}
     for other in cfg.evaluate.transfer:
         other_dir = Path(cfg.artifacts_root) / str(other)
@@ -43,10 +45,14 @@ def transfer_report(cfg: DictConfig, verifiers: dict[str, VerifierCheckpoint]) -
         y_label = frame["ratio"].to_numpy() <= 1.0
         y_event = sampled_acceptance(frame["accept_prob"].to_numpy(), int(cfg.evaluate.seed))
         scores = verifier_scores(cfg, records, rows, verifiers)
+        boot = PromptBootstrap.from_cfg(cfg.evaluate.bootstrap, frame["prompt_id"].to_numpy())
         out[str(other)] = {
             "rows": len(rows),
+            "prompts": boot.prompts,
             "records_manifest_sha256": records.manifest_hash,
             "auc": {n: auc(y_label, s) for n, s in scores.items()},
+            "auc_ci": {n: boot.auc_interval(y_label, s) for n, s in scores.items()},
             "auc_sampled": {n: auc(y_event, s) for n, s in scores.items()},
+            "auc_sampled_ci": {n: boot.auc_interval(y_event, s) for n, s in scores.items()},
         }
     return out

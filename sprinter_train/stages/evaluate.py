@@ -2,11 +2,12 @@
 
 python -m sprinter_train stage=evaluate experiment=<exp> [evaluate.transfer=[<other_exp>]]
 
-Reads artifacts/<exp>/records/ (stage=harvest), checkpoints/<exp>/verifier-lam<λ>.* (stage=train)
-and artifacts/<exp>/tables/sv_table.json (stage=tables; only when the records have S and A).
-Writes artifacts/<exp>/eval/report.json, report.md and the plots (ROC per λ, ROC per
-predictor, reliability diagram, SV table calibration). Each section is built by a module of
-sprinter_train/evaluation/; this one reads, calls them in report order and writes.
+Reads artifacts/<exp>/records/ (stage=harvest), checkpoints/<exp>/verifier-lam<λ>.* and, when
+trained, verifier-accept.* (stage=train) and artifacts/<exp>/tables/sv_table.json (stage=tables;
+only when the records have S and A). Writes artifacts/<exp>/eval/report.json, report.md and the
+plots (ROC per λ, ROC per predictor, reliability diagrams, SV table calibration). Each section
+is built by a module of sprinter_train/evaluation/; this one reads, calls them in report order
+and writes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from sprinter_train.core.io import write_json
 from sprinter_train.core.rules import sampled_acceptance
 from sprinter_train.core.runtime import set_threads
+from sprinter_train.evaluation.bootstrap import PromptBootstrap
+from sprinter_train.evaluation.calibration import calibration_report
 from sprinter_train.evaluation.ceiling_report import ceiling_report
 from sprinter_train.evaluation.entropy_table import entropy_table
 from sprinter_train.evaluation.figures import make_plots
@@ -28,7 +31,11 @@ from sprinter_train.evaluation.inputs import input_provenance, load_inputs, stal
 from sprinter_train.evaluation.learning import summarise as summarise_learning
 from sprinter_train.evaluation.metrics import score_metrics
 from sprinter_train.evaluation.report import render_markdown
-from sprinter_train.evaluation.scores import predictor_descriptions, predictor_scores
+from sprinter_train.evaluation.scores import (
+    predictor_descriptions,
+    predictor_scores,
+    verifier_logits,
+)
 from sprinter_train.evaluation.sv_report import NO_TABLE_NOTE, information_report
 from sprinter_train.evaluation.theory_checks import check_verifiers
 from sprinter_train.evaluation.transfer import transfer_report
@@ -47,11 +54,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     frame = records.frame.iloc[rows]
     y_label = frame["ratio"].to_numpy() <= 1.0
     y_event = sampled_acceptance(frame["accept_prob"].to_numpy(), int(ecfg.seed))
-    scores = predictor_scores(cfg, records, rows, verifiers, table)
-    metrics = score_metrics(scores, y_label, y_event, ecfg)
+    logits = verifier_logits(cfg, records, rows, verifiers)
+    scores = predictor_scores(cfg, records, rows, logits, table)
+    bootstrap = PromptBootstrap.from_cfg(ecfg.bootstrap, frame["prompt_id"].to_numpy())
+    metrics = score_metrics(scores, y_label, y_event, ecfg, bootstrap)
+    calibration = calibration_report(verifiers, logits, frame, y_event, int(ecfg.ece_bins))
     notes = []
     if table is None:
-        metrics["auc"]["sv_table"] = None
+        for key in ("auc", "auc_ci", "auc_sampled_ci"):
+            metrics[key]["sv_table"] = None
         notes.append(NO_TABLE_NOTE)
     information_detail, info_gain = ({}, None)
     if table is not None:
@@ -64,7 +75,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         {n: c.meta.get("metrics", {}).get("learning_curve") for n, c in verifiers.items()},
         float(ecfg.target_auc),
     )
-    plots = make_plots(out_dir, metrics, verifiers, table, frame, learning, float(ecfg.target_auc))
+    plots = make_plots(
+        out_dir, metrics, verifiers, table, frame, learning, float(ecfg.target_auc), calibration
+    )
     report = {
         "stage": "evaluate",
         "experiment": str(cfg.experiment),
@@ -76,8 +89,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "sampled_accept": float(y_event.mean()),
         },
         "auc": metrics["auc"],
+        "auc_ci": metrics["auc_ci"],
         "auc_sampled": metrics["auc_sampled"],
+        "auc_sampled_ci": metrics["auc_sampled_ci"],
+        "auc_minus_draft_q": metrics["auc_minus_draft_q"],
+        "bootstrap": bootstrap.describe(),
         "calibration": metrics["calibration"],
+        "verifier_calibration": calibration,
         "eta": metrics["eta"],
         "info_gain_bits": info_gain,
         "information": information_detail,
@@ -105,6 +123,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "report": str(out_dir / "report.json"),
         "rows": len(rows),
         "auc": report["auc"],
+        "auc_ci": report["auc_ci"],
         "info_gain_bits": report["info_gain_bits"],
         "entropy_accepted": report["entropy_accepted"],
         "entropy_rejected": report["entropy_rejected"],
