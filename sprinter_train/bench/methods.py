@@ -132,12 +132,15 @@ def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[st
     path = method_verifier_path(run.cfg.checkpoint_dir, node)
     checkpoint = load_verifier(path, run.cfg.experiment)  # a missing one names stage=train
     check_verifier(checkpoint, run)
+    scorer = CheckpointVerifier(checkpoint, run.draft_model)
     record = {
         **OmegaConf.to_container(node.verifier),  # type: ignore[dict-item]
         "path": str(path),
         "hidden_layer": int(checkpoint.meta.get("hidden_layer", -1)),
+        "calibration": checkpoint.meta.get("calibration"),  # None: an uncalibrated (T = 1) one
+        "prior": scorer.prior,
     }
-    return CheckpointVerifier(checkpoint, run.draft_model), record
+    return scorer, record
 
 
 def _table(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, Any]]:

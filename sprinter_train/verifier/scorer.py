@@ -6,6 +6,12 @@ H(q)) and are put together by verifier/features.py's `assemble`, the function tr
 The score is calibrated, sigmoid((w·s + b) / T) with the sidecar's temperature (1 for old
 checkpoints): probabilities a length policy can plan with. SPRINTER's tau = 0.5 keeps the same
 decisions under any T, since sigmoid(z / T) >= 0.5 exactly when z >= 0.
+
+`prior` is what a round can expect of a draft before any forward: the train split's mean
+label as the sidecar's `class_balance` stores it, the mean min(1, p/q) (the records' own
+acceptance) for the soft-label verifier, the share of q/p <= λ for a ratio one. That is the
+mean a calibrated score estimates, so a length policy weighs its prior and its per-draft
+scores on one scale (at λ = 1 it is below the acceptance: q <= p is only the sure part).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ class CheckpointVerifier:
         self.weight = linear.weight.detach().float()[0]
         self.bias = float(linear.bias.detach().float()[0])
         self.temperature = checkpoint.temperature
+        self.prior = train_base_rate(checkpoint)
 
     def parts(self, step: DraftStep) -> dict[str, torch.Tensor]:
         """The spec's inputs of each row's drafted token, (B, width) or (B,), on its device."""
@@ -65,3 +72,12 @@ class CheckpointVerifier:
         score = torch.sigmoid((self.features(step) @ weight + self.bias) / self.temperature)
         batch.stats.verifier_seconds += time.perf_counter() - start
         return score
+
+
+def train_base_rate(checkpoint: VerifierCheckpoint) -> float | None:
+    """The train split's mean label from the sidecar's class_balance (None for sidecars
+    written before it, or without train rows): the mean P(accept) a calibrated score has."""
+    key = "mean_accept_prob" if checkpoint.label == "accept_prob" else "positive_fraction"
+    train = (checkpoint.meta.get("class_balance") or {}).get("train") or {}
+    value = train.get(key)
+    return None if value is None else float(value)
