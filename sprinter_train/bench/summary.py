@@ -42,8 +42,57 @@ def acceptance(stats: DecodeStats) -> dict[str, float | None]:
     }
 
 
+DRAFT_RUNS = (
+    "row_rounds",
+    "drafted_per_round",
+    "accepted_per_round",
+    "no_draft_share",
+    "all_accepted_share",
+    "oracle_gap",
+)
+
+
+def draft_runs(stats: DecodeStats) -> dict[str, int | float | None]:
+    """How long the rows' draft runs were against what the target kept, per row and round:
+    how many rounds the rows had, drafts and kept drafts a round, the share of rounds that drafted nothing, the share of
+    drafting rounds whose every draft was kept (the oracle length, drafting exactly what
+    the target keeps, was at least the chosen one there) and, over rounds with a rejection,
+    the mean |chosen - oracle| = drafted - kept. All None for a method that keeps no
+    per-round tallies (HF's peers) or commits drafts unchecked (sprinter: no oracle here)."""
+    n, drafting, full = stats.row_rounds, stats.drafting_rounds, stats.full_rounds
+    if not n or stats.verifier_accepted:
+        return dict.fromkeys(DRAFT_RUNS)
+    rejecting = drafting - full
+    values = (
+        n,
+        stats.drafted / n,
+        stats.accepted / n,
+        (n - drafting) / n,
+        full / drafting if drafting else None,
+        (stats.drafted - stats.accepted) / rejecting if rejecting else None,
+    )
+    return dict(zip(DRAFT_RUNS, values, strict=True))
+
+
+def costs_ms(stats: DecodeStats) -> dict[str, float | None]:
+    """Milliseconds per drafted token in the verifier and the companion (what a learned or
+    table-driven length pays to choose) and in the draft, and one drafting step's (a batched
+    forward of every drafting row); None where the method has no such part or drafted none."""
+
+    def per(seconds: float, count: int) -> float | None:
+        return 1e3 * seconds / count if count and seconds > 0 else None
+
+    return {
+        "verifier_per_draft": per(stats.verifier_seconds, stats.drafted),
+        "companion_per_draft": per(stats.companion_seconds, stats.drafted),
+        "draft_per_draft": per(stats.draft_seconds, stats.drafted),
+        "draft_step": per(stats.draft_seconds, stats.draft_calls),
+    }
+
+
 def speed(runs: list[GroupRun]) -> dict[str, Any]:
-    """Tokens, wall time, calls, acceptance and the seconds inside each model's forwards."""
+    """Tokens, wall time, calls, acceptance, the seconds inside each model's forwards, the
+    per-round draft runs and what a drafted token cost."""
     stats = DecodeStats()
     for run in runs:
         stats.add(run.stats)
@@ -64,6 +113,8 @@ def speed(runs: list[GroupRun]) -> dict[str, Any]:
             "companion": stats.companion_seconds,
             "verifier": stats.verifier_seconds,
         },
+        "draft_runs": draft_runs(stats),
+        "cost_ms": costs_ms(stats),
     }
 
 

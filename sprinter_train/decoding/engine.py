@@ -233,6 +233,9 @@ class Engine:
             batch.stats.drafted += drafted
             batch.stats.accepted += accepted
             batch.stats.verifier_accepted += by_verifier
+            batch.stats.row_rounds += 1
+            batch.stats.drafting_rounds += int(drafted > 0)
+            batch.stats.full_rounds += int(0 < drafted == accepted)
             if policy is not None and hasattr(policy, "update"):
                 policy.update(row, drafted, accepted)
             room = values[: values[width]][: row.remaining]

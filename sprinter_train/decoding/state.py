@@ -25,6 +25,11 @@ class DecodeStats:
     drafted: int = 0
     accepted: int = 0  # drafted tokens the target's check kept
     verifier_accepted: int = 0  # drafted tokens committed on a verifier's word, never checked
+    # per row and round (a round of B rows counts B): how long each row's draft run was against
+    # what the target kept, the bench's measure of how far a length policy is from the oracle
+    row_rounds: int = 0
+    drafting_rounds: int = 0  # the row drafted at least one token
+    full_rounds: int = 0  # the row drafted, and the target's check kept every draft
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
     companion_seconds: float = 0.0
