@@ -1,4 +1,4 @@
-"""How far SV's rules put the first generated token from the target's law, computed exactly.
+"""How far SV's rules and sd_learned put the first generated token from the target's law, exactly.
 
 At a row's first draft (j = 0, batch size 1) x ~ q is drawn and the rule either keeps x,
 which speculative sampling then verifies (x with probability min(1, p(x)/q(x)), else a token
@@ -13,6 +13,11 @@ A decision fixed before the draw (exact sv: P(accept | S) and the scheduler) kee
 the published rule (sv_paper) decides from A(x), x's own value, and P moves away from p.
 Enumerating keep(x) over the vocabulary gives TV(P, p) with one forward per model: no
 sampling noise, cheap enough to run on real models beside the bench.
+
+sd_learned's decision on its first draft is taken from one real round of the policy on the
+prompt (its verifier, table and the latency it has learned by then): the engine asks a
+policy's `keep` before it draws (the step's token is a placeholder then), and a score of x
+itself only decides whether x_{j+1} is drafted, so that decision is one for every x.
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ import torch
 from sprinter_train.core.rules import residual_rows
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (
+    LearnedLength,
     SpecVerification,
     SpecVerificationPaper,
     companion_features,
 )
 
+ROLES = ("target", "draft", "companion")
 SVPolicy = SpecVerification | SpecVerificationPaper
+LawPolicy = SVPolicy | LearnedLength  # the rules whose first-token law the bench computes
 
 
 def first_token_law(p: torch.Tensor, q: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -62,23 +70,35 @@ def keeps(policy: SVPolicy, q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return policy.schedule(1, 0, expected, gain).expand(V)
 
 
-def next_token_laws(engine: Engine, prompts: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
-    """(k, V) warped target, draft and companion distributions after each prompt."""
+def drafts_first(engine: Engine, policy: LearnedLength, prompt: Sequence[int]) -> bool:
+    """Whether sd_learned draws a first draft after `prompt` at batch size 1: one round of
+    the policy with room for one draft, committed so the engine is left as a round leaves it."""
+    batch = engine.new_batch([prompt], 2, [0])
+    engine.commit(batch, policy.round(engine, batch))
+    return batch.stats.drafted > 0
+
+
+def next_token_laws(
+    engine: Engine, prompts: Sequence[Sequence[int]], roles: Sequence[str] = ROLES
+) -> dict[str, torch.Tensor]:
+    """(k, V) warped distributions of each of `roles` after each prompt."""
     batch = engine.new_batch(prompts, 2, range(len(prompts)))
     everyone = torch.ones(len(prompts), dtype=torch.bool, device=engine.device)
-    return {
-        role: engine.warp(engine.feed(batch, role, everyone).logits[:, 0])
-        for role in ("target", "draft", "companion")
-    }
+    return {role: engine.warp(engine.feed(batch, role, everyone).logits[:, 0]) for role in roles}
 
 
 def first_token_tv(
-    engine: Engine, policy: SVPolicy, prompts: Sequence[Sequence[int]]
+    engine: Engine, policy: LawPolicy, prompts: Sequence[Sequence[int]]
 ) -> list[float]:
     """TV between the rule's first-token law and the target's, per prompt."""
-    laws = next_token_laws(engine, prompts)
+    learned = isinstance(policy, LearnedLength)  # reads no companion here
+    laws = next_token_laws(engine, prompts, ROLES[:2] if learned else ROLES)
     out = []
-    for p, q, c in zip(laws["target"], laws["draft"], laws["companion"], strict=True):
-        law = first_token_law(p, q, keeps(policy, q, c))
+    for k, (p, q) in enumerate(zip(laws["target"], laws["draft"], strict=True)):
+        if learned:
+            keep = torch.full_like(q, drafts_first(engine, policy, prompts[k]), dtype=torch.bool)
+        else:
+            keep = keeps(policy, q, laws["companion"][k])
+        law = first_token_law(p, q, keep)
         out.append(0.5 * float((law - p.double()).abs().sum()))
     return out

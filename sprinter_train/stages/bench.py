@@ -47,6 +47,7 @@ from sprinter_train.harvest.reader import open_records, verify_hashes
 from sprinter_train.models.forward import HarvestModels, load_harvest_models
 
 log = logging.getLogger(__name__)
+LAW_METHODS = ("sv", "sv_paper", "sd_learned")  # the rules whose first-token law is computed
 
 
 def output_dir(cfg: DictConfig) -> Path:
@@ -140,13 +141,14 @@ def sd_gamma(cfg: DictConfig, profile: LatencyProfile, alpha: float, batch_size:
 def law_distance(
     engine: Engine, plan: MethodPlan, names: list[str], prompts: list[Prompt], count: int
 ) -> dict[str, list[float]]:
-    """Per SV method that runs: the exact TV of its first token's law from the target's on the
-    first `count` prompts (sv's is 0 up to rounding, sv_paper's is its loss)."""
+    """Per SV method and sd_learned that runs: the exact TV of its first token's law from the
+    target's on the first `count` prompts (sv's and sd_learned's are 0 up to rounding,
+    sv_paper's is its loss)."""
     ids = [p.input_ids for p in prompts[:count]]
     return {
         name: first_token_tv(engine, plan.policies[name], ids)
         for name in names
-        if name in ("sv", "sv_paper") and ids
+        if name in LAW_METHODS and ids
     }
 
 
