@@ -22,11 +22,13 @@ COLUMNS = [
     ("ROUGE-L vs target", "rouge_l_vs_target", "{:.1f}"),
     ("target PPL", "target_ppl", "{:.2f}"),
 ]
-TV_COLUMN = ("TV 1st token", "tv_first_token", "{:.4f}")  # sv, sv_paper: off the target law
+TV_COLUMN = ("TV 1st token", "tv_first_token", "{:.4f}")  # sv, sv_paper, sd_learned
 BATCH_COLUMNS = [  # batch > 1: speed, calls and acceptance (quality is the batch-1 run's)
     c for c in COLUMNS if c[1] not in ("rouge_l_ref", "target_ppl")
 ]
 UNSUPPORTED = "batch > 1 unsupported"
+BEST_LOSSLESS = ("sd", "svip", "sd_heuristic")  # the lossless methods sd_learned must beat
+LEARNED_BAR = "sd_learned_vs_best_lossless"
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -105,7 +107,8 @@ def latency_table(profile: dict[str, Any]) -> str:
 
 
 def law_distance_lines(results: dict[str, Any]) -> list[str]:
-    """sv_paper's loss (and sv's zero, the check) as the first token's TV from the target."""
+    """sv_paper's loss (and sv's and sd_learned's zero, the check) as the first token's TV
+    from the target."""
     tv = {
         n: row["tv_first_token"] for n, row in results["methods"].items() if "tv_first_token" in row
     }
@@ -120,7 +123,7 @@ def law_distance_lines(results: dict[str, Any]) -> list[str]:
         "generated token's law under the method's rule and the target's p, computed exactly "
         f"(enumerating the vocabulary at batch size 1), mean over "
         f"{results.get('law_distance_prompts', '?')} prompts: " + "; ".join(parts) + ". "
-        "sv decides before the draw, so its distance is 0 up to rounding.",
+        "sv and sd_learned decide before the draw, so their distance is 0 up to rounding.",
         "",
     ]
 
@@ -159,6 +162,18 @@ def _ratio(methods: dict[str, Any], a: str, b: str) -> float | None:
     return None
 
 
+def best_lossless(methods: dict[str, Any]) -> str | None:
+    """The fastest of BEST_LOSSLESS that ran (tokens/s), None when none did."""
+    ran = [n for n in BEST_LOSSLESS if (methods.get(n) or {}).get("tokens_per_s")]
+    return max(ran, key=lambda n: methods[n]["tokens_per_s"]) if ran else None
+
+
+def learned_vs_best(methods: dict[str, Any]) -> float | None:
+    """sd_learned's tokens/s over the fastest of sd, svip and sd_heuristic."""
+    best = best_lossless(methods)
+    return None if best is None else _ratio(methods, "sd_learned", best)
+
+
 def check_targets(results: dict[str, Any], targets: dict[str, float]) -> list[dict[str, Any]]:
     """Each bar of `bench.targets` against this run: measured value, bar, met or not."""
     m = results["methods"]
@@ -167,6 +182,7 @@ def check_targets(results: dict[str, Any], targets: dict[str, float]) -> list[di
         "sd_vs_hf_assisted": _ratio(m, "sd", "hf_assisted"),
         "sprinter_vs_sd": _ratio(m, "sprinter", "sd"),
         "svip_vs_sd": _ratio(m, "svip", "sd"),
+        LEARNED_BAR: learned_vs_best(m),
         "sprinter_rouge_l_ref_gap": None,
     }
     if "sprinter" in m and "sd" in m and m["sd"].get("rouge_l_ref") is not None:
@@ -177,8 +193,105 @@ def check_targets(results: dict[str, Any], targets: dict[str, float]) -> list[di
         if value is None:
             continue
         met = value <= bar if name.endswith("_gap") else value >= bar
-        rows.append({"name": name, "measured": value, "bar": bar, "met": met})
+        row = {"name": name, "measured": value, "bar": bar, "met": met}
+        if name == LEARNED_BAR:
+            row["against"] = best_lossless(m)
+        rows.append(row)
     return rows
+
+
+LEARNED_COLUMNS = [  # (header, where in a method's row, format)
+    ("verifier ms / draft", ("cost_ms", "verifier_per_draft"), "{:.3f}"),
+    ("companion ms / draft", ("cost_ms", "companion_per_draft"), "{:.3f}"),
+    ("draft ms / draft", ("cost_ms", "draft_per_draft"), "{:.3f}"),
+    ("draft step ms", ("cost_ms", "draft_step"), "{:.3f}"),
+    ("drafts / round", ("draft_runs", "drafted_per_round"), "{:.2f}"),
+    ("accepted / round", ("draft_runs", "accepted_per_round"), "{:.2f}"),
+    ("no-draft rounds", ("draft_runs", "no_draft_share"), "{:.2f}"),
+    ("all-accepted rounds", ("draft_runs", "all_accepted_share"), "{:.2f}"),
+    ("chosen − oracle", ("draft_runs", "oracle_gap"), "{:.2f}"),
+]
+
+
+def learned_row(size: str, methods: dict[str, Any], bar: float | None) -> str:
+    """One batch size's row of the sd_learned table."""
+    row, best = methods["sd_learned"], best_lossless(methods)
+    ratio = learned_vs_best(methods)
+    short = ratio is not None and bar is not None and ratio < bar
+    parts = row.get("time_breakdown_s") or {}
+    predictor = parts.get("verifier", 0.0) + parts.get("companion", 0.0)
+    free = None  # tokens/s had the verifier and companion cost nothing, over the best's
+    if best is not None and row["wall_s"] > predictor:
+        free = row["tokens"] / (row["wall_s"] - predictor) / methods[best]["tokens_per_s"]
+    cells = [
+        size,
+        _cell(row["tokens_per_s"], "{:.1f}"),
+        "–" if best is None else f"{best} {methods[best]['tokens_per_s']:.1f}",
+        ("**" + _cell(ratio, "{:.2f}") + "**") if short else _cell(ratio, "{:.2f}"),
+        _cell(free, "{:.2f}"),
+    ]
+    cells += [_cell((row.get(a) or {}).get(b), fmt) for _, (a, b), fmt in LEARNED_COLUMNS]
+    return "| " + " | ".join(cells) + " |"
+
+
+def verifier_line(settings: dict[str, Any]) -> str:
+    """sd_learned's predictor as the run loaded it: the verifier's calibration and prior."""
+    verifier = settings.get("verifier") or {}
+    calibration = verifier.get("calibration")
+    if calibration:
+        fit = (
+            f"temperature {calibration['temperature']:.3f} fitted on "
+            f"{calibration.get('fitted_on', '?')} ({calibration.get('rows', '?')} rows), NLL "
+            f"{_cell(calibration.get('nll_before'), '{:.4f}')} before, "
+            f"{_cell(calibration.get('nll_after'), '{:.4f}')} after"
+        )
+    else:
+        fit = "uncalibrated (a sidecar without calibration: T = 1)"
+    prior = verifier.get("prior")
+    prior_text = (
+        f"prior {prior:.3f} (the train split's mean label: a draft's P(accept) before any forward)"
+        if prior is not None
+        else "no prior in its sidecar (rounds are skipped only where a sure draft would not pay)"
+    )
+    table = (settings.get("table") or {}).get("path")
+    return (
+        f"Its verifier `{verifier.get('path', '?')}` (label {verifier.get('label', 'ratio')}): "
+        f"{fit}; {prior_text}; SV table: {table or 'none'}."
+    )
+
+
+def learned_section(results: dict[str, Any]) -> list[str]:
+    """sd_learned against the fastest lossless method at every batch size, and the numbers
+    that say why: what its predictor cost, how calibrated it is, and how far its chosen
+    lengths were from the oracle's on the same rounds. Nothing when sd_learned did not run."""
+    batches = results.get("batches") or {"1": {"methods": results["methods"]}}
+    sizes = sorted((s for s, b in batches.items() if "sd_learned" in b["methods"]), key=int)
+    if not sizes:
+        return []
+    bar = next((t["bar"] for t in results.get("targets") or [] if t["name"] == LEARNED_BAR), None)
+    header = ["batch", "sd_learned tokens/s", "best lossless tokens/s", "× best"]
+    header += ["× best, predictor free"] + [c[0] for c in LEARNED_COLUMNS]
+    lines = [
+        "## sd_learned against the best lossless method",
+        "",
+        f"At each batch size, sd_learned's tokens/s over the fastest of {', '.join(BEST_LOSSLESS)}"
+        + (f" (bar {bar:g}; below it in bold)" if bar is not None else "")
+        + ", and why: `× best, predictor free` is the ratio had its verifier and companion "
+        "cost nothing (their forwards' time taken off its wall time); per drafted token, the "
+        "verifier's and the companion's ms (on CUDA the verifier's launches only) beside the "
+        "draft's, and one drafting step's ms; per row and round, the drafts it chose and the "
+        "target kept, the share of rounds it drafted nothing, the share of drafting rounds "
+        "whose every draft was kept (there the oracle length, drafting exactly what the "
+        "target keeps, was at least the chosen one) and, over rounds with a rejection, the mean "
+        "chosen − oracle length (drafted − kept).",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    lines += [learned_row(size, batches[size]["methods"], bar) for size in sizes]
+    settings = (results.get("settings") or {}).get("sd_learned")
+    lines += ["", verifier_line(settings), ""] if settings else [""]
+    return lines
 
 
 def write_results(out: Path, results: dict[str, Any]) -> None:
@@ -221,10 +334,13 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
         for row in results["targets"]:
             verdict = "met" if row["met"] else "**NOT met**"
             sign = "<=" if row["name"].endswith("_gap") else ">="
+            against = f", over {row['against']}" if row.get("against") else ""
             lines.append(
-                f"- {row['name']}: {row['measured']:.2f} (bar {sign} {row['bar']:g}): {verdict}"
+                f"- {row['name']}: {row['measured']:.2f} (bar {sign} {row['bar']:g}{against}): "
+                f"{verdict}"
             )
         lines.append("")
+    lines += learned_section(results)
     if results.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in results["skipped"].items()), ""]
     if energy:
