@@ -3,7 +3,8 @@
 Layers, lowest first. A module imports only from its own package or from a lower layer
 (tests/test_layers.py reads this list and every module's imports):
 
-    core: sampling, acceptance rules, distribution and classification metrics, I/O, plots
+    core, hf: sampling, acceptance rules, metrics, I/O, plots; Hugging Face `generate` for
+        exported methods (hf is copied into export folders, so it imports no other unit)
     models, data: loading and the model forward; prompts and splits
     decoding: the engine, its KV caches and one policy per method
     harvest, distill: records written and read; the distilled draft

@@ -1,0 +1,92 @@
+"""What an export folder holds, read from the folder or from the copy embedded in its
+custom_generate/ (transformers copies only Python files into its module cache, so the folder's
+data travel inside custom_generate/exported_files.py as base64).
+
+export.json names the method, its settings, the files of its predictors and the models the
+export was made for; the predictors are stage=train's, stage=tables' and stage=bench's files,
+byte for byte.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .predictors import Latency, Table, Verifier
+
+MANIFEST = "export.json"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Bundle:
+    manifest: dict[str, Any]
+    files: Mapping[str, bytes]
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> Bundle:
+        folder = Path(folder)
+        manifest = json.loads((folder / MANIFEST).read_text())
+        names = [name for name in manifest["files"].values() if name]
+        return cls(manifest, {name: (folder / name).read_bytes() for name in names})
+
+    @classmethod
+    def from_embedded(cls, files: Mapping[str, str]) -> Bundle:
+        data = {name: base64.b64decode(text) for name, text in files.items()}
+        return cls(json.loads(data.pop(MANIFEST)), data)
+
+    @property
+    def method(self) -> str:
+        return str(self.manifest["method"])
+
+    def model(self, role: str) -> dict[str, Any] | None:
+        """The identity of the draft or companion the export was made for (None: none)."""
+        return self.manifest["models"].get(role)
+
+    def _file(self, key: str) -> bytes | None:
+        name = self.manifest["files"].get(key)
+        return None if not name else self.files[name]
+
+    def verifier(self) -> Verifier | None:
+        weights, sidecar = self._file("verifier"), self._file("verifier_sidecar")
+        if weights is None or sidecar is None:
+            return None
+        return Verifier(weights, json.loads(sidecar))
+
+    def table(self) -> Table | None:
+        payload = self._file("table")
+        if payload is None:
+            return None
+        return Table(json.loads(payload), self.manifest.get("table_binning"))
+
+    def latency(self) -> Latency | None:
+        profile = self._file("latency")
+        return None if profile is None else Latency(json.loads(profile))
+
+    def arguments(self) -> dict[str, Any]:
+        """The method's keyword arguments: its predictors and its settings."""
+        predictors = {
+            "verifier": self.verifier(),
+            "table": self.table(),
+            "latency": self.latency(),
+        }
+        found = {key: value for key, value in predictors.items() if value is not None}
+        return {**found, **self.manifest["settings"]}
+
+
+def embedded_source(files: Mapping[str, bytes]) -> str:
+    """custom_generate/exported_files.py for these files (export.json among them)."""
+    lines = [
+        '"""The export folder\'s files, base64: transformers copies only Python files into its',
+        'module cache, so generate.py reads its predictors from here (written by stage=export)."""',
+        "",
+        "FILES = {",
+    ]
+    for name in sorted(files):
+        lines.append(f"    {name!r}: {base64.b64encode(files[name]).decode('ascii')!r},")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
