@@ -9,5 +9,6 @@ STAGES: dict[str, str] = {
     "bench": "sprinter_train.stages.bench",
     "distill": "sprinter_train.stages.distill",
     "draft_eval": "sprinter_train.stages.draft_eval",
+    "export": "sprinter_train.stages.export",
     "all": "sprinter_train.stages.all",
 }

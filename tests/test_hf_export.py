@@ -1,0 +1,545 @@
+"""stage=export and sprinter_train.hf: Hugging Face `generate` runs the exported methods as our
+engine runs them.
+
+Tiny Llamas in float32 saved as model folders (the draft a noisy copy of the target, so drafts
+are often accepted), predictors written by the real writers (save_verifier, sv/fit.py's
+binning, LatencyProfile.save), then `stage=export` for every method. Greedy output through
+`generate(custom_generate=<folder>)` must equal the engine's (decoding/engine.py with the
+policy of decoding/policies.py) token for token, with the same rounds, drafts and acceptances,
+so the rules are the same rules; the lossless ones must also equal target-only greedy, and
+SPRINTER must not (else the comparison could not tell the rules apart).
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import inspect
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from transformers import GenerationConfig
+
+import sprinter_train.hf as hf
+from sprinter_train.__main__ import run_stage
+from sprinter_train.bench.latency import LatencyProfile
+from sprinter_train.bench.methods import VerifierMismatchError
+from sprinter_train.core.config import compose_config
+from sprinter_train.core.io import write_json
+from sprinter_train.core.rules import residual_rows
+from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.policies import (
+    SVIP,
+    LearnedLength,
+    SpecVerification,
+    Sprinter,
+    TargetOnly,
+)
+from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.state import DraftStep
+from sprinter_train.harvest.reader import MissingInputError
+from sprinter_train.hf.bundle import Bundle
+from sprinter_train.hf.identity import ModelMismatchError
+from sprinter_train.hf.predictors import Latency, Table, Verifier
+from sprinter_train.hf.prepare import run
+from sprinter_train.hf.rules import LearnedRule, SVIPRule, SVRule
+from sprinter_train.hf.sampling import Sampling
+from sprinter_train.hf.sampling import inverse_cdf as hf_inverse_cdf
+from sprinter_train.hf.sampling import residual as hf_residual
+from sprinter_train.hf.sampling import warp_probs as hf_warp_probs
+from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
+from sprinter_train.sv.fit import fit_binning
+from sprinter_train.sv.table import Binning, SVTable
+from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
+from sprinter_train.verifier.labels import Label
+from sprinter_train.verifier.scorer import CheckpointVerifier
+from tests.decoding_helpers import chi_square_pvalue, exact_joint, noisy_copy
+
+VOCAB, EOS, D = 128, 2, 64
+PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46]]
+NEW = 24
+GREEDY = SamplingConfig(temperature=0)
+ALL_FEATURES = ["hidden", "token_embedding", "q", "draft_entropy"]
+EXPECTED_FILES = {
+    "sprinter": {"verifier-lam1.2.safetensors", "verifier-lam1.2.json"},
+    "sd_learned": {"verifier-accept.safetensors", "verifier-accept.json"}
+    | {"sv_table.json", "latency.json"},
+    "svip": set(),
+    "sv": {"sv_table.json", "latency.json"},
+}
+
+
+def write_verifier(
+    path: Path,
+    names: list[str],
+    seed: int,
+    draft: str | None,
+    label: str = "ratio",
+    base_rate: float = 0.35,
+) -> Path:
+    """A verifier with random weights, exported as stage=train exports one (a calibration
+    temperature of 2 on the soft-label one; `base_rate` its train split's mean label)."""
+    generator = torch.Generator().manual_seed(seed)
+    width = sum({"hidden": D, "token_embedding": D, "q": 1, "draft_entropy": 1}[n] for n in names)
+    weight = torch.randn(width, generator=generator) / 4
+    meta: dict[str, Any] = {"features": {"names": names}, "hidden_layer": -1, "draft_model": draft}
+    meta["class_balance"] = {"train": {"positive_fraction": 0.4, "mean_accept_prob": base_rate}}
+    if label == "accept_prob":
+        calibration = {"method": "temperature", "temperature": 2.0, "fitted_on": "val"}
+        meta |= {"label": "accept_prob", "lam": None, "calibration": calibration}
+    else:
+        meta |= {"label": "ratio", "lam": 1.2}
+    return save_verifier(path, weight, torch.tensor([0.3]), meta)
+
+
+def write_table(path: Path) -> Path:
+    """An SV table fitted by sv/fit.py on planted (S, A, X): X rises with A and S."""
+    rng = np.random.default_rng(0)
+    S, A = rng.random(4000), rng.random(4000)
+    x = np.clip(0.05 + 0.9 * A * S + 0.05 * rng.standard_normal(4000), 0, 1)
+    fitted = fit_binning(Binning.equal_width(4), S, A, x, min_count=5)
+    return write_json(path, {"default": "4x4", "binnings": {"4x4": fitted}})
+
+
+def write_latency(path: Path) -> Path:
+    target = {n: 10.0 + 0.2 * n for n in range(1, 10)}
+    LatencyProfile(target, 0.5, 0.25, 128, "cpu", "float32").save(path)
+    return path
+
+
+def save_model(model: torch.nn.Module, folder: Path) -> str:
+    model.save_pretrained(folder)
+    build_tiny_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Models on disk, the experiment's predictors, and an export of every method."""
+    root = tmp_path_factory.mktemp("hf")
+    target = build_tiny_model({}, seed=0)
+    models = {
+        "target": target,
+        "draft": noisy_copy(target, 0.01, 1),
+        "companion": noisy_copy(target, 0.02, 2),
+    }
+    paths = {role: save_model(m, root / role) for role, m in models.items()}
+    overrides = [
+        "models=tiny_random",
+        *(f"models.{role}.path={path}" for role, path in paths.items()),
+        f"artifacts_root={root / 'artifacts'}",
+        f"checkpoints_root={root / 'checkpoints'}",
+        "experiment=toy",
+        "device=cpu",
+        "dtype=float32",
+    ]
+    cfg = compose_config("stage=export", *overrides)
+    ck, exp = Path(cfg.checkpoint_dir), Path(cfg.experiment_dir)
+    write_verifier(verifier_path(ck, 1.2), ["hidden"], 0, paths["draft"])
+    accept = verifier_path(ck, Label("accept_prob"))
+    write_verifier(accept, ["hidden"], 1, paths["draft"], "accept_prob")
+    write_table(exp / "tables" / "sv_table.json")
+    write_latency(exp / "bench" / "latency.json")
+    results = {
+        m: run_stage(compose_config("stage=export", f"export.method={m}", *overrides))
+        for m in hf.METHODS
+    }
+    return {
+        "cfg": cfg,
+        "models": models,
+        "paths": paths,
+        "results": results,
+        "root": root,
+        "overrides": overrides,
+    }
+
+
+def folder(setup: dict[str, Any], method: str) -> Path:
+    return Path(setup["results"][method]["export_dir"])
+
+
+def engine_policy(setup: dict[str, Any], method: str):
+    """The policy the bench would run, built from the files the export copied."""
+    cfg, models = setup["cfg"], setup["models"]
+    settings = json.loads((folder(setup, method) / "export.json").read_text())["settings"]
+    profile = LatencyProfile.load(Path(cfg.experiment_dir) / "bench" / "latency.json")
+    table = SVTable.load(Path(cfg.experiment_dir) / "tables" / "sv_table.json").on("cpu")
+    if method == "sprinter":
+        checkpoint = load_verifier(verifier_path(cfg.checkpoint_dir, 1.2))
+        return Sprinter(CheckpointVerifier(checkpoint, models["draft"]), **settings)
+    if method == "svip":
+        return SVIP(**settings)
+    if method == "sv":
+        return SpecVerification(table, profile.target_batch_s, profile.draft_step_s, **settings)
+    checkpoint = load_verifier(verifier_path(cfg.checkpoint_dir, Label("accept_prob")))
+    verifier = CheckpointVerifier(checkpoint, models["draft"])
+    return LearnedLength(verifier, table, profile.target_batch_s, profile.draft_step_s, **settings)
+
+
+def engine(models: dict[str, torch.nn.Module], sampling: SamplingConfig = GREEDY) -> Engine:
+    return Engine(
+        ModelRunner(models["target"], VOCAB),
+        sampling,
+        draft=ModelRunner(models["draft"], VOCAB),
+        companion=ModelRunner(models["companion"], VOCAB),
+        eos_token_id=EOS,
+    )
+
+
+def through_folder(setup: dict[str, Any], method: str, prompt: list[int], **kwargs: Any):
+    models = setup["models"]
+    companion = {"companion_model": models["companion"]} if method in ("sv", "sd_learned") else {}
+    return models["target"].generate(
+        input_ids=torch.tensor([prompt]),
+        custom_generate=str(folder(setup, method)),
+        trust_remote_code=True,
+        assistant_model=models["draft"],
+        **companion,
+        **kwargs,
+    )
+
+
+STATS = ("rounds", "drafted", "accepted", "verifier_accepted")
+STATS += ("target_calls", "draft_calls", "companion_calls")  # forwards, as the engine counts
+
+
+@pytest.mark.parametrize("method", list(hf.METHODS))
+def test_the_export_stage_writes_every_file(setup, method: str) -> None:
+    out = folder(setup, method)
+    written = set(setup["results"][method]["files"])
+    code = {f"custom_generate/{p.name}" for p in Path(hf.__file__).parent.glob("*.py")}
+    code -= {"custom_generate/__init__.py"}
+    code |= {
+        f"custom_generate/{n}" for n in ("generate.py", "exported_files.py", "requirements.txt")
+    }
+    assert written == {"export.json", "README.md", *EXPECTED_FILES[method], *code}
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["method"] == method
+    assert manifest["models"]["draft"]["name"] == setup["paths"]["draft"]
+    for key, source in manifest["sources"].items():  # the experiment's files, byte for byte
+        assert (out / manifest["files"][key]).read_bytes() == Path(source).read_bytes()
+    embedded = ast.parse((out / "custom_generate" / "exported_files.py").read_text())
+    files = ast.literal_eval(next(n for n in embedded.body if isinstance(n, ast.Assign)).value)
+    assert set(files) == {"export.json", *EXPECTED_FILES[method]}
+    for name, text in files.items():
+        assert base64.b64decode(text) == (out / name).read_bytes()
+    readme = (out / "README.md").read_text()
+    assert 'custom_generate="<this folder>"' in readme and "assistant_model=draft" in readme
+
+
+def test_the_stage_refuses_what_it_cannot_export(setup) -> None:
+    """An unknown method, a verifier of another draft, missing inputs: each named, with the
+    command that makes it, and no folder written."""
+    overrides = [o for o in setup["overrides"] if not o.startswith("experiment=")]
+    overrides.append("experiment=other")
+    with pytest.raises(ValueError, match="choose one of sprinter"):
+        run_stage(compose_config("stage=export", "export.method=mtad", *overrides))
+    cfg = compose_config("stage=export", "export.method=sprinter", *overrides)
+    write_verifier(verifier_path(cfg.checkpoint_dir, 1.2), ["hidden"], 0, "someone/else")
+    with pytest.raises(VerifierMismatchError, match="draft_model 'someone/else'"):
+        run_stage(cfg)
+    learned = compose_config("stage=export", "export.method=sd_learned", *overrides)
+    with pytest.raises(MissingInputError, match="stage=train experiment=other train.label"):
+        run_stage(learned)
+    write_verifier(verifier_path(cfg.checkpoint_dir, Label("accept_prob")), ["hidden"], 0, None)
+    write_table(Path(cfg.experiment_dir) / "tables" / "sv_table.json")
+    with pytest.raises(MissingInputError, match="stage=bench experiment=other"):
+        run_stage(learned)
+    assert not list(Path(cfg.checkpoint_dir).glob("export-*"))
+
+
+@pytest.mark.parametrize("method", list(hf.METHODS))
+def test_greedy_generate_through_the_folder_equals_the_engine(setup, method: str) -> None:
+    models, policy = setup["models"], engine_policy(setup, method)
+    for prompt in PROMPTS:
+        ours = engine(models).generate([prompt], policy, NEW)[0]
+        out = through_folder(
+            setup, method, prompt, max_new_tokens=NEW, return_dict_in_generate=True
+        )
+        assert out.sequences[0, : len(prompt)].tolist() == prompt
+        assert out.sequences[0, len(prompt) :].tolist() == ours.tokens
+        assert {k: out.stats[k] for k in STATS} == {k: getattr(ours.stats, k) for k in STATS}
+        target_only = engine(models).generate([prompt], TargetOnly(), NEW)[0].tokens
+        if method == "sprinter":  # lossy: the verifier's word shows in the output
+            assert ours.tokens != target_only and out.stats["verifier_accepted"] > 0
+        else:
+            assert ours.tokens == target_only
+            assert 0 < out.stats["accepted"] <= out.stats["drafted"], out.stats
+
+
+CALLABLE_CASES = [  # token features, the no-table rules, and a prior at which no draft pays
+    ("sprinter", ALL_FEATURES, "ratio", 0.35),
+    ("sd_learned", ALL_FEATURES, "accept_prob", 0.35),
+    ("sd_learned", ["hidden"], "accept_prob", 0.35),
+    ("sd_learned", ["hidden"], "accept_prob", 0.01),
+]
+
+
+@pytest.mark.parametrize(("method", "names", "label", "base_rate"), CALLABLE_CASES)
+def test_the_callables_equal_the_engine(setup, tmp_path, method, names, label, base_rate) -> None:
+    """custom_generate=<callable> (and the callable called directly) with the predictors as
+    arguments, against the engine's policy with the same verifier."""
+    models = setup["models"]
+    path = tmp_path / "verifier-x.safetensors"
+    write_verifier(path, names, 3, None, label, base_rate)
+    scorer = CheckpointVerifier(load_verifier(path), models["draft"])
+    latency = Path(setup["cfg"].experiment_dir) / "bench" / "latency.json"
+    profile = LatencyProfile.load(latency)
+    if method == "sprinter":
+        policy: Any = Sprinter(scorer, tau=0.5, max_run=16)
+        arguments: dict[str, Any] = {"verifier": path}
+    else:
+        draft_only = lambda b: profile.draft_batch_ms(b) / 1e3  # noqa: E731 (the bench's, no table)
+        policy = LearnedLength(scorer, None, profile.target_batch_s, draft_only, max_gamma=8)
+        arguments = {"verifier": path, "latency": latency}
+    function = hf.METHODS[method]
+    for prompt in PROMPTS:
+        ours = engine(models).generate([prompt], policy, NEW)[0]
+        ids = torch.tensor([prompt])
+        out = models["target"].generate(
+            input_ids=ids,
+            custom_generate=function,
+            draft_model=models["draft"],
+            max_new_tokens=NEW,
+            return_dict_in_generate=True,
+            **arguments,
+        )
+        assert out.sequences[0, len(prompt) :].tolist() == ours.tokens
+        assert {k: out.stats[k] for k in STATS} == {k: getattr(ours.stats, k) for k in STATS}
+        direct = function(
+            models["target"],
+            input_ids=ids,
+            assistant_model=models["draft"],
+            max_new_tokens=NEW,
+            **arguments,
+        )
+        assert direct[0, len(prompt) :].tolist() == ours.tokens
+    assert (ours.stats.drafted > 0) == (base_rate > 0.1)  # 0.01: no round is worth a draft
+
+
+@pytest.mark.parametrize("method", list(hf.METHODS))
+def test_sampling_respects_max_new_tokens_and_eos(setup, method: str) -> None:
+    sampling = {"do_sample": True, "temperature": 0.9, "top_k": 8, "top_p": 0.95}
+    prompt = PROMPTS[0]
+    outputs = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        out = through_folder(
+            setup, method, prompt, max_new_tokens=12, eos_token_id=[127], **sampling
+        )
+        new = out[0, len(prompt) :].tolist()
+        assert len(new) == 12 or (len(new) < 12 and new[-1] == 127)
+        outputs.append(new)
+    assert len({tuple(o) for o in outputs}) > 1  # it samples
+    new = outputs[0]
+    k = next(i for i in range(1, len(new)) if new[i] not in new[:i])  # a first occurrence
+    torch.manual_seed(0)
+    cut = through_folder(setup, method, prompt, max_new_tokens=12, eos_token_id=new[k], **sampling)
+    assert cut[0, len(prompt) :].tolist() == new[: k + 1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["svip", "sv", "sd_learned"])
+def test_the_lossless_methods_keep_the_target_law(setup, method: str) -> None:
+    """The first three tokens of 1,500 sampled runs of the loop generate calls, against the
+    target's exact law (chi-square); the test has power: the counts reject the mixture halfway
+    to the draft's law. The draft is farther from the target here, so that mixture is far."""
+    models, sampling = setup["models"], SamplingConfig(0.9, 4, 0.95)
+    draft = noisy_copy(models["target"], 0.02, 4)
+    arguments = Bundle.from_folder(folder(setup, method)).arguments()
+    settings = {
+        k: arguments.pop(k) for k in ("h", "c", "max_gamma", "warped_entropy") if k in arguments
+    }
+    if method == "svip":
+        rule: Any = SVIPRule(**settings)
+    elif method == "sv":
+        rule = SVRule(arguments["table"], arguments["latency"], **settings)
+    else:
+        embedding = draft.get_input_embeddings()
+        rule = LearnedRule(**arguments, **settings, embedding=embedding)
+    config = GenerationConfig(do_sample=True, temperature=0.9, top_k=4, top_p=0.95)
+    config.max_new_tokens, config.eos_token_id = 3, None
+    config.return_dict_in_generate = True
+    prompt, counts, accepted = PROMPTS[0], Counter(), 0
+    for _ in range(1500):
+        out = run(
+            models["target"],
+            torch.tensor([prompt]),
+            config,
+            None,
+            {},
+            draft,
+            rule,
+            companion=models["companion"],
+            hidden_layer=-1,
+        )
+        counts[tuple(out.sequences[0, len(prompt) :].tolist())] += 1
+        accepted += out.stats["accepted"]
+    assert accepted > 200  # drafts took part (of about 4,500 tokens)
+    expected = exact_joint(models["target"], prompt, 3, sampling, VOCAB)
+    assert chi_square_pvalue(counts, expected) > 1e-3
+    drafts = exact_joint(draft, prompt, 3, sampling, VOCAB)
+    halfway = {k: (expected.get(k, 0.0) + drafts.get(k, 0.0)) / 2 for k in {*expected, *drafts}}
+    assert chi_square_pvalue(counts, halfway) < 1e-6
+
+
+def test_a_folder_refuses_another_draft_or_companion(setup) -> None:
+    models = setup["models"]
+    other = noisy_copy(models["target"], 0.01, 7)  # same shapes, other weights
+    with pytest.raises(ValueError, match="made for the draft .* sampled weights differ") as error:
+        models["target"].generate(
+            input_ids=torch.tensor([PROMPTS[0]]),
+            custom_generate=str(folder(setup, "svip")),
+            trust_remote_code=True,
+            assistant_model=other,
+            max_new_tokens=4,
+        )
+    assert type(error.value).__name__ == ModelMismatchError.__name__  # the folder's own class
+    smaller = build_tiny_model({"hidden_size": 32, "head_dim": 8}, seed=0)
+    with pytest.raises(ValueError, match="hidden_size 32"):
+        models["target"].generate(
+            input_ids=torch.tensor([PROMPTS[0]]),
+            custom_generate=str(folder(setup, "sprinter")),
+            trust_remote_code=True,
+            assistant_model=smaller,
+            max_new_tokens=4,
+        )
+    with pytest.raises(ValueError, match="made for the companion"):
+        models["target"].generate(
+            input_ids=torch.tensor([PROMPTS[0]]),
+            custom_generate=str(folder(setup, "sv")),
+            trust_remote_code=True,
+            assistant_model=models["draft"],
+            companion_model=other,
+            max_new_tokens=4,
+        )
+
+
+def test_a_batch_and_unsupported_settings_are_refused(setup) -> None:
+    batch = torch.tensor([PROMPTS[0], PROMPTS[0]])
+    with pytest.raises(ValueError, match="batch size 1"):
+        setup["models"]["target"].generate(
+            input_ids=batch,
+            custom_generate=str(folder(setup, "svip")),
+            trust_remote_code=True,
+            assistant_model=setup["models"]["draft"],
+            max_new_tokens=4,
+        )
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        through_folder(setup, "svip", PROMPTS[0], max_new_tokens=4, repetition_penalty=1.3)
+    with pytest.raises(ValueError, match="draft_model="):
+        setup["models"]["target"].generate(
+            input_ids=torch.tensor([PROMPTS[0]]), custom_generate=hf.svip, max_new_tokens=4
+        )
+
+
+def test_the_folder_runs_without_sprinter_train(setup) -> None:
+    """A fresh interpreter that cannot import sprinter_train (and has an empty module cache)
+    loads the folder and generates what the folder generates here."""
+    script = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "sprinter_train":
+            raise ImportError("sprinter_train must not be imported")
+sys.meta_path.insert(0, Block())
+import torch
+from transformers import AutoModelForCausalLM
+target = AutoModelForCausalLM.from_pretrained({setup["paths"]["target"]!r})
+draft = AutoModelForCausalLM.from_pretrained({setup["paths"]["draft"]!r})
+out = target.generate(input_ids=torch.tensor([{PROMPTS[0]!r}]), custom_generate={str(folder(setup, "sprinter"))!r},
+                      trust_remote_code=True, assistant_model=draft, max_new_tokens=8)
+print(out[0].tolist())
+print(sorted(m for m in sys.modules if m.startswith("sprinter_train")))
+"""
+    modules = setup["root"] / "hf_modules"  # a fresh module cache: nothing copied before
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=setup["root"],
+        env={**os.environ, "HF_MODULES_CACHE": str(modules), "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    tokens, imported = done.stdout.strip().splitlines()[-2:]
+    expected = through_folder(setup, "sprinter", PROMPTS[0], max_new_tokens=8)
+    assert json.loads(tokens) == expected[0].tolist()
+    assert imported == "[]"
+    assert list(modules.rglob("exported_files.py"))  # loaded from the folder it copied
+
+
+def test_the_hf_copies_agree_with_the_package(setup) -> None:
+    """sampling, the verifier's features and score, the table and the latency profile, as
+    sprinter_train/hf copies them, give the package's numbers."""
+    generator = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(6, VOCAB, generator=generator)
+    logits[:, :5] = float("-inf")  # q = 0 tokens, as a restricted head gives
+    for t, k, p in ((0, 0, 1.0), (1.0, 0, 1.0), (0.7, 8, 1.0), (0.9, 0, 0.8), (1.3, 20, 0.6)):
+        ours, theirs = SamplingConfig(t, k, p), Sampling(t, k, p)
+        assert torch.equal(warp_probs(logits, ours), hf_warp_probs(logits, theirs))
+    probs = warp_probs(logits, SamplingConfig(1.0, 0, 0.9))
+    u = torch.rand(6, generator=generator, dtype=torch.float64)
+    assert torch.equal(inverse_cdf(probs, u), hf_inverse_cdf(probs, u))
+    assert torch.equal(residual_rows(probs, probs.roll(1, 0)), hf_residual(probs, probs.roll(1, 0)))
+    draft = setup["models"]["draft"]
+    tmp = setup["root"] / "copies"
+    path = write_verifier(tmp / "verifier-lam1.safetensors", ALL_FEATURES, 5, None)
+    scorer = CheckpointVerifier(load_verifier(path), draft)
+    verifier = Verifier(path.read_bytes(), json.loads(path.with_suffix(".json").read_text()))
+    hidden = 30 * torch.randn(6, D, generator=generator)  # some past float16's range
+    step = DraftStep(probs.argmax(-1), probs, hidden, logits, torch.ones(6, dtype=torch.bool))
+    rows = torch.cat(
+        [
+            verifier.features(
+                hidden[r], probs[r], int(step.tokens[r]), draft.get_input_embeddings()
+            )
+            for r in range(6)
+        ]
+    )
+    assert torch.equal(rows, scorer.features(step))
+    table_path = Path(setup["cfg"].experiment_dir) / "tables" / "sv_table.json"
+    device_table = SVTable.load(table_path).on("cpu")
+    table = Table(json.loads(table_path.read_text()))
+    S, A = torch.rand(50, generator=generator), torch.rand(50, generator=generator)
+    assert [table.lookup(s, a) for s, a in zip(S, A, strict=True)] == device_table.lookup(
+        S, A
+    ).tolist()
+    assert [table.lookup_s(s) for s in S] == device_table.lookup_s(S).tolist()
+    assert table.prior == device_table.prior
+    latency_path = Path(setup["cfg"].experiment_dir) / "bench" / "latency.json"
+    profile = LatencyProfile.load(latency_path)
+    latency = Latency(json.loads(latency_path.read_text()))
+    assert [latency.target_s(n) for n in range(1, 14)] == [
+        profile.target_batch_s(1, n) for n in range(1, 14)
+    ]
+    assert latency.step_s(True) == profile.draft_step_s(1)
+    assert latency.step_s(False) == profile.draft_batch_ms(1) / 1e3
+
+
+def test_the_callables_defaults_are_conf_methods(compose_cfg) -> None:
+    cfg = compose_cfg("stage=export")
+    for name, function in hf.METHODS.items():
+        params = inspect.signature(function).parameters
+        for key, value in cfg.methods[name].items():
+            if key in params and params[key].default is not None:
+                assert params[key].default == value, (name, key)
+
+
+def test_hf_imports_nothing_from_sprinter_train() -> None:
+    for module in Path(hf.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert not (node.module or "").startswith("sprinter_train"), module
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("sprinter_train") for a in node.names), module
