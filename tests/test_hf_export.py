@@ -149,8 +149,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     write_verifier(accept, ["hidden"], 1, paths["draft"], "accept_prob")
     write_table(exp / "tables" / "sv_table.json")
     write_latency(exp / "bench" / "latency.json")
+    with_table = {"sd_learned": ["methods.sd_learned.table={binning: null, optional: true}"]}
     results = {
-        m: run_stage(compose_config("stage=export", f"export.method={m}", *overrides))
+        m: run_stage(
+            compose_config("stage=export", f"export.method={m}", *overrides, *with_table.get(m, []))
+        )
         for m in hf.METHODS
     }
     return {
@@ -234,6 +237,30 @@ def test_the_export_stage_writes_every_file(setup, method: str) -> None:
         assert base64.b64decode(text) == (out / name).read_bytes()
     readme = (out / "README.md").read_text()
     assert 'custom_generate="<this folder>"' in readme and "assistant_model=draft" in readme
+
+
+def test_sd_learned_by_default_exports_no_table_and_stays_lossless(setup, tmp_path) -> None:
+    """conf/methods/sd_learned.yaml plans with the verifier alone: the folder holds no SV
+    table, needs no companion, and its greedy output is the target's own."""
+    out = tmp_path / "export-default"
+    cfg = compose_config(
+        "stage=export", "export.method=sd_learned", f"export.out_dir={out}", *setup["overrides"]
+    )
+    result = run_stage(cfg)
+    assert "sv_table.json" not in result["files"] and "table" not in result["files"]
+    assert not (out / "sv_table.json").exists()
+    models = setup["models"]
+    for prompt in PROMPTS:
+        got = models["target"].generate(
+            input_ids=torch.tensor([prompt]),
+            custom_generate=str(out),
+            trust_remote_code=True,
+            assistant_model=models["draft"],
+            max_new_tokens=NEW,
+            do_sample=False,
+        )
+        reference = engine(models).generate([prompt], TargetOnly(), NEW)[0].tokens
+        assert got[0, len(prompt) :].tolist() == reference
 
 
 def test_the_stage_refuses_what_it_cannot_export(setup) -> None:

@@ -175,7 +175,8 @@ def uses_table(cfg: DictConfig, method: str, node: DictConfig) -> bool:
     """sv always; sd_learned when its config has a table and a companion is configured."""
     if method == "sv":
         return True
-    return method == "sd_learned" and "table" in node and bool(cfg.models.get("companion"))
+    table = node.get("table") if "table" in node else None
+    return method == "sd_learned" and table is not None and bool(cfg.models.get("companion"))
 
 
 def settings_of(method: str, node: DictConfig) -> dict[str, Any]:
