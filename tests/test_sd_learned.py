@@ -272,11 +272,12 @@ def test_the_bench_builds_sd_learned_from_the_accept_verifier(compose_cfg, tmp_p
         assert "sd_learned" not in plan.skipped
         return plan.policies["sd_learned"]
 
-    policy = built(cfg, True)
+    with_table = compose_cfg(*here, "methods.sd_learned.table={binning: null, optional: true}")
+    policy = built(with_table, True)
     assert isinstance(policy.verifier, CheckpointVerifier) and policy.table is not None
     assert policy.latency(4, 3) == pytest.approx(PROFILE.target_batch_s(4, 3))
     assert policy.step_cost(4) == pytest.approx(PROFILE.draft_step_s(4))  # draft + companion
-    without_table = compose_cfg(*here, "methods.sd_learned.table=null")
-    for alone in (built(cfg, companion=False), built(without_table, companion=True)):
+    # the default plans with the verifier alone, as does a table the pair has no companion for
+    for alone in (built(cfg, companion=True), built(with_table, companion=False)):
         assert alone.table is None  # the verifier decides alone, and no companion step is paid
         assert alone.step_cost(4) == pytest.approx(PROFILE.draft_batch_ms(4) / 1e3)
