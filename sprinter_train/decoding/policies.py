@@ -306,9 +306,8 @@ class SpecVerification:
 
     def worth_a_draft(self, B: int) -> bool:
         """Would one draft a row at the table's average acceptance raise the goodput?"""
-        stop = B / self.latency(B, 1)
-        go = B * (1.0 + float(self.table.prior)) / (self.step_cost(B) + self.latency(B, 2))
-        return go > stop
+        go = round_goodput(float(self.table.prior), 1, B, self.latency, self.step_cost)
+        return go > round_goodput(0.0, 0, B, self.latency, self.step_cost)
 
     def schedule(self, B: int, j: int, expected: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
         """Which rows draw draft j: the m rows of highest gain, m maximising the estimated
