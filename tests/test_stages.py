@@ -81,6 +81,7 @@ def test_draft_eval_writes_the_documented_keys(compose_cfg, tmp_path: Path) -> N
         "draft_eval.latency_reps=3",
         "draft_eval.gammas=[1,2,3]",
         "draft_eval.context_tokens=16",
+        "draft_eval.floor_reps=3",
     )
     result = run_stage(cfg)
     saved = json.loads((Path(cfg.experiment_dir) / "draft_eval.json").read_text())
@@ -100,6 +101,13 @@ def test_draft_eval_writes_the_documented_keys(compose_cfg, tmp_path: Path) -> N
         "alpha": result["alpha"] >= 0.45,
         "c": result["c"] <= 0.12,
         "implied_speedup": best >= 1.2,
+    }
+    floor = saved["step_floor"]
+    for key in ("floor_ms", "model_step_ms", "engine_step_ms", "target_step_ms"):
+        assert floor[key] > 0
+    assert floor["targets_met"] == {
+        "engine_over_floor": floor["engine_step_ms"] / floor["floor_ms"] <= 1.3,
+        "c_engine": floor["engine_step_ms"] / floor["target_step_ms"] <= 0.06,
     }
 
 
@@ -123,6 +131,7 @@ def test_draft_eval_writes_its_figures_into_the_model_card(compose_cfg, tmp_path
         "draft_eval.latency_reps=2",
         "draft_eval.gammas=[1]",
         "draft_eval.context_tokens=8",
+        "draft_eval.floor_reps=2",
         "draft_eval.update_model_card=true",
     ]
     run_stage(compose_cfg(*overrides))
@@ -130,6 +139,7 @@ def test_draft_eval_writes_its_figures_into_the_model_card(compose_cfg, tmp_path
     card = (folder / "README.md").read_text()
     assert card.startswith("# card") and "## Recipe" in card
     assert card.count("## Measured") == 1 and "best gamma 1" in card
+    assert "the floor)" in card and "target engine_over_floor <= 1.3" in card
 
 
 def test_stage_all_trains_every_lambda_then_the_soft_label_verifier(

@@ -4,7 +4,8 @@ python -m sprinter_train stage=draft_eval experiment=<name> [models=...]
 
 Reports alpha (mean sum_x min(p, q)) on held-out assistant replies (draft_eval.source and
 split: ShareGPT's test split by default), greedy agreement, the latency ratio c, the cost of
-verifying gamma + 1 tokens, and the implied SD speedup.
+verifying gamma + 1 tokens, and the implied SD speedup; and the draft step's floor (a bare
+matmul chain over its weights) beside its model-only and engine steps (bench/step_floor.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from sprinter_train.bench import provenance
 from sprinter_train.bench.latency import profile_models
+from sprinter_train.bench.step_floor import measure_step_floor
 from sprinter_train.core.distributions import acceptance_alpha, implied_speedup
 from sprinter_train.core.io import atomic_write, write_json
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
@@ -134,6 +136,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     latency = measure_latency(
         draft.model, target.model, gammas, ecfg.latency_reps, ecfg.context_tokens, device
     )
+    floor = measure_step_floor(
+        draft.model, target.model, default, int(ecfg.context_tokens), int(ecfg.floor_reps)
+    ).report()
+    step_targets = OmegaConf.to_container(ecfg.get("step_targets") or {})
+    floor["targets"] = step_targets
+    floor["targets_met"] = {name: floor[name] <= goal for name, goal in step_targets.items()}
     alpha = quality["alpha"]["default"]
     speedup = {
         g: implied_speedup(alpha, g, latency["c"], latency["verify_cost"][g]) for g in gammas
@@ -156,6 +164,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "best_gamma": best,
         "targets": targets,
         "targets_met": met,
+        "step_floor": floor,
         "device": str(device),
         "threads": torch.get_num_threads(),
         "provenance": provenance.finish(
@@ -230,4 +239,31 @@ def format_table(result: dict[str, Any]) -> str:
         sign = "<=" if name == "c" else ">="
         verdict = "met" if result["targets_met"][name] else "NOT met"
         lines.append(f"target {name} {sign} {goal}: {verdict} ({values[name]:.3f})")
+    if "step_floor" in result:
+        lines.extend(format_floor(result["step_floor"]))
     return "\n".join(lines)
+
+
+def format_floor(floor: dict[str, Any]) -> list[str]:
+    """The draft step against its floor, and the step targets (both costs: lower is better);
+    a c target below the floor's own c is called unreachable at this format."""
+    lines = [
+        f"draft step at batch 1 after {floor['context_tokens']} cached tokens (median of "
+        f"{floor['reps']} interleaved rounds):",
+        f"  floor  {floor['floor_ms']:6.2f} ms  ({floor['floor_matmuls']} matmuls over "
+        f"{floor['floor_parameters'] / 1e6:.2f}M weights, {floor['floor_weight_mb']:.1f} MB: "
+        f"{floor['floor_gb_per_s']:.1f} GB/s)",
+        f"  model  {floor['model_step_ms']:6.2f} ms  ({floor['model_over_floor']:.2f}x the floor)",
+        f"  engine {floor['engine_step_ms']:6.2f} ms  ({floor['engine_over_floor']:.2f}x the floor)",
+        f"  target {floor['target_step_ms']:6.2f} ms  (c: engine {floor['c_engine']:.3f}, "
+        f"floor {floor['c_floor']:.3f})",
+    ]
+    for name, goal in floor.get("targets", {}).items():
+        verdict = "met" if floor["targets_met"][name] else "NOT met"
+        line = f"target {name} <= {goal}: {verdict} ({floor[name]:.3f})"
+        if name == "c_engine" and floor["c_floor"] > goal:
+            line += (
+                f"; unreachable at this format: the floor alone gives c = {floor['c_floor']:.3f}"
+            )
+        lines.append(line)
+    return lines
