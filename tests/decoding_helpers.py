@@ -123,6 +123,17 @@ def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Modu
     return copy.eval()
 
 
+def tiny_trio() -> dict[str, torch.nn.Module]:
+    """A tiny target, a near-copy draft and a companion that disagrees with the draft (so A
+    carries real information about x): the models of the engine's statistical tests."""
+    target = build_tiny_model({}, seed=0)
+    return {
+        "target": target,
+        "draft": noisy_copy(target, 0.01, 1),
+        "companion": noisy_copy(target, 0.05, 2),
+    }
+
+
 def smallest_case_engine(sampling: SamplingConfig) -> Engine:
     """p = q = (1/2, 1/2) and a companion c = (1, 0), on a two-token vocabulary: the case
     where the SV paper's rule emits token 0 with probability 3/4."""

@@ -27,14 +27,14 @@ from sprinter_train.decoding.policies import LearnedLength, SpeculativeDecoding,
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Batch, DecodeStats, Emitted, Row
 from sprinter_train.harvest.reader import open_records
-from sprinter_train.models.tiny import TINY_DEFAULTS, build_tiny_model
+from sprinter_train.models.tiny import TINY_DEFAULTS
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from sprinter_train.verifier.data import split_features
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
 from sprinter_train.verifier.train import class_balance
-from tests.decoding_helpers import ATable, noisy_copy
+from tests.decoding_helpers import ATable, tiny_trio
 from tests.synthetic import write_synthetic_records
 from tests.test_decoding_engine import GREEDY, PROMPTS, SAMPLING, VOCAB, engine_for
 from tests.test_sd_learned import after_draw, before_draw
@@ -48,12 +48,7 @@ def latency(batch_size: int, tokens: int) -> float:
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, torch.nn.Module]:
-    target = build_tiny_model({}, seed=0)
-    return {
-        "target": target,
-        "draft": noisy_copy(target, 0.01, 1),
-        "companion": noisy_copy(target, 0.05, 2),
-    }
+    return tiny_trio()
 
 
 # -- the verifier's prior --------------------------------------------------------------------

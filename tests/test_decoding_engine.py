@@ -40,8 +40,8 @@ from tests.decoding_helpers import (
     chi_square_pvalue,
     enumerate_joint,
     exact_joint,
-    noisy_copy,
     smallest_case_engine,
+    tiny_trio,
 )
 
 VOCAB = 128
@@ -54,13 +54,7 @@ BATCH = 1000
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, torch.nn.Module]:
-    target = build_tiny_model({}, seed=0)
-    return {
-        "target": target,
-        "draft": noisy_copy(target, 0.01, 1),
-        # a companion that disagrees with the draft: A carries real information about x
-        "companion": noisy_copy(target, 0.05, 2),
-    }
+    return tiny_trio()
 
 
 def sv(paper: bool = False):

@@ -41,7 +41,7 @@ from sprinter_train.verifier.checkpoint import (
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
-from tests.decoding_helpers import ATable, chi_square_pvalue, exact_joint, noisy_copy
+from tests.decoding_helpers import ATable, chi_square_pvalue, exact_joint, tiny_trio
 from tests.synthetic import write_synthetic_records
 from tests.test_decoding_engine import (
     GREEDY,
@@ -65,12 +65,7 @@ def step_cost(batch_size: int) -> float:
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, torch.nn.Module]:
-    target = build_tiny_model({}, seed=0)
-    return {
-        "target": target,
-        "draft": noisy_copy(target, 0.01, 1),
-        "companion": noisy_copy(target, 0.05, 2),
-    }
+    return tiny_trio()
 
 
 def linear_verifier(draft: torch.nn.Module, names: list[str], scale: float) -> CheckpointVerifier:
