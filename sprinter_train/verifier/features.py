@@ -104,11 +104,20 @@ def assemble(spec: FeatureSpec, parts: Mapping[str, torch.Tensor]) -> Features:
     missing = [name for name in spec.names if name not in parts]
     if missing:
         raise ValueError(f"verifier features {missing} were not given (have {sorted(parts)})")
-    n = int(parts[spec.names[0]].shape[0])
+    first = parts[spec.names[0]]
+    n, device = int(first.shape[0]), first.device  # the empty block too: cat needs one device
     blocks = [_half(parts[name]) for name in spec.dense]
-    dense = torch.cat(blocks, dim=1) if blocks else torch.zeros((n, 0), dtype=torch.float16)
+    dense = (
+        torch.cat(blocks, dim=1)
+        if blocks
+        else torch.zeros((n, 0), dtype=torch.float16, device=device)
+    )
     columns = [parts[name].to(torch.float32) for name in spec.scalars]
-    scalars = torch.stack(columns, dim=1) if columns else torch.zeros((n, 0), dtype=torch.float32)
+    scalars = (
+        torch.stack(columns, dim=1)
+        if columns
+        else torch.zeros((n, 0), dtype=torch.float32, device=device)
+    )
     return Features(dense, scalars)
 
 
