@@ -21,35 +21,54 @@ Seconds = Callable[[int, int], float]  # (rows, tokens a row) -> seconds of a ta
 
 
 class RunningLatency:
-    """Callable like the profile's `target_batch_s`, corrected by `observe`d forwards."""
+    """Callable like the profile's `target_batch_s`, corrected by `observe`d forwards.
+
+    Planners ask for a dozen shapes a round (sd's planner for every gamma), so each shape's
+    median and profiled time are kept, and the scale of a width is computed once between
+    observations: a round's planning costs microseconds, not a share of a forward."""
 
     def __init__(self, prior: Seconds, window: int = 8) -> None:
         self.prior = prior
         self.window = window
         self._seen: dict[tuple[int, int], deque[float]] = {}
+        self._medians: dict[tuple[int, int], float] = {}
+        self._priors: dict[tuple[int, int], float] = {}  # the profile is fixed: asked once
+        self._scales: dict[int, float] = {}  # width -> scale, until the next observation
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """One forward of `rows` rows over a block of `width` tokens took `seconds`."""
         if rows > 0 and width > 0 and seconds > 0:
-            self._seen.setdefault((rows, width), deque(maxlen=self.window)).append(seconds)
+            times = self._seen.setdefault((rows, width), deque(maxlen=self.window))
+            times.append(seconds)
+            self._medians[rows, width] = statistics.median(times)
+            self._scales.clear()
 
     def __call__(self, rows: int, width: int) -> float:
-        seen = self._seen.get((rows, width))
-        if seen:
-            return statistics.median(seen)
-        return self.prior(rows, width) * self._scale(width)
+        seen = self._medians.get((rows, width))
+        if seen is not None:
+            return seen
+        return self._prior(rows, width) * self._scale(width)
+
+    def _prior(self, rows: int, width: int) -> float:
+        shape = (rows, width)
+        if shape not in self._priors:
+            self._priors[shape] = self.prior(rows, width)
+        return self._priors[shape]
 
     def _scale(self, width: int) -> float:
         """Median of measured / profiled over the shapes of this width, else over all."""
-        for same_width in (True, False):
-            ratios = [
-                statistics.median(times) / self.prior(r, w)
-                for (r, w), times in self._seen.items()
-                if (w == width or not same_width) and self.prior(r, w) > 0
-            ]
-            if ratios:
-                return statistics.median(ratios)
-        return 1.0
+        if width not in self._scales:
+            self._scales[width] = 1.0
+            for same_width in (True, False):
+                ratios = [
+                    median / self._prior(r, w)
+                    for (r, w), median in self._medians.items()
+                    if (w == width or not same_width) and self._prior(r, w) > 0
+                ]
+                if ratios:
+                    self._scales[width] = statistics.median(ratios)
+                    break
+        return self._scales[width]
 
 
 def learn(latency: Seconds, forwards: list[tuple[int, int, float]]) -> None:
