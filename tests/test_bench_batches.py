@@ -51,7 +51,7 @@ def test_each_batch_size_gets_its_own_gamma(compose_cfg) -> None:
     plan = plan_methods(cfg, profile, 4, build_tiny_model({}, seed=0), False)
     at_8 = at_batch_size(plan, cfg, 2)
     assert plan.policies["sd"].gamma == 4 and at_8.policies["sd"].gamma == 2
-    assert at_8.settings["sd"] == {"gamma": 2} and plan.settings["sd"] == {"gamma": 4}
+    assert at_8.settings["sd"]["gamma"] == 2 and plan.settings["sd"]["gamma"] == 4
     assert at_8.peers["hf_assisted"]["num_assistant_tokens"] == 2
     assert at_8.policies["svip"] is plan.policies["svip"]  # nothing auto: shared
     fixed = compose_cfg("stage=bench", "bench.methods=[sd]", "methods.sd.gamma=5")
@@ -185,6 +185,18 @@ def test_results_carry_provenance_and_greedy_differences_from_target_only(bench)
         ("target_only", "sd", "svip", "sv"), 0
     )
     assert all(isinstance(differing[n], int) for n in ("sv_paper", "hf_assisted"))
+
+
+def test_sd_auto_plans_every_round_from_the_bench_alpha_and_records_it(bench) -> None:
+    """sd's planner starts from the bench's alpha and records the gammas it chose by live
+    rows (at most 4 here, gamma 0..gamma_max); its greedy rows are target_only's (above)."""
+    results = bench["results"]
+    planner = results["settings"]["sd"]["planner"]
+    assert planner["prior_alpha"] == results["alpha"] and planner["gamma_max"] == 3
+    rounds = planner["rounds_by_rows_and_gamma"]
+    assert rounds and {int(rows) for rows in rounds} <= {1, 2, 3, 4}
+    assert {int(g) for per in rounds.values() for g in per} <= {0, 1, 2, 3}
+    assert "Rounds by live rows and gamma" in (bench["out"] / "results.md").read_text()
 
 
 def test_few_groups_are_decoded_again_and_keep_their_median_run() -> None:

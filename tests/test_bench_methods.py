@@ -41,7 +41,7 @@ def test_overrides_of_cfg_methods_reach_the_policies(compose_cfg) -> None:
     assert result.policies["adaedl"].lam == 0.4 and result.policies["adaedl"].gamma == 0.5
     assert result.policies["mtad"].beam_width == 2
     assert result.policies["sd_heuristic"].gamma_init == 3
-    assert result.policies["sd"].gamma == SD_GAMMA and result.settings["sd"] == {"gamma": SD_GAMMA}
+    assert result.policies["sd"].gamma == SD_GAMMA and result.settings["sd"]["gamma"] == SD_GAMMA
     assert result.settings["target_only"] == {}
     assert result.peers["hf_assisted"] == {"schedule": "constant", "num_assistant_tokens": SD_GAMMA}
     assert result.peers["hf_assisted_heuristic"]["num_assistant_tokens"] == 5

@@ -27,6 +27,33 @@ def test_acceptance_rates_count_the_targets_checks_only() -> None:
     assert acceptance(DecodeStats()) == {"acceptance_rate": None, "verifier_acceptance_rate": None}
 
 
+def test_a_verifier_that_only_picks_lengths_shows_no_verifier_acceptance(tmp_path: Path) -> None:
+    """sd_learned asks its verifier every draft but commits nothing on its word: its verifier
+    acceptance is '–', not 0.000 (sd, with no verifier at all, likewise)."""
+    learned = DecodeStats(drafted=10, accepted=4, verifier_calls=12)
+    assert acceptance(learned) == {"acceptance_rate": 0.4, "verifier_acceptance_rate": None}
+    results = hand_made_results()
+    rate = acceptance(learned)["verifier_acceptance_rate"]
+    results["methods"]["sd_learned"] = {**row(1.5, 0.4, rate), "tokens": 20}
+    write_results(tmp_path, results)
+    lines = (tmp_path / "results.md").read_text().splitlines()
+    line = next(line for line in lines if line.startswith("| sd_learned |"))
+    assert "| 1.50 | 0.400 | – |" in line and "0.000" not in line
+
+
+def test_results_md_says_how_sds_planner_chose_gamma(tmp_path: Path) -> None:
+    results = hand_made_results()
+    write_results(tmp_path, results)
+    assert "chosen again" not in (tmp_path / "results.md").read_text()  # no planner ran
+    rounds = {"4": {"2": 3, "0": 5}, "12": {"1": 2}, "3": {"0": 1}}
+    planner = {"prior_alpha": 0.35, "margin": 0.05, "rounds_by_rows_and_gamma": rounds}
+    results["settings"] = {"sd": {"gamma": 2, "planner": planner}}
+    write_results(tmp_path, results)
+    text = (tmp_path / "results.md").read_text()
+    assert "prior alpha 0.350, switching only for 5% more" in text
+    assert "rows 3: gamma 0 × 1; rows 4: gamma 0 × 5, gamma 2 × 3; rows 12: gamma 1 × 2." in text
+
+
 def row(tokens_per_call: float, rate: float | None, verifier_rate: float | None) -> dict:
     return {
         "tokens_per_s": 10.0,

@@ -21,6 +21,7 @@ GROUP_OPTIONS = [
 METHODS = sorted(path.stem for path in (CONF / "methods").glob("*.yaml"))
 RUNTIME_STUBS = {  # what the bench passes for the entries a config cannot hold
     "gamma": 2,
+    "planner": object(),
     "verifier": lambda engine, batch, rnd, step: 0.5,
     "table": object(),
     "latency": lambda batch_size, tokens: 1.0 + 0.1 * tokens,

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.gamma_plan import GammaPlanner
 from sprinter_train.decoding.latency import RunningLatency
 from sprinter_train.decoding.state import Policy
 from sprinter_train.sv.table import SVTable
@@ -53,6 +54,7 @@ class RunInputs:
     has_companion: bool
     device: torch.device
     draft_identity: dict[str, Any] | None = None  # model_identity of the bench's draft
+    alpha: float | None = None  # the bench's acceptance estimate (sd's planner starts there)
 
 
 class VerifierMismatchError(ValueError):
@@ -109,13 +111,15 @@ def method_verifier_path(checkpoint_dir: str | Path, node: DictConfig) -> Path:
 
 def runtime_entries(node: DictConfig) -> list[str]:
     """The entries of a method's config the bench fills in: `gamma: auto` (sd's chosen gamma),
-    `verifier` (the exported verifier it describes), `table` (SV's fitted table; null: none) and
-    `latency: profile`, `step_cost: profile` (the latency profile's target forward and
-    drafting step; a sentinel string, not `???`: Lightning's launcher walks the config and a
-    missing value would stop a DDP harvest)."""
+    `planner: measured` (with `gamma: auto`, sd's gamma chosen again every round from the
+    run's own timings and acceptance), `verifier` (the exported verifier it describes), `table`
+    (SV's fitted table; null: none) and `latency: profile`, `step_cost: profile` (the latency
+    profile's target forward and drafting step; a sentinel string, not `???`: Lightning's
+    launcher walks the config and a missing value would stop a DDP harvest)."""
     keys = list(node.keys())
     wanted = {
         "gamma": "gamma" in keys and node.gamma == "auto",
+        "planner": node.get("planner") == "measured",
         "verifier": "verifier" in keys,
         "table": "table" in keys and node.table is not None,
         "latency": node.get("latency") == "profile",
@@ -126,6 +130,28 @@ def runtime_entries(node: DictConfig) -> list[str]:
 
 def _sd_gamma(name: str, node: DictConfig, run: RunInputs) -> tuple[int, int]:
     return run.sd_gamma, run.sd_gamma
+
+
+def _planner(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, Any]:
+    """sd's round-by-round gamma: the profile's target forward and draft step, each corrected
+    by the run's own, and the bench's alpha corrected by the run's acceptance. None with a
+    fixed gamma (the config's number stands)."""
+    if node.get("gamma") != "auto":
+        return None, None
+    draft_s = run.profile.draft_batch_ms
+    planner = GammaPlanner(
+        RunningLatency(run.profile.target_batch_s),
+        RunningLatency(lambda rows, width: draft_s(rows) / 1e3),
+        run.alpha,
+        int(run.cfg.bench.gamma_max),
+    )
+    record = {
+        "prior_alpha": run.alpha,
+        "gamma_max": planner.gamma_max,
+        "margin": planner.margin,
+        "rounds_by_rows_and_gamma": planner.rounds,  # filled in as the run goes
+    }
+    return planner, record
 
 
 def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, Any]]:
@@ -169,6 +195,7 @@ def _step_cost(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, str]:
 
 RUNTIME: dict[str, Callable[[str, DictConfig, RunInputs], tuple[Any, Any]]] = {
     "gamma": _sd_gamma,
+    "planner": _planner,
     "verifier": _verifier,
     "table": _table,
     "latency": _latency,
@@ -195,6 +222,7 @@ def plan_methods(
     has_companion: bool,
     device: torch.device | str = "cpu",
     draft_identity: dict[str, Any] | None = None,
+    alpha: float | None = None,
 ) -> MethodPlan:
     b = cfg.bench
     known = (*cfg.methods, *PEERS)
@@ -202,7 +230,14 @@ def plan_methods(
     if unknown:
         raise ValueError(f"unknown bench.methods {unknown}; choose from {', '.join(known)}")
     run = RunInputs(
-        cfg, profile, sd_gamma, draft_model, has_companion, torch.device(device), draft_identity
+        cfg,
+        profile,
+        sd_gamma,
+        draft_model,
+        has_companion,
+        torch.device(device),
+        draft_identity,
+        alpha,
     )
     plan = MethodPlan({}, {}, {}, {})
     for name in b.methods:
@@ -223,7 +258,8 @@ def plan_methods(
 
 def at_batch_size(plan: MethodPlan, cfg: DictConfig, sd_gamma: int) -> MethodPlan:
     """The plan one batch size runs: methods whose config says `gamma: auto` (and peers with
-    `num_assistant_tokens: auto`) take that batch size's gamma; every other policy is shared."""
+    `num_assistant_tokens: auto`) take that batch size's gamma (where sd's planner starts;
+    the planner itself, with what it learnt, is shared); every other policy is shared."""
     policies, settings = dict(plan.policies), {k: dict(v) for k, v in plan.settings.items()}
     for name, policy in plan.policies.items():
         if "gamma" in runtime_entries(cfg.methods[name]):

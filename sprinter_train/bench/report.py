@@ -294,6 +294,30 @@ def learned_section(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def planner_lines(results: dict[str, Any]) -> list[str]:
+    """How sd's planner chose its gamma round by round, when sd ran with one."""
+    planner = ((results.get("settings") or {}).get("sd") or {}).get("planner")
+    if not planner:
+        return []
+
+    def by_number(items: Any) -> list[tuple[str, Any]]:
+        return sorted(items, key=lambda kv: int(kv[0]))
+
+    rounds = "; ".join(
+        f"rows {rows}: " + ", ".join(f"gamma {g} × {n}" for g, n in by_number(per.items()))
+        for rows, per in by_number(planner["rounds_by_rows_and_gamma"].items())
+    )
+    prior = planner.get("prior_alpha")
+    return [
+        "sd's gamma is where it starts at each batch size: before every round it is chosen "
+        "again from the run's own target and draft forward times and the acceptance so far "
+        f"(prior alpha {_cell(prior, '{:.3f}')}, switching only for {planner['margin']:.0%} "
+        "more estimated goodput; 0 is a target-only round). Rounds by live rows and gamma "
+        f"(every batch size, warm-up included): {rounds or 'none'}.",
+        "",
+    ]
+
+
 def write_results(out: Path, results: dict[str, Any]) -> None:
     write_json(out / "results.json", results)
     energy = {row.get("energy_note") for row in results["methods"].values()} - {None}
@@ -310,6 +334,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
         f"{results['alpha']:.3f}, from {results['alpha_source']}, on the latency profile at "
         "that batch size).",
         "",
+        *planner_lines(results),
         "Latency profile (ms per forward; target by new tokens a row):",
         "",
         latency_table(results["latency_profile"]),

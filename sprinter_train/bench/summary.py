@@ -32,12 +32,15 @@ def rows(runs: list[GroupRun]) -> list[tuple[Prompt, list[int]]]:
 def acceptance(stats: DecodeStats) -> dict[str, float | None]:
     """acceptance_rate: of the drafted tokens the target checked, the share it kept (sd's
     alpha); verifier_acceptance_rate: of all drafted tokens, the share committed on a
-    verifier's word without a target check (sprinter's; None for methods without one)."""
+    verifier's word without a target check (sprinter's). None where no token was committed
+    so: methods that never do (sd_learned, whose verifier only picks lengths, read 0.000
+    before), and a sprinter whose verifier said no to every draft (then the target checked
+    them all, and `acceptance_rate` is the whole story)."""
     checked = stats.drafted - stats.verifier_accepted
     return {
         "acceptance_rate": stats.accepted / checked if checked else None,
         "verifier_acceptance_rate": stats.verifier_accepted / stats.drafted
-        if stats.verifier_calls and stats.drafted
+        if stats.verifier_accepted
         else None,
     }
 

@@ -95,15 +95,38 @@ class TargetOnly:
         return verify(engine, batch, Round())
 
 
+class GammaPlan(Protocol):
+    """Chooses the drafts a row of sd's next round (decoding/gamma_plan.py's GammaPlanner)."""
+
+    def plan(self, engine: Engine, rows: int, start: int) -> int:
+        """From earlier rounds only (what is fixed before the round's first draft)."""
+        ...
+
+    def observe(self, drafted: int, accepted: int) -> None: ...
+
+
 @dataclass
 class SpeculativeDecoding:
-    """Leviathan et al. with a fixed number gamma of drafts per round."""
+    """Leviathan et al. with gamma drafts a row per round: fixed, or with a `planner`
+    (`gamma: auto` in the bench) chosen before each round from the run's own measurements,
+    `gamma` then being where the planner starts. A round of gamma 0 is target_only's round:
+    no draft forward."""
 
     gamma: int
     name: str = "sd"
+    planner: GammaPlan | None = None
 
     def round(self, engine: Engine, batch: Batch) -> Emitted:
-        return verify(engine, batch, draft_round(engine, batch, batch.room(self.gamma)))
+        gamma = self.gamma
+        if self.planner is not None:
+            gamma = self.planner.plan(engine, len(batch), self.gamma)
+        if gamma == 0:
+            return verify(engine, batch, Round())
+        return verify(engine, batch, draft_round(engine, batch, batch.room(gamma)))
+
+    def update(self, row: Row, drafted: int, accepted: int) -> None:
+        if self.planner is not None:
+            self.planner.observe(drafted, accepted)
 
 
 @dataclass

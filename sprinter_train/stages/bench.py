@@ -198,6 +198,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         models.companion is not None,
         device,
         draft_identity=model_identity(models.draft),
+        alpha=alpha,
     )
     for name, reason in plan.skipped.items():
         log.warning("bench: skipping %s: %s", name, reason)

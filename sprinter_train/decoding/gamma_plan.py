@@ -1,0 +1,146 @@
+"""sd's `gamma: auto`, chosen again every round from what the run has measured.
+
+The bench first picks sd's gamma per batch size from the latency profile (the target's forward
+by rows and tokens a row, and a draft step, timed on random tokens at one context length)
+and the records' alpha. In session 5's bench on the 2-core CPU that choice stayed at 1 at
+every batch size and sd lost 0.22-0.46 of target_only's throughput at batch >= 8: a two-token
+forward of 8-16 rows cost far more than profiled, and the draft's step was not free. Like sv,
+the planner prices a round with the run's own timings: a `RunningLatency` of the target's
+forwards by (rows, tokens a row), another of the draft's one-token steps by rows, and the
+acceptance measured so far; it keeps the gamma of highest expected goodput, where 0 is plain
+target decoding (no draft forward at all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.latency import Seconds, learn
+from sprinter_train.decoding.policies import expected_accepted, round_goodput
+
+StepCost = Callable[[int], float]  # rows -> seconds of one drafting step
+
+
+@dataclass
+class AcceptanceRate:
+    """The per-draft acceptance alpha, pooled over every row and round so far.
+
+    A round that kept a of d drafts checked a + 1 of them when a < d and d when a = d (drafts
+    after a rejection are never judged), so alpha = kept / checked is the geometric model's
+    estimate; dividing by the drafted count instead would call the unjudged drafts rejected.
+    The prior (the bench's alpha) counts as `weight` checks; without one, alpha is unknown
+    until a draft was checked.
+
+    Pooled, not per row: sd drafts one gamma for the whole batch (the target verifies a block
+    as wide as the longest row's drafts and the draft steps while any row drafts, so a row
+    drafting fewer saves nothing), so a round's expected tokens are the sum of its rows'
+    E(N | gamma); per-row estimates from a few rounds of at most gamma checks are noisy, and
+    E(N | gamma) = alpha + ... + alpha^gamma is convex in alpha, so a sum over noisy rows
+    overstates what long rounds gain, and a new row would have no estimate at all.
+    """
+
+    prior: float | None
+    weight: float = 32.0
+    kept: int = 0
+    checked: int = 0
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One row's round: `drafted` drafts, of which the target kept the first `accepted`."""
+        self.kept += accepted
+        self.checked += accepted + int(accepted < drafted)
+
+    @property
+    def value(self) -> float | None:
+        if self.prior is None:
+            return self.kept / self.checked if self.checked else None
+        return (self.prior * self.weight + self.kept) / (self.weight + self.checked)
+
+
+def goodputs(
+    alpha: float, rows: int, gamma_max: int, latency: Seconds, step_cost: StepCost
+) -> list[float]:
+    """Estimated tokens a second of a round of gamma = 0..gamma_max drafts a row at acceptance
+    alpha: sv's `round_goodput` with E(N | gamma) = alpha + alpha^2 + ... + alpha^gamma."""
+    per_draft = torch.full((gamma_max,), float(alpha), dtype=torch.float64)
+    expected = [0.0, *expected_accepted(per_draft).tolist()]
+    return [float(round_goodput(e, g, rows, latency, step_cost)) for g, e in enumerate(expected)]
+
+
+def best_gamma(
+    alpha: float, rows: int, gamma_max: int, latency: Seconds, step_cost: StepCost
+) -> int:
+    """The gamma of highest estimated goodput."""
+    return _highest(goodputs(alpha, rows, gamma_max, latency, step_cost))
+
+
+def _highest(values: list[float]) -> int:
+    """The index of the highest value, the smallest of equals (fewer drafts for the same)."""
+    return max(range(len(values)), key=lambda g: (values[g], -g))
+
+
+class GammaPlanner:
+    """Chooses sd's gamma before each round, from earlier rounds only.
+
+    `plan` first feeds the target's and the draft's forward times since its last call to
+    `latency` and `draft_latency` (each a `RunningLatency` in the bench; a plain callable
+    learns nothing), then weighs gamma = 0..gamma_max by `goodputs` at the current rows and
+    the pooled acceptance. It keeps the gamma it used last at this row count unless another
+    promises more than `margin` more goodput (hysteresis: medians of noisy timings must not
+    make it flap); a row count it has not planned starts from `start`, the profile's choice.
+
+    Lossless: the gamma of a round is a function of what was fixed before its first draft is
+    drawn (earlier rounds' outcomes and timings, the number of live rows), never of its own
+    drafts, so every position is speculative sampling with a number of drafts known in advance,
+    which keeps the target's law. In sampling mode a row's tokens do depend on what ran before
+    and on its batch-mates (through the timings and the pooled acceptance); its law does not.
+
+    Not priced: the draft's catch-up after rounds without drafts (one forward over the tokens
+    it missed) and the first draft step's second token after a fully kept round.
+    """
+
+    def __init__(
+        self,
+        latency: Seconds,
+        draft_latency: Seconds,
+        alpha: float | None,
+        gamma_max: int,
+        margin: float = 0.05,
+        weight: float = 32.0,
+    ) -> None:
+        self.latency = latency  # (rows, tokens a row) -> seconds of a target forward
+        self.draft_latency = draft_latency  # (rows, tokens a row) -> seconds of a draft forward
+        self.acceptance = AcceptanceRate(alpha, weight)
+        self.gamma_max = gamma_max
+        self.margin = margin
+        self._current: dict[int, int] = {}
+        self.rounds: dict[str, dict[str, int]] = {}  # rows -> gamma -> rounds planned so far
+
+    def step_cost(self, rows: int) -> float:
+        """Seconds of one drafting step: a one-token draft forward over `rows` rows."""
+        return self.draft_latency(rows, 1)
+
+    def plan(self, engine: Engine, rows: int, start: int) -> int:
+        """Drafts a row for the next round of `rows` live rows."""
+        learn(self.latency, engine.runners["target"].forward_times())
+        draft = engine.runners.get("draft")
+        if draft is not None:
+            learn(self.draft_latency, draft.forward_times())
+        gamma = self._current.get(rows, max(0, min(start, self.gamma_max)))
+        alpha = self.acceptance.value
+        if alpha is not None:
+            values = goodputs(alpha, rows, self.gamma_max, self.latency, self.step_cost)
+            best = _highest(values)
+            if values[best] > values[gamma] * (1.0 + self.margin):
+                gamma = best
+        self._current[rows] = gamma
+        tally = self.rounds.setdefault(str(rows), {})
+        tally[str(gamma)] = tally.get(str(gamma), 0) + 1
+        return gamma
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """A row's round outcome, once it reached the host."""
+        self.acceptance.observe(drafted, accepted)

@@ -1,0 +1,236 @@
+"""sd's gamma = auto chosen round by round from the run's own timings and acceptance: the
+chooser against a brute-force goodput, the hysteresis, the target's law and greedy equality
+with target_only while the gamma changes between rounds, gamma 0 as target_only, and the
+bench's wiring."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from sprinter_train.bench.latency import LatencyProfile
+from sprinter_train.bench.methods import at_batch_size, plan_methods
+from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.gamma_plan import AcceptanceRate, GammaPlanner, best_gamma
+from sprinter_train.decoding.latency import RunningLatency
+from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
+from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.models.tiny import build_tiny_model
+from tests.decoding_helpers import chi_square_pvalue, exact_joint, tiny_trio
+
+VOCAB = 128
+PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8], [60, 61, 62]]
+SAMPLING = SamplingConfig(temperature=0.9, top_k=4, top_p=0.95)
+GREEDY = SamplingConfig(temperature=0)
+ROWS = 20000  # rows in batches of 4: three of PROMPTS[0] beside one of another prompt
+
+
+class Forwards:
+    """A runner's `forward_times` as the planner reads them: what was timed since last asked."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, int, float]] = []
+
+    def forward_times(self) -> list[tuple[int, int, float]]:
+        done, self.pending = self.pending, []
+        return done
+
+
+class Measured:
+    """An engine's runners, reduced to the forward times the planner learns from."""
+
+    def __init__(self) -> None:
+        self.runners = {"target": Forwards(), "draft": Forwards()}
+
+    def ran(self, role: str, rows: int, width: int, seconds: float, times: int = 8) -> None:
+        self.runners[role].pending += [(rows, width, seconds)] * times
+
+
+def brute_goodput(alpha: float, gamma: int, step_s: float, target_s: float) -> float:
+    """E(tokens of a round) / its seconds, the expectation summed over the round's outcomes:
+    k < gamma drafts kept (probability alpha^k (1 - alpha)) or all gamma (alpha^gamma), each
+    followed by the target's token."""
+    tokens = sum(alpha**k * (1 - alpha) * (k + 1) for k in range(gamma))
+    tokens += alpha**gamma * (gamma + 1)
+    return tokens / (gamma * step_s + target_s)
+
+
+def brute_best(alpha: float, gamma_max: int, step_s: float, target) -> int:
+    values = [brute_goodput(alpha, g, step_s, target(g + 1)) for g in range(gamma_max + 1)]
+    return values.index(max(values))
+
+
+def profile_says_drafts_are_cheap(rows: int, width: int) -> float:
+    return 0.050 + 0.0001 * width  # a forward over more tokens a row nearly free
+
+
+def observed_rounds(planner: GammaPlanner, rows: int, rounds: list[tuple[int, int]]) -> None:
+    for _ in range(rows):
+        for drafted, accepted in rounds:
+            planner.observe(drafted, accepted)
+
+
+def test_acceptance_counts_the_drafts_the_target_judged() -> None:
+    rate = AcceptanceRate(None)
+    assert rate.value is None
+    rate.observe(3, 3)  # all kept: three checks
+    rate.observe(3, 1)  # one kept, the second rejected, the third never judged: two checks
+    rate.observe(0, 0)  # no drafts: nothing checked
+    assert (rate.kept, rate.checked) == (4, 5) and rate.value == pytest.approx(0.8)
+    weighted = AcceptanceRate(0.3, weight=5.0)
+    weighted.observe(3, 3)
+    assert weighted.value == pytest.approx((0.3 * 5 + 3) / (5 + 3))
+
+
+def test_gamma_0_when_the_measured_draft_step_costs_more_than_it_gains() -> None:
+    """The profile says a draft step is 1 ms and a second token a row free: drafting pays.
+    The run measured the draft step at 40 ms and a two-token forward at twice a one-token
+    one, at an acceptance of 1/2: no gamma pays, the brute force agrees."""
+    measured = Measured()
+    planner = GammaPlanner(
+        RunningLatency(profile_says_drafts_are_cheap),
+        RunningLatency(lambda rows, width: 0.001),
+        alpha=0.5,
+        gamma_max=6,
+    )
+    first = planner.plan(measured, 8, start=0)
+    assert first > 0  # on the profile's word
+    for width in range(1, 8):
+        measured.ran("target", 8, width, 0.050 * width)
+    measured.ran("draft", 8, 1, 0.040)
+    observed_rounds(planner, 8, [(2, 1), (2, 0), (1, 1)])  # kept 2 of 4 checked a row
+    assert planner.acceptance.value == pytest.approx(0.5)
+    gamma = planner.plan(measured, 8, start=0)
+    assert gamma == 0 == brute_best(0.5, 6, 0.040, lambda n: 0.050 * n)
+    assert planner.rounds["8"] == {str(first): 1, "0": 1}
+
+
+def test_long_rounds_when_the_targets_wide_forward_is_nearly_free() -> None:
+    """A measured verification nearly free in its width, a 2 ms draft step and 9 of 10 drafts
+    kept: gamma above 1, the brute force's argmax."""
+    measured = Measured()
+    planner = GammaPlanner(
+        RunningLatency(lambda rows, width: 0.050 * width),  # the profile: width costs
+        RunningLatency(lambda rows, width: 0.010),
+        alpha=0.2,
+        gamma_max=6,
+    )
+    assert planner.plan(measured, 4, start=1) == 0
+    target = {n: 0.050 + 0.0005 * n for n in range(1, 8)}
+    for width, seconds in target.items():
+        measured.ran("target", 4, width, seconds)
+    measured.ran("draft", 4, 1, 0.002)
+    observed_rounds(planner, 100, [(6, 6), (6, 6), (6, 6), (6, 5), (6, 4)])
+    alpha = planner.acceptance.value
+    assert alpha > 0.85
+    gamma = planner.plan(measured, 4, start=1)
+    assert gamma > 1 and gamma == brute_best(alpha, 6, 0.002, target.__getitem__)
+    assert gamma == best_gamma(alpha, 4, 6, planner.latency, planner.step_cost)
+
+
+def test_hysteresis_keeps_the_gamma_unless_another_is_clearly_better() -> None:
+    """Two gammas within the margin: the planner keeps the one it started from; once the
+    other is clearly better, it moves."""
+    target = {1: 1.0, 2: 1.0, 3: 1.0}
+    planner = GammaPlanner(lambda r, n: target[n], lambda r, n: 0.001, 0.5, 2, margin=0.05)
+    measured = Measured()
+    assert best_gamma(0.5, 1, 2, planner.latency, planner.step_cost) == 2
+    target[3] = 1.14  # gamma 2: 1.75 / 1.142, gamma 1: 1.5 / 1.001 (gamma 2 by 2 %)
+    assert best_gamma(0.5, 1, 2, planner.latency, planner.step_cost) == 2
+    assert planner.plan(measured, 1, start=1) == 1  # not worth a switch
+    target[3] = 1.0
+    assert planner.plan(measured, 1, start=1) == 2
+    assert planner.plan(measured, 2, start=0) == 2  # each row count starts from `start`
+
+
+LIMIT = {4: 4, 3: 1, 2: 2, 1: 3}  # rows -> widest target forward that costs a one-token one
+
+
+def shifting_planner() -> GammaPlanner:
+    """A planner whose gamma depends on how many rows are left, so a round's gamma depends on
+    earlier rounds' outcomes (which rows finished): 3 at four rows, 0 at three, 1 at two, 2
+    at one (no hysteresis: each the argmax)."""
+    return GammaPlanner(
+        lambda rows, n: 1.0 if n <= LIMIT[rows] else 100.0,
+        lambda rows, n: 0.001,
+        alpha=0.5,
+        gamma_max=3,
+        margin=0.0,
+    )
+
+
+def engine_for(models, sampling: SamplingConfig) -> Engine:
+    return Engine(
+        ModelRunner(models["target"], VOCAB), sampling, draft=ModelRunner(models["draft"], VOCAB)
+    )
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny_trio()
+
+
+def test_sd_with_a_changing_gamma_keeps_the_target_law(models) -> None:
+    engine = engine_for(models, SAMPLING)
+    planner = shifting_planner()
+    policy = SpeculativeDecoding(2, planner=planner)
+    counts = [Counter() for _ in PROMPTS]
+    for start in range(0, ROWS, 4):
+        batch = [PROMPTS[0], PROMPTS[0], PROMPTS[0], PROMPTS[1 + start // 4 % 3]]
+        results = engine.generate(batch, policy, 3, range(start, start + 4))
+        for prompt, result in zip(batch, results, strict=True):
+            counts[PROMPTS.index(prompt)][tuple(result.tokens)] += 1
+    assert {g for per in planner.rounds.values() for g in per} == {"0", "1", "2", "3"}
+    for prompt, observed in zip(PROMPTS, counts, strict=True):
+        expected = exact_joint(models["target"], prompt, 3, SAMPLING, VOCAB)
+        assert chi_square_pvalue(observed, expected) > 1e-3, prompt
+    # the test has power: the counts reject the mixture halfway to the draft's law
+    expected = exact_joint(models["target"], PROMPTS[0], 3, SAMPLING, VOCAB)
+    draft = exact_joint(models["draft"], PROMPTS[0], 3, SAMPLING, VOCAB)
+    halfway = {k: (expected.get(k, 0.0) + draft.get(k, 0.0)) / 2 for k in {*expected, *draft}}
+    assert chi_square_pvalue(counts[0], halfway) < 1e-6
+
+
+def test_greedy_rows_equal_target_only_while_gamma_changes(models) -> None:
+    engine = engine_for(models, GREEDY)
+    reference = [engine.generate([p], TargetOnly(), 24)[0].tokens for p in PROMPTS]
+    planner = shifting_planner()
+    batched = engine.generate(PROMPTS, SpeculativeDecoding(2, planner=planner), 24)
+    assert [r.tokens for r in batched] == reference
+    assert 0 < batched[0].stats.accepted <= batched[0].stats.drafted  # drafts took part
+    assert len({g for per in planner.rounds.values() for g in per}) > 1
+
+
+def test_gamma_0_is_target_only_without_a_draft_forward(models) -> None:
+    """When no draft pays, sd's rounds are target_only's: the same tokens from the same
+    streams (sampling mode), the same target calls, and not one draft forward."""
+    engine = engine_for(models, SAMPLING)
+    planner = GammaPlanner(lambda r, n: 0.05 * n, lambda r, n: 1.0, 0.9, 4)
+    sd = engine.generate(PROMPTS, SpeculativeDecoding(2, planner=planner), 12, [3, 1, 4, 1])
+    plain = engine.generate(PROMPTS, TargetOnly(), 12, [3, 1, 4, 1])
+    assert [r.tokens for r in sd] == [r.tokens for r in plain]
+    assert sd[0].stats.draft_calls == 0 == sd[0].stats.drafted
+    assert sd[0].stats.target_calls == plain[0].stats.target_calls
+    assert set(planner.rounds["4"]) == {"0"}
+
+
+def test_the_bench_gives_sd_auto_a_planner_shared_across_batch_sizes(compose_cfg) -> None:
+    profile = LatencyProfile({1: 30.0, 2: 31.0}, 3.0, None, 128, "cpu", "float32")
+    draft = build_tiny_model({}, seed=0)
+    cfg = compose_cfg("stage=bench", "bench.methods=[sd]", "bench.gamma_max=5")
+    plan = plan_methods(cfg, profile, 4, draft, False, alpha=0.4)
+    sd = plan.policies["sd"]
+    assert isinstance(sd.planner, GammaPlanner) and sd.gamma == 4
+    assert (sd.planner.acceptance.prior, sd.planner.gamma_max) == (0.4, 5)
+    assert sd.planner.latency(1, 2) == pytest.approx(0.031)  # the profile, until measured
+    assert sd.planner.step_cost(1) == pytest.approx(0.003)
+    at_8 = at_batch_size(plan, cfg, 2)
+    assert at_8.policies["sd"].gamma == 2 and at_8.policies["sd"].planner is sd.planner
+    assert at_8.settings["sd"]["planner"]["prior_alpha"] == 0.4
+    for fixed in ("methods.sd.gamma=3", "methods.sd.planner=null"):
+        plan = plan_methods(
+            compose_cfg("stage=bench", "bench.methods=[sd]", fixed), profile, 4, draft, False
+        )
+        assert plan.policies["sd"].planner is None
