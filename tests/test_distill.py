@@ -164,3 +164,25 @@ def test_changing_passes_per_shard_on_resume_keeps_the_shard_cursor(tmp_path, te
         student, teacher, corpus, tmp_path / "t", ckpt, three, heldout, CPU, load_checkpoint(ckpt)
     )
     assert (state.shard, state.shard_passes) == (1, 2)  # not back to shard 0
+
+
+def test_sparse_saves_still_write_the_last_state(tmp_path, teacher, monkeypatch) -> None:
+    """save_every_visits=4 over 3 visits: no save at visits 1-2, one at the run's last visit."""
+    import sprinter_train.distill.trainer as trainer
+
+    saved: list[int] = []
+    real = trainer.save_checkpoint
+    monkeypatch.setattr(
+        trainer,
+        "save_checkpoint",
+        lambda path, student, opt, state, recipe: (
+            saved.append(state.visits),
+            real(path, student, opt, state, recipe),
+        ),
+    )
+    corpus = make_corpus(tmp_path / "corpus")
+    heldout = torch.from_numpy(np.load(corpus[0])["tokens"][:2].astype(np.int64))
+    student = build_student(teacher, torch.arange(64), tiny_cfg()["student"], seed=0)
+    cfg = tiny_cfg(max_tokens=3 * 512, save_every_visits=4)
+    train(student, teacher, corpus, tmp_path / "t", tmp_path / "s.pt", cfg, heldout, CPU, None)
+    assert saved == [3] and load_checkpoint(tmp_path / "s.pt")["state"]["visits"] == 3

@@ -43,6 +43,14 @@ class DistillState:
     tokens: int = 0
     seconds: float = 0.0
     curve: list[dict[str, Any]] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)  # where the runs trained, in order
+
+
+def device_label(device: torch.device) -> str:
+    """The machine a run trains on, for the model card (a resumed draft may mix CPU and GPU)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type} ({torch.get_num_threads()} threads)"
 
 
 def save_checkpoint(path: Path, student, optimizer, state: DistillState, recipe: dict) -> None:
@@ -130,6 +138,8 @@ def train(
             optimizer.load_state_dict(resume["optimizer"])
         state = DistillState(**resume["state"])
         log.info("resuming at %d tokens, %d shard visits", state.tokens, state.visits)
+    if not state.devices or state.devices[-1] != device_label(device):
+        state.devices.append(device_label(device))
     slots = slot_map(student.head_token_ids(), student.config.vocab_size)
     top_k, batch_seqs = int(cfg["teacher"]["top_k"]), int(optim_cfg["batch_sequences"])
     max_tokens = cfg.get("max_tokens") or math.inf
@@ -165,6 +175,7 @@ def train(
                 slots,
                 loss_cfg["ce_weight"],
                 loss_cfg["tv_weight"],
+                loss_cfg.get("top1_weight", 0.0),
             )
             for group in optimizer.param_groups:
                 left = min(
@@ -208,6 +219,9 @@ def train(
             }
         )
         log.info("distill %s", json.dumps(point))
-        save_checkpoint(checkpoint, student, optimizer, state, cfg["student"])
+        # on a GPU a shard trains in a fraction of the time a ~150 MB state takes to write
+        last = time.monotonic() >= deadline or state.tokens >= max_tokens
+        if last or state.visits % int(cfg.get("save_every_visits", 1)) == 0:
+            save_checkpoint(checkpoint, student, optimizer, state, cfg["student"])
     bar.close()
     return state

@@ -27,6 +27,7 @@ from sprinter_train.core.io import atomic_write, load_npz, read_json, sweep_stal
 from sprinter_train.core.plots import plot_curve
 from sprinter_train.core.runtime import resolve_device, set_threads
 from sprinter_train.distill.corpus import CORPUS_SOURCE, build_corpus, token_frequencies
+from sprinter_train.distill.onpolicy import build_generated_corpus, mix_shards
 from sprinter_train.distill.teacher_cache import produce_teacher_shards
 from sprinter_train.distill.trainer import heldout_alpha, load_checkpoint, train
 from sprinter_train.models import student as student_module
@@ -81,6 +82,7 @@ def distill(cfg: DictConfig, dcfg: dict[str, Any], work: Path, lock: Path) -> di
         split_cfg=cfg.data,
         max_user_chars=ccfg["max_user_chars"],
     )
+    corpus = training_text(cfg, dcfg, teacher, corpus, work)
     heldout_paths = build_corpus(
         teacher.tokenizer,
         work / "heldout",
@@ -107,6 +109,7 @@ def distill(cfg: DictConfig, dcfg: dict[str, Any], work: Path, lock: Path) -> di
             order = np.argsort(-counts, kind="stable")[: int(dcfg["student"]["head_vocab"])]
             head_ids = torch.from_numpy(np.sort(order)).long()
         student = build_student(teacher.model, head_ids, dcfg["student"], seed=dcfg["seed"])
+        student.to(device)  # before the first held-out pass: the teacher and tokens are there
         log.info(
             "new student: %.1fM parameters, held-out alpha before training %.3f",
             sum(p.numel() for p in student.parameters()) / 1e6,
@@ -147,6 +150,36 @@ def distill(cfg: DictConfig, dcfg: dict[str, Any], work: Path, lock: Path) -> di
         "heldout_alpha_t1": last_alpha,
         "output_dir": str(out),
     }
+
+
+CORPUS_KINDS = ("replies", "generated", "mix")
+
+
+def training_text(cfg: DictConfig, dcfg: dict, teacher, replies: list[Path], work: Path):
+    """The shards training walks: ShareGPT's replies, the target's own sampled replies at the
+    experiment's sampling (on-policy), or both in equal parts (`distill.corpus.source`)."""
+    ccfg = dcfg["corpus"]
+    source = ccfg.get("source", "replies")
+    if source not in CORPUS_KINDS:
+        raise ValueError(f"distill.corpus.source={source!r}: expected one of {CORPUS_KINDS}")
+    if source == "replies":
+        return replies
+    gcfg = ccfg["generated"]
+    generated = build_generated_corpus(
+        teacher.model,
+        teacher.tokenizer,
+        work / "generated",
+        ccfg["seq_len"],
+        ccfg["shard_sequences"],
+        int(gcfg["max_tokens"]),
+        OmegaConf.to_container(cfg.sampling, resolve=True),
+        split_cfg=cfg.data,
+        max_user_chars=ccfg["max_user_chars"],
+        max_new_tokens=int(gcfg["max_new_tokens"]),
+        block_prompts=int(gcfg["block_prompts"]),
+        seed=int(dcfg["seed"]),
+    )
+    return generated if source == "generated" else mix_shards(replies, generated)
 
 
 def _output_dir(dcfg: dict) -> Path:
@@ -253,15 +286,18 @@ or with `trust_remote_code=True` without the package.
   {data} tokens (q = 0 outside them)
 - loss: {dcfg["loss"]["ce_weight"]} x forward KL on the teacher's top-{dcfg["teacher"]["top_k"]}
   + {dcfg["loss"]["tv_weight"]} x (1 - sum min(p, q)) over the same top-k
+  + {dcfg["loss"].get("top1_weight", 0.0)} x cross-entropy on the teacher's argmax
 - data: {data} (train split by conversation id, seed {cfg.data.seed}), sequences of
-  {dcfg["corpus"]["seq_len"]} chat-formatted tokens
+  {dcfg["corpus"]["seq_len"]} chat-formatted tokens; text: `{dcfg["corpus"].get("source", "replies")}`
+  (replies: ShareGPT's; generated: the target's own at the experiment's sampling; mix: both)
 - optimiser: AdamW lr {dcfg["optim"]["lr"]}, {dcfg["optim"]["batch_sequences"]} sequences per step
 - command: `python -m sprinter_train stage=distill distill={dcfg["name"]}` (resumes from
   `{dcfg["work_dir"]}/{dcfg["role"]}/state.pt`)
 
 ## Training so far
 - tokens seen: {state["tokens"]:,}; training time: {state["seconds"] / 60:.1f} min on
-  {torch.get_num_threads()} CPU threads (teacher forwards included); written
+  {", then ".join(state.get("devices") or ["an unrecorded machine"])} (teacher forwards
+  included); written
   {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 | tokens | minutes | loss | held-out alpha (T=1) |
