@@ -289,7 +289,7 @@ or with `trust_remote_code=True` without the package.
   + {dcfg["loss"].get("top1_weight", 0.0)} x cross-entropy on the teacher's argmax
 - data: {data} (train split by conversation id, seed {cfg.data.seed}), sequences of
   {dcfg["corpus"]["seq_len"]} chat-formatted tokens; text: `{dcfg["corpus"].get("source", "replies")}`
-  (replies: ShareGPT's; generated: the target's own at the experiment's sampling; mix: both)
+  (replies: the data's own; generated: the target's at the experiment's sampling; mix: both)
 - optimiser: AdamW lr {dcfg["optim"]["lr"]}, {dcfg["optim"]["batch_sequences"]} sequences per step
 - command: `python -m sprinter_train stage=distill distill={dcfg["name"]}` (resumes from
   `{dcfg["work_dir"]}/{dcfg["role"]}/state.pt`)
