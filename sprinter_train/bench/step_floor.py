@@ -8,7 +8,9 @@ Whatever the Hugging Face forward (a dynamic cache, masks rebuilt every step) an
 there) add above it is overhead that can be removed; the floor itself only drops with fewer
 bytes (issue 11, lever 1). The four steps are timed in interleaved rounds, like the bench's
 latency profile, so machine noise hits all of them alike (in rotating order: see
-`interleaved_medians`).
+`interleaved_medians`). The engine step of a draft the engine runs through
+`models.lean.LeanDraft` goes through it; its lean model-only step can be timed in the same
+rounds too (`lean=True`: a fifth step changes the rotation the four others were measured in).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Round
 from sprinter_train.models.cache import crop_cache
+from sprinter_train.models.lean import supports_lean
 
 WARMUP_ROUNDS = 3
 
@@ -91,6 +94,30 @@ class ModelStep:
     @torch.inference_mode()
     def reset(self) -> None:
         crop_cache(self.cache, self.context)
+
+
+class LeanStep:
+    """One `LeanDraft` forward of one token after `context` cached tokens and its head (the
+    restricted head's own tokens), through `ModelRunner` as the engine calls it, without the
+    engine's warping and drawing; the cache goes back to `context` tokens between calls."""
+
+    def __init__(self, model: torch.nn.Module, prefix: torch.Tensor, next_id: torch.Tensor):
+        vocab = int(model.config.vocab_size)
+        self.runner = ModelRunner(model, vocab, lean=True)
+        self.cache = self.runner.new_cache(1)
+        self.context = prefix.shape[1]
+        self.runner.prime(self.cache, prefix.tolist())
+        device = self.runner.device
+        self.ids = next_id.to(device)
+        self.counts = torch.ones(1, dtype=torch.long, device=device)
+        self.keep = torch.zeros((1, 1), dtype=torch.long, device=device)
+
+    def __call__(self) -> None:
+        self.runner.forward(self.cache, self.ids, self.counts, self.keep, restricted=True)
+
+    def reset(self) -> None:
+        self.cache.truncate(torch.full_like(self.cache.lengths, self.context))
+        self.cache.pack(self.context)
 
 
 class EngineDraftStep:
@@ -170,6 +197,7 @@ class StepFloor:
     context_tokens: int
     reps: int
     load_average: dict[str, float | None]
+    lean_ms: float | None = None  # the lean model-only step, for a draft that has one
 
     @property
     def engine_over_floor(self) -> float:
@@ -190,7 +218,11 @@ class StepFloor:
         return self.floor_ms / self.target_ms
 
     def report(self) -> dict[str, float | int | dict[str, float | None]]:
+        lean: dict[str, float] = {}
+        if self.lean_ms is not None:
+            lean = {"lean_step_ms": self.lean_ms, "lean_over_floor": self.lean_ms / self.floor_ms}
         return {
+            **lean,
             "floor_ms": self.floor_ms,
             "model_step_ms": self.model_ms,
             "engine_step_ms": self.engine_ms,
@@ -216,9 +248,11 @@ def measure_step_floor(
     context: int,
     reps: int,
     seed: int = 0,
+    lean: bool = False,
 ) -> StepFloor:
     """Time the floor, the draft's model-only and engine steps and the target's step at batch
-    1 after `context` cached random tokens, interleaved in `reps` rounds."""
+    1 after `context` cached random tokens, interleaved in `reps` rounds; with `lean`, also
+    the lean model-only step of a draft that has one."""
     device = next(draft.parameters()).device
     vocab = min(int(draft.config.vocab_size), int(target.config.vocab_size))
     gen = torch.Generator().manual_seed(seed)
@@ -228,17 +262,13 @@ def measure_step_floor(
     model_step = ModelStep(draft, cached, next_id)
     target_step = ModelStep(target, cached, next_id)
     engine_step = EngineDraftStep(draft, target, sampling, prefix[0, :context].tolist())
+    steps = {"floor": chain, "model": model_step, "engine": engine_step, "target": target_step}
+    resets = {"model": model_step.reset, "engine": engine_step.reset, "target": target_step.reset}
+    if lean and supports_lean(draft):
+        steps["lean"] = lean_step = LeanStep(draft, cached, next_id)
+        resets["lean"] = lean_step.reset
     before = load_average()
-    med = interleaved_medians(
-        {"floor": chain, "model": model_step, "engine": engine_step, "target": target_step},
-        reps,
-        device,
-        resets={
-            "model": model_step.reset,
-            "engine": engine_step.reset,
-            "target": target_step.reset,
-        },
-    )
+    med = interleaved_medians(steps, reps, device, resets=resets)
     return StepFloor(
         floor_ms=med["floor"] * 1e3,
         model_ms=med["model"] * 1e3,
@@ -250,4 +280,5 @@ def measure_step_floor(
         context_tokens=context,
         reps=reps,
         load_average={"start": before, "end": load_average()},
+        lean_ms=med["lean"] * 1e3 if "lean" in med else None,
     )

@@ -15,6 +15,10 @@ a 2-D attention mask and explicit position ids, and transformers builds the caus
 them; a row's empty slots are invisible to it, and since a row's tokens occupy increasing
 slots, the physical order is its logical order. Empty slots are squeezed out by `pack`
 (one gather per layer) when they outnumber the rows' tokens, so attention stays short.
+
+The keys and values live in a `DynamicCache`, or, for the distilled draft's lean forward
+(`models.lean`), in a `StaticKV` whose buffers are written in place and which offers the
+same parts of the interface.
 """
 
 from __future__ import annotations
@@ -22,13 +26,17 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from sprinter_train.models.lean import StaticKV
+
 
 class RowCache:
     """The KV cache, `position[r, s]` (the position slot s of row r holds, -1 if none) and
     `lengths[r]` (row r holds positions 0 .. lengths[r] - 1), all on the model's device."""
 
-    def __init__(self, rows: int, device: torch.device) -> None:
-        self.kv = DynamicCache()
+    def __init__(
+        self, rows: int, device: torch.device, kv: DynamicCache | StaticKV | None = None
+    ) -> None:
+        self.kv = DynamicCache() if kv is None else kv
         self.position = torch.empty((rows, 0), dtype=torch.long, device=device)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
 
@@ -48,23 +56,28 @@ class RowCache:
         mask = torch.cat([self.position >= 0, filled], dim=1).long()
         return self.lengths[:, None] + offsets, mask
 
-    def append(self, kv: DynamicCache, counts: torch.Tensor, width: int) -> None:
+    def append(self, kv: DynamicCache | StaticKV, counts: torch.Tensor, width: int) -> None:
         """Record the block `block` described, now written into `kv`."""
-        offsets = torch.arange(width, device=self.lengths.device)
-        block = torch.where(offsets[None, :] < counts[:, None], self.lengths[:, None] + offsets, -1)
+        if width == 1:  # a drafting step: two operations fewer
+            block = torch.where(counts > 0, self.lengths, -1)[:, None]
+        else:
+            offsets = torch.arange(width, device=self.lengths.device)
+            filled = offsets[None, :] < counts[:, None]
+            block = torch.where(filled, self.lengths[:, None] + offsets, -1)
         self.kv = kv
         self.position = torch.cat([self.position, block], dim=1)
         self.lengths = self.lengths + counts
 
     def absorb(self, rows: list[DynamicCache | None], counts: list[int]) -> None:
         """Take per-row caches (row r holding counts[r] tokens, None for none) as this empty
-        cache's first block: each row's keys and values padded to the longest on the right."""
+        cache's first block: each row's keys and values padded to the longest on the right
+        (into a cache of this one's kind)."""
         width = max(counts, default=0)
         if width == 0:
             return
         filled = [kv for kv in rows if kv is not None]
         layers = len(filled[0].layers)
-        kv = DynamicCache()
+        kv = type(self.kv)()
         for layer in range(layers):
             ref = filled[0].layers[layer].keys
             blank = ref.new_zeros((1, ref.shape[1], width, ref.shape[3]))

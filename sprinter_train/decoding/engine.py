@@ -76,10 +76,12 @@ class Engine:
         active: torch.Tensor,
         after: torch.Tensor | None = None,
         after_counts: torch.Tensor | None = None,
+        restricted: bool = False,
     ) -> RowOutput:
         """Feed each active row what `role`'s cache lacks of its committed tokens, then
         after[r, :after_counts[r]] (drafts on the device); outputs at the fed positions that
-        predict each of those drafts and the token past them: (B, A + 1, ...)."""
+        predict each of those drafts and the token past them: (B, A + 1, ...). `restricted`:
+        see `ModelRunner.forward`."""
         lack = [row.tokens[held:] for row, held in zip(batch.rows, batch.held[role], strict=True)]
         if not batch.caches[role].slots and max(len(x) for x in lack) > 1:
             # a prompt's prefill, one row at a time (see ModelRunner.prime); the last token
@@ -100,7 +102,7 @@ class Engine:
             counts = counts + after_counts
         counts = torch.where(active, counts, 0)
         keep = (lack_n - 1)[:, None] + torch.arange(extra + 1, device=self.device)
-        return self.forward(batch, role, ids, counts, keep)
+        return self.forward(batch, role, ids, counts, keep, restricted)
 
     def forward(
         self,
@@ -109,10 +111,11 @@ class Engine:
         ids: torch.Tensor,
         counts: torch.Tensor,
         keep: torch.Tensor,
+        restricted: bool = False,
     ) -> RowOutput:
         """One forward of `role` over the batch's rows (its call counted; its time is read from
         the runner once the generation ends)."""
-        out = self.runner(role).forward(batch.caches[role], ids, counts, keep)
+        out = self.runner(role).forward(batch.caches[role], ids, counts, keep, restricted)
         setattr(batch.stats, f"{role}_calls", getattr(batch.stats, f"{role}_calls") + 1)
         return out
 
@@ -138,8 +141,12 @@ class Engine:
     ) -> DraftStep:
         """The draft's next distribution in the active rows (after their committed tokens and
         this round's drafts so far), and a token drawn in the rows that `keep` (decided from
-        q alone, before any draw) lets draft."""
-        out = self.draft_side(batch, "draft", rnd, active)
+        q alone, before any draw) lets draft.
+
+        A restricted-head draft is warped and sampled on its K head tokens (ascending ids):
+        its logits are -inf elsewhere, so warping gives q = 0 there and the inverse CDF walks
+        the same nonzero masses in the same order; the drawn index is mapped to its id."""
+        out = self.draft_side(batch, "draft", rnd, active, restricted=True)
         q = self.warp(out.logits[:, 0])
         step = DraftStep(
             torch.zeros_like(active, dtype=torch.long),
@@ -147,25 +154,36 @@ class Engine:
             out.hidden[:, 0],
             out.logits[:, 0],
             active,
+            out.support,
+            self.runner("draft").vocab_size,
         )
         if keep is not None:
             step.active = active & keep(step)
-        step.tokens = self.sample(q, batch, step.active)
+        drawn = self.sample(q, batch, step.active)
+        step.tokens = drawn if out.support is None else out.support[drawn]
         return step
 
     def companion_probs(self, batch: Batch, rnd: Round, active: torch.Tensor) -> torch.Tensor:
         """(B, V) warped companion distribution at the position of each row's next draft."""
         return self.warp(self.draft_side(batch, "companion", rnd, active).logits[:, 0])
 
-    def draft_side(self, batch: Batch, role: str, rnd: Round, active: torch.Tensor) -> RowOutput:
+    def draft_side(
+        self,
+        batch: Batch,
+        role: str,
+        rnd: Round,
+        active: torch.Tensor,
+        restricted: bool = False,
+    ) -> RowOutput:
         """A draft-side model's k-th call of a round feeds what it lacks of the committed
         tokens (k = 0) or the round's draft k - 1, one token a row."""
         k = rnd.calls.get(role, 0)
         rnd.calls[role] = k + 1
         if k == 0:
-            return self.feed(batch, role, active)
+            return self.feed(batch, role, active, restricted=restricted)
         keep = torch.zeros((len(batch), 1), dtype=torch.long, device=self.device)
-        return self.forward(batch, role, rnd.steps[k - 1].tokens[:, None], active.long(), keep)
+        tokens = rnd.steps[k - 1].tokens[:, None]
+        return self.forward(batch, role, tokens, active.long(), keep, restricted)
 
     def target_probs(self, batch: Batch, rnd: Round, active: torch.Tensor) -> torch.Tensor:
         """(B, G + 1, V) warped target distributions at each row's drafts and one past them."""

@@ -2,7 +2,10 @@
 
 One forward appends a block of tokens (counts[r] of them for row r, the rest of the block
 empty) and returns the logits and hidden states only at the positions the caller asks for:
-a full-vocabulary head over every fed position would cost as much as the body.
+a full-vocabulary head over every fed position would cost as much as the body. The
+distilled draft runs through `models.lean.LeanDraft` (the same arithmetic without Hugging
+Face's per-step mask and cache machinery) and can hand back its logits over its own head's
+tokens only (`restricted`), which is all a draft step needs.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from sprinter_train.core.finite import broken_rows, nonfinite_error
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.decoding.cache import RowCache
 from sprinter_train.models.forward import body, head_logits
+from sprinter_train.models.lean import LeanDraft, StaticKV, supports_lean
 
 NO_POSITION = 2**62  # the watch's "no broken logits seen"
 
@@ -29,6 +33,9 @@ NO_POSITION = 2**62  # the watch's "no broken logits seen"
 class RowOutput:
     logits: torch.Tensor  # (rows, keep, V) float32 on the shared vocabulary
     hidden: torch.Tensor  # (rows, keep, d) the hidden state verifiers read
+    # when set, `logits` are (rows, keep, K) over these K ascending vocabulary ids only (a
+    # restricted head's tokens: every other token's logit is -inf)
+    support: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -39,13 +46,28 @@ class ModelRunner:
     breakdown; on CUDA they are measured with events, read when the caller asks (no sync).
     Broken logits (NaN, +inf, no finite value) are watched on the device and reported by the
     engine once a round (`nonfinite_position`), so no step waits for the device.
+    `lean` (default: whenever `supports_lean`) runs the distilled draft's forwards through
+    `LeanDraft` over a `StaticKV`; prefills still go through the model's own forward.
     """
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int, hidden_layer: int = -1) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        vocab_size: int,
+        hidden_layer: int = -1,
+        lean: bool | None = None,
+    ) -> None:
         self.model = model
         self.vocab_size = vocab_size
         self.hidden_layer = hidden_layer
         self.device = next(model.parameters()).device
+        use_lean = supports_lean(model) if lean is None else lean
+        self.lean = LeanDraft(model) if use_lean else None
+        self.support: torch.Tensor | None = None  # the head's ids on the shared vocabulary
+        if self.lean is not None and self.lean.head_ids is not None:
+            ids = self.lean.head_ids
+            self._support_size = int((ids < vocab_size).sum())  # ascending: a prefix
+            self.support = ids[: self._support_size].to(self.device)
         self._cpu_seconds = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._nonfinite: torch.Tensor | None = None  # lowest position with broken logits
@@ -53,7 +75,7 @@ class ModelRunner:
         self._shapes: deque[tuple[int, int, Any]] = deque(maxlen=256)
 
     def new_cache(self, rows: int) -> RowCache:
-        return RowCache(rows, self.device)
+        return RowCache(rows, self.device, None if self.lean is None else StaticKV())
 
     @property
     def seconds(self) -> float:
@@ -129,11 +151,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(
-        self, cache: RowCache, ids: torch.Tensor, counts: torch.Tensor, keep: torch.Tensor
+        self,
+        cache: RowCache,
+        ids: torch.Tensor,
+        counts: torch.Tensor,
+        keep: torch.Tensor,
+        restricted: bool = False,
     ) -> RowOutput:
         """Append ids[r, :counts[r]] to row r; return the outputs at block offsets keep[r, k]
         (the offset of the token whose next-token distribution is wanted; clamped into the
-        block, so a row's unused entries may point anywhere)."""
+        block, so a row's unused entries may point anywhere). `restricted`: logits over the
+        head's own tokens where the model has a restricted head (`RowOutput.support`)."""
+        if self.lean is not None:
+            return self._lean_forward(cache, ids, counts, keep, restricted)
         width = ids.shape[1]
         positions, mask = cache.block(counts, width)
         with self._timed((ids.shape[0], width)):
@@ -154,6 +184,41 @@ class ModelRunner:
         self._watch(logits, positions, keep, counts)
         return RowOutput(logits, hidden)
 
+    def _lean_forward(
+        self,
+        cache: RowCache,
+        ids: torch.Tensor,
+        counts: torch.Tensor,
+        keep: torch.Tensor,
+        restricted: bool,
+    ) -> RowOutput:
+        """`forward` through `LeanDraft`: the cache's own slot marks are the mask, and a
+        one-token step (every drafting step but a round's first) skips the gathers."""
+        lean = self.lean
+        assert lean is not None
+        width = ids.shape[1]
+        positions = cache.lengths[:, None]
+        if width > 1:
+            positions = positions + torch.arange(width, device=self.device)
+        with self._timed((ids.shape[0], width)):
+            final, chosen = lean.forward(
+                ids, positions, cache.position >= 0, cache.kv, self.hidden_layer
+            )
+            cache.append(cache.kv, counts, width)
+            if width == 1 and keep.shape[1] == 1:  # keep is clamped to the only offset
+                picked, hidden = final, chosen
+            else:
+                index = keep.clamp(0, width - 1)[..., None]
+                picked = final.gather(1, index.expand(-1, -1, final.shape[-1]))
+                hidden = chosen.gather(1, index.expand(-1, -1, chosen.shape[-1]))
+            support = self.support if restricted else None
+            if support is None:
+                logits = head_logits(self.model, picked, self.vocab_size).float()
+            else:
+                logits = lean.head_logits(picked)[..., : self._support_size].float()
+        self._watch(logits, positions, keep, counts)
+        return RowOutput(logits, hidden, support)
+
     def _watch(
         self,
         logits: torch.Tensor,
@@ -166,7 +231,10 @@ class ModelRunner:
         if logits.numel() == 0:
             return
         fed = (keep >= 0) & (keep < counts[:, None])
-        at = positions.gather(1, keep.clamp(0, positions.shape[1] - 1))
+        if positions.shape[1] == 1:  # a one-token block: every kept offset clamps to it
+            at = positions
+        else:
+            at = positions.gather(1, keep.clamp(0, positions.shape[1] - 1))
         first = torch.where(broken_rows(logits) & fed, at, NO_POSITION).amin()
         seen = self._nonfinite
         self._nonfinite = first if seen is None else torch.minimum(seen, first)

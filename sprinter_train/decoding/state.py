@@ -82,23 +82,59 @@ class Batch:
         return [max(0, min(limit, row.remaining - 1)) for row in self.rows]
 
 
+def spread(
+    values: torch.Tensor, support: torch.Tensor, vocab_size: int, fill: float
+) -> torch.Tensor:
+    """(..., K) values at the vocabulary ids `support` as (..., V), `fill` elsewhere."""
+    out = values.new_full((*values.shape[:-1], vocab_size), fill)
+    return out.index_copy_(-1, support, values)
+
+
 @dataclass
 class DraftStep:
-    """One drafting step over the batch; rows not in `active` drew nothing."""
+    """One drafting step over the batch; rows not in `active` drew nothing.
+
+    A restricted-head draft hands over its distribution and logits on its K head tokens only
+    (`support`: their ascending vocabulary ids). `q` and `logits` spread them over the
+    vocabulary when first read (q 0 and logits -inf off the head, which is what they are
+    there), so a step no rule reads never pays for V values; speculative sampling reads q
+    once per round, for all steps at once (`Round.q`).
+    """
 
     tokens: torch.Tensor  # (B,) drafted token per row
-    q: torch.Tensor  # (B, V) warped draft distribution the token was drawn from
+    head_q: torch.Tensor  # (B, K) warped draft distribution the token was drawn from
     hidden: torch.Tensor  # (B, d) draft hidden state that produced q
-    logits: torch.Tensor  # (B, V) the draft's raw logits (entropy rules read them)
+    head_logits: torch.Tensor  # (B, K) the draft's raw logits (entropy rules read them)
     active: torch.Tensor  # (B,) bool
+    support: torch.Tensor | None = None  # (K,) vocabulary ids; None: K is the vocabulary
+    vocab_size: int = 0  # V, where `support` is set
+    _full: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def q(self) -> torch.Tensor:
+        """(B, V) the warped draft distribution."""
+        return self._spread("q", self.head_q, 0.0)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """(B, V) the draft's raw logits."""
+        return self._spread("logits", self.head_logits, float("-inf"))
+
+    def _spread(self, name: str, values: torch.Tensor, fill: float) -> torch.Tensor:
+        if self.support is None or values is None:
+            return values
+        if name not in self._full:
+            self._full[name] = spread(values, self.support, self.vocab_size, fill)
+        return self._full[name]
 
     def entropy(self, warped: bool = False) -> torch.Tensor:
-        """(B,) H(q) in nats, of the warped q or of the draft's own softmax (temperature 1).
+        """(B,) H(q) in nats, of the warped q or of the draft's own softmax (temperature 1);
+        on the head's tokens, since every other token has probability 0.
 
         At low temperature with top-p the warped q is one-hot at most positions (H = 0), so an
         entropy rule on it would never stop drafting; SVIP and AdaEDL default to the raw one.
         """
-        return entropy(self.q if warped else self.logits.float().softmax(-1))
+        return entropy(self.head_q if warped else self.head_logits.float().softmax(-1))
 
 
 @dataclass
@@ -114,6 +150,11 @@ class Round:
         return torch.stack([s.tokens for s in self.steps], 1)
 
     def q(self) -> torch.Tensor:
+        """(B, G, V): steps on one restricted head are stacked on it and spread once."""
+        support = self.steps[0].support if self.steps else None
+        if support is not None and all(s.support is support for s in self.steps):
+            heads = torch.stack([s.head_q for s in self.steps], 1)
+            return spread(heads, support, self.steps[0].vocab_size, 0.0)
         return torch.stack([s.q for s in self.steps], 1)
 
 
