@@ -41,3 +41,20 @@ def test_cuda_times_come_from_events_and_streams_stay_on_the_device() -> None:
     result = engine.generate(PROMPTS, SpeculativeDecoding(3), 16)
     assert result[0].stats.target_seconds > 0 and result[0].stats.draft_seconds > 0
     assert result[0].stats.target_seconds + result[0].stats.draft_seconds < 2 * result[0].wall_s
+
+
+def test_the_lean_restricted_draft_runs_on_cuda_and_keeps_the_greedy_rows() -> None:
+    """The distilled draft's lean forward (static KV buffers, head-only warping) on CUDA:
+    greedy sd rows equal target-only on the CPU, and sampling stays on the device."""
+    target = build_tiny_model({}, seed=0)
+    draft = build_tiny_model({"head_vocab_size": 64, "embed_rank": 8}, seed=2)
+    greedy = SamplingConfig(temperature=0)
+    cpu = Engine(ModelRunner(target, VOCAB), greedy).generate(PROMPTS, TargetOnly(), 24)
+    runner = ModelRunner(draft.to("cuda"), VOCAB, lean=True)
+    cuda = Engine(ModelRunner(target.to("cuda"), VOCAB), greedy, draft=runner)
+    rows = cuda.generate(PROMPTS, SpeculativeDecoding(3), 24)
+    assert [r.tokens for r in rows] == [r.tokens for r in cpu]
+    sampled = Engine(
+        cuda.runners["target"], SamplingConfig(temperature=0.9, top_p=0.9), draft=runner
+    )
+    assert all(len(r.tokens) == 24 for r in sampled.generate(PROMPTS, SpeculativeDecoding(3), 24))

@@ -359,5 +359,5 @@ class LeanDraft:
                 rows, 1, group * width, mask.shape[-1]
             )
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
-        out = out.view(rows, self.heads, width, self.head_dim).transpose(1, 2)
+        out = out.reshape(rows, self.heads, width, self.head_dim).transpose(1, 2)  # CUDA: strided
         return out.reshape(rows, width, self.heads * self.head_dim)
