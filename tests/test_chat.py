@@ -76,7 +76,7 @@ def test_heldout_exchanges_follow_the_config(tokenizer) -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ({"source": "humaneval_package"}, "no \\(user, reply\\) exchanges.*sharegpt_package"),
+        ({"source": "humaneval_package"}, "no \\(user, reply\\) text exchanges.*sharegpt_package"),
         ({"split": "dev"}, "draft_eval.split must be one of train, val, test"),
         ({"prompt_fraction": 1.0}, "prompt_fraction must lie in \\(0, 1\\)"),
     ],

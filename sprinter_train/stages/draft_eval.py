@@ -6,13 +6,16 @@ Reports alpha (mean sum_x min(p, q)) on held-out assistant replies (draft_eval.s
 split: ShareGPT's test split by default), greedy agreement, the latency ratio c, the cost of
 verifying gamma + 1 tokens, and the implied SD speedup; and the draft step's floor (a bare
 matmul chain over its weights) beside its model-only and engine steps (bench/step_floor.py).
+draft_eval.extra_sources are scored beside the main source (`by_source`): HumanEval problems,
+or the target's own sampled replies to held-out ShareGPT turns (target_replies).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -28,40 +31,75 @@ from sprinter_train.core.io import atomic_write, write_json
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.chat import chat_ids, reply_ids
-from sprinter_train.data.sharegpt import first_exchanges
+from sprinter_train.data.exchanges import EXCHANGE_SOURCES, FIXED_SPLITS
 from sprinter_train.data.split import SPLITS, split_settings
-from sprinter_train.models.loading import check_tokenizers_agree, load_model, resolve_path
+from sprinter_train.distill.onpolicy import sample_replies
+from sprinter_train.models.loading import (
+    LoadedModel,
+    check_tokenizers_agree,
+    load_model,
+    resolve_path,
+)
 
 log = logging.getLogger(__name__)
 
 
-Exchanges = Callable[[str, dict[str, float]], Iterator[tuple[str, str]]]
-# draft_eval.source -> (split, split settings) -> (user message, assistant reply) pairs
-EXCHANGE_SOURCES: dict[str, Exchanges] = {"sharegpt_package": first_exchanges}
+TARGET_REPLIES = "target_replies"
+# every draft_eval.source / extra_sources value: the text sources, then the target's own replies
+SOURCES = (*EXCHANGE_SOURCES, TARGET_REPLIES)
+Exchange = tuple[list[int], int]  # (token ids, index of the first reply token)
 
 
-def heldout_exchanges(
-    tokenizer: PreTrainedTokenizerBase, ecfg: Mapping[str, Any], data_cfg: Mapping[str, Any]
-) -> list[tuple[list[int], int]]:
-    """(token ids, index of the first reply token) of `num_sequences` exchanges of
-    `draft_eval.source`'s `split` (split by id as `data` splits): the chat-rendered user turn,
-    cut to its last seq_len * prompt_fraction tokens, then the reply, seq_len tokens in all;
-    exchanges with fewer than `min_reply_tokens` reply tokens left are skipped."""
-    source = str(ecfg["source"])
-    if source not in EXCHANGE_SOURCES:
-        raise ValueError(
-            f"draft_eval.source={source!r} has no (user, reply) exchanges; choose from "
-            f"{', '.join(EXCHANGE_SOURCES)}"
-        )
+def check_sources(ecfg: Mapping[str, Any]) -> list[str]:
+    """`source`, then each of `extra_sources` not already listed; refuses an unknown name
+    before any model loads."""
+    extras = [("extra_sources", str(s)) for s in ecfg.get("extra_sources") or []]
+    named = [("source", str(ecfg["source"])), *extras]
+    for key, name in named:
+        if name not in SOURCES:
+            raise ValueError(
+                f"draft_eval.{key} names {name!r}, which has no (user, reply) exchanges; "
+                f"choose from {', '.join(SOURCES)}"
+            )
+    return list(dict.fromkeys(name for _, name in named))
+
+
+def source_split(source: str, ecfg: Mapping[str, Any]) -> str:
+    """The split a source's exchanges come from (HumanEval: all of it, see data/exchanges.py)."""
+    return FIXED_SPLITS.get(source, str(ecfg["split"]))
+
+
+def exchange_shape(ecfg: Mapping[str, Any]) -> tuple[int, int]:
+    """(seq_len, tokens the prompt keeps) after checking split and prompt_fraction."""
     split = str(ecfg["split"])
     if split not in SPLITS:
         raise ValueError(f"draft_eval.split must be one of {', '.join(SPLITS)}, got {split!r}")
     seq_len, fraction = int(ecfg["seq_len"]), float(ecfg["prompt_fraction"])
     if not 0 < fraction < 1:
         raise ValueError(f"draft_eval.prompt_fraction must lie in (0, 1), got {fraction}")
-    keep = max(1, int(seq_len * fraction))
-    out: list[tuple[list[int], int]] = []
-    for user, reply in EXCHANGE_SOURCES[source](split, split_settings(data_cfg)):
+    return seq_len, max(1, int(seq_len * fraction))
+
+
+def heldout_exchanges(
+    tokenizer: PreTrainedTokenizerBase,
+    ecfg: Mapping[str, Any],
+    data_cfg: Mapping[str, Any],
+    source: str | None = None,
+) -> list[Exchange]:
+    """(token ids, index of the first reply token) of `num_sequences` exchanges of `source`
+    (default `draft_eval.source`) from `split` (split by id as `data` splits): the
+    chat-rendered user turn, cut to its last seq_len * prompt_fraction tokens, then the reply,
+    seq_len tokens in all; exchanges with fewer than `min_reply_tokens` reply tokens left are
+    skipped. Text sources only: target_replies needs the target (`target_exchanges`)."""
+    source = str(ecfg["source"]) if source is None else source
+    if source not in EXCHANGE_SOURCES:
+        raise ValueError(
+            f"draft_eval.source={source!r} has no (user, reply) text exchanges; choose from "
+            f"{', '.join(EXCHANGE_SOURCES)} (or {TARGET_REPLIES}, sampled from the target)"
+        )
+    seq_len, keep = exchange_shape(ecfg)
+    out: list[Exchange] = []
+    for user, reply in EXCHANGE_SOURCES[source](str(ecfg["split"]), split_settings(data_cfg)):
         prompt = chat_ids(tokenizer, user, max_user_chars=ecfg["max_user_chars"])[-keep:]
         ids = (prompt + reply_ids(tokenizer, reply))[:seq_len]
         if len(ids) - len(prompt) >= int(ecfg["min_reply_tokens"]):
@@ -69,6 +107,90 @@ def heldout_exchanges(
         if len(out) >= int(ecfg["num_sequences"]):
             break
     return out
+
+
+def target_exchanges(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    ecfg: Mapping[str, Any],
+    data_cfg: Mapping[str, Any],
+    sampling: Mapping[str, Any],
+) -> list[Exchange]:
+    """Exchanges whose reply is the target's own sample at `sampling`, the text speculative
+    decoding meets (the draft learnt from human replies): ShareGPT's `split` user turns in
+    order, prompts cut as in `heldout_exchanges`, each reply drawn (through its first EOS) up
+    to the seq_len tokens the exchange holds. Prompts go in blocks of the exchanges still
+    missing, block b seeded with `seed` * 1_000_003 + b, so a run reproduces its replies."""
+    seq_len, keep = exchange_shape(ecfg)
+    wanted, shortest = int(ecfg["num_sequences"]), int(ecfg["min_reply_tokens"])
+    users = EXCHANGE_SOURCES["sharegpt_package"](str(ecfg["split"]), split_settings(data_cfg))
+    prompts = (
+        chat_ids(tokenizer, u, max_user_chars=ecfg["max_user_chars"])[-keep:] for u, _ in users
+    )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    out: list[Exchange] = []
+    block = 0
+    while len(out) < wanted:
+        chunk = list(islice(prompts, wanted - len(out)))
+        if not chunk:
+            break
+        rows = sample_replies(
+            model,
+            chunk,
+            pad_id,
+            int(tokenizer.eos_token_id),
+            dict(sampling),
+            seq_len - min(len(p) for p in chunk),
+            int(ecfg.get("seed", 0)) * 1_000_003 + block,
+        )
+        for prompt, row in zip(chunk, rows, strict=True):
+            if min(len(row), seq_len) - len(prompt) >= shortest:
+                out.append((row[:seq_len], len(prompt)))
+        block += 1
+    return out
+
+
+def source_exchanges(
+    source: str, target: LoadedModel, ecfg: Mapping[str, Any], cfg: DictConfig
+) -> list[Exchange]:
+    """One source's exchanges: text pairs tokenised, or replies sampled from the target."""
+    if source == TARGET_REPLIES:
+        sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
+        return target_exchanges(target.model, target.tokenizer, ecfg, cfg.data, sampling)
+    return heldout_exchanges(target.tokenizer, ecfg, cfg.data, source)
+
+
+def measure_sources(
+    sources: list[str],
+    draft: LoadedModel,
+    target: LoadedModel,
+    ecfg: Mapping[str, Any],
+    cfg: DictConfig,
+    settings: dict[str, SamplingConfig],
+    device: torch.device,
+) -> dict[str, dict[str, Any]]:
+    """alpha per setting, greedy agreement and counts of every source, in the order given."""
+    by_source: dict[str, dict[str, Any]] = {}
+    for source in sources:
+        started = time.perf_counter()
+        exchanges = source_exchanges(source, target, ecfg, cfg)
+        if not exchanges:
+            raise ValueError(
+                f"draft_eval.source {source!r} gave no exchange with >= "
+                f"{ecfg['min_reply_tokens']} reply tokens in {ecfg['seq_len']} tokens"
+            )
+        quality = measure_alpha(draft.model, target.model, exchanges, settings, device)
+        by_source[source] = {
+            "split": source_split(source, ecfg),
+            "alpha": quality["alpha"]["default"],
+            "alpha_by_setting": quality["alpha"],
+            "greedy_agreement": quality["greedy_agreement"],
+            "positions": quality["positions"],
+            "sequences": len(exchanges),
+            "seconds": time.perf_counter() - started,
+        }
+        log.info("draft_eval %s: %s", source, by_source[source])
+    return by_source
 
 
 @torch.no_grad()
@@ -116,6 +238,8 @@ def measure_latency(
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     ecfg = cfg.draft_eval
+    sources = check_sources(ecfg)
+    exchange_shape(ecfg)
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -130,8 +254,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "default": default,
         **{f"T={t:g}": SamplingConfig(temperature=float(t)) for t in ecfg.temperatures},
     }
-    exchanges = heldout_exchanges(target.tokenizer, ecfg, cfg.data)
-    quality = measure_alpha(draft.model, target.model, exchanges, settings, device)
+    by_source = measure_sources(sources, draft, target, ecfg, cfg, settings, device)
+    quality = by_source[sources[0]]
     gammas = [int(g) for g in ecfg.gammas]
     latency = measure_latency(
         draft.model, target.model, gammas, ecfg.latency_reps, ecfg.context_tokens, device
@@ -142,7 +266,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     step_targets = OmegaConf.to_container(ecfg.get("step_targets") or {})
     floor["targets"] = step_targets
     floor["targets_met"] = {name: floor[name] <= goal for name, goal in step_targets.items()}
-    alpha = quality["alpha"]["default"]
+    alpha = quality["alpha"]
     speedup = {
         g: implied_speedup(alpha, g, latency["c"], latency["verify_cost"][g]) for g in gammas
     }
@@ -155,10 +279,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "target": target.name,
         "sampling": OmegaConf.to_container(cfg.sampling),
         "alpha": alpha,
-        "alpha_by_setting": quality["alpha"],
+        "alpha_by_setting": quality["alpha_by_setting"],
         "greedy_agreement": quality["greedy_agreement"],
         "positions": quality["positions"],
-        "sequences": len(exchanges),
+        "sequences": quality["sequences"],
+        "by_source": by_source,
         **latency,
         "implied_speedup": speedup,
         "best_gamma": best,
@@ -234,6 +359,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"best gamma {result['best_gamma']}: implied speedup "
         f"{result['implied_speedup'][result['best_gamma']]:.3f}"
     )
+    if len(result.get("by_source", {})) > 1:
+        lines.extend(format_sources(result["by_source"]))
     values = headline(result["alpha"], result["c"], result["implied_speedup"][result["best_gamma"]])
     for name, goal in result.get("targets", {}).items():
         sign = "<=" if name == "c" else ">="
@@ -242,6 +369,22 @@ def format_table(result: dict[str, Any]) -> str:
     if "step_floor" in result:
         lines.extend(format_floor(result["step_floor"]))
     return "\n".join(lines)
+
+
+def format_sources(by_source: dict[str, dict[str, Any]]) -> list[str]:
+    """alpha per setting and greedy agreement of every source, the main one first."""
+    settings = list(next(iter(by_source.values()))["alpha_by_setting"])
+    names = {name: f"{name} ({entry['split']})" for name, entry in by_source.items()}
+    width = max(len(label) for label in names.values())
+    header = " | ".join(f"alpha {s}" for s in settings)
+    lines = [f"{'source (split)':<{width}} | {header} | greedy | positions"]
+    for name, entry in by_source.items():
+        cells = " | ".join(f"{entry['alpha_by_setting'][s]:>{len(s) + 6}.3f}" for s in settings)
+        lines.append(
+            f"{names[name]:<{width}} | {cells} | {entry['greedy_agreement']:>6.3f} | "
+            f"{entry['positions']:>9}"
+        )
+    return lines
 
 
 def format_floor(floor: dict[str, Any]) -> list[str]:
