@@ -37,15 +37,25 @@ def code_version() -> str:
     return described or f"sprinter_train {sprinter_train.__version__}"
 
 
+DOCUMENT_SUFFIXES = (".md", ".png", ".jpg", ".jpeg", ".txt")  # a model card is not the model
+
+
 def _local_signature(spec: dict[str, Any]) -> str | None:
-    """Sizes and mtimes of a local model's files: a retrained draft at the same path is new."""
+    """Sizes and mtimes of a local model's files: a retrained draft at the same path is new.
+
+    Its card and pictures are left out: `draft_eval.update_model_card` rewrites the README,
+    and that must not make every harvest and verifier of the same weights look stale."""
     path = str(spec.get("path") or "")
     if path == "tiny_random" or not path:
         return None
     resolved = Path(resolve_path(path))
     files = [resolved / spec["gguf_file"]] if spec.get("gguf_file") else []
     if not files and resolved.is_dir():
-        files = sorted(f for f in resolved.iterdir() if f.is_file())
+        files = sorted(
+            f
+            for f in resolved.iterdir()
+            if f.is_file() and not f.name.lower().endswith(DOCUMENT_SUFFIXES)
+        )
     if not files:
         return None  # a hub id: its revision identifies it
     stats = [f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files if f.exists()]
