@@ -182,7 +182,8 @@ def test_sd_with_a_changing_gamma_keeps_the_target_law(models) -> None:
         results = engine.generate(batch, policy, 3, range(start, start + 4))
         for prompt, result in zip(batch, results, strict=True):
             counts[PROMPTS.index(prompt)][tuple(result.tokens)] += 1
-    assert {g for per in planner.rounds.values() for g in per} == {"0", "1", "2", "3"}
+    played = {g.split()[0] for per in planner.rounds.values() for g in per}  # probes too
+    assert played == {"0", "1", "2", "3"}
     for prompt, observed in zip(PROMPTS, counts, strict=True):
         expected = exact_joint(models["target"], prompt, 3, SAMPLING, VOCAB)
         assert chi_square_pvalue(observed, expected) > 1e-3, prompt
@@ -234,3 +235,24 @@ def test_the_bench_gives_sd_auto_a_planner_shared_across_batch_sizes(compose_cfg
             compose_cfg("stage=bench", "bench.methods=[sd]", fixed), profile, 4, draft, False
         )
         assert plan.policies["sd"].planner is None
+
+
+def test_a_parked_planner_probes_its_rival_and_leaves_when_it_got_cheap() -> None:
+    """One slow reading of the two-token forward parks the planner on gamma 0, where it would
+    never time that forward again; the probe every 4th round plays gamma 1 once, the run's
+    fresh (fast) readings come in, and the planner moves to drafting."""
+    target = RunningLatency(lambda r, n: 1.0)
+    planner = GammaPlanner(target, lambda r, n: 0.01, 0.6, 1, margin=0.05, probe_every=4)
+    measured = Measured()
+    measured.ran("target", 1, 2, 5.0)  # an outlier: two tokens a row look five times dearer
+    measured.ran("target", 1, 1, 1.0)
+    assert [planner.plan(measured, 1, start=1) for _ in range(3)] == [0, 0, 0]
+    assert planner.plan(measured, 1, start=1) == 1  # the probe
+    measured.ran("target", 1, 2, 1.05, times=16)  # what the probe (and the truth) measured
+    assert planner.plan(measured, 1, start=1) == 1
+    assert planner.rounds["1"] == {"0": 3, "1 (probe)": 1, "1": 1}
+
+
+def test_probes_can_be_switched_off() -> None:
+    planner = GammaPlanner(lambda r, n: float(n), lambda r, n: 0.01, 0.1, 2, probe_every=0)
+    assert {planner.plan(Measured(), 1, start=0) for _ in range(40)} == {0}

@@ -301,7 +301,8 @@ def planner_lines(results: dict[str, Any]) -> list[str]:
         return []
 
     def by_number(items: Any) -> list[tuple[str, Any]]:
-        return sorted(items, key=lambda kv: int(kv[0]))
+        # keys are "3" or "3 (probe)" (a round that re-timed a rival gamma)
+        return sorted(items, key=lambda kv: (int(kv[0].split()[0]), kv[0]))
 
     rounds = "; ".join(
         f"rows {rows}: " + ", ".join(f"gamma {g} × {n}" for g, n in by_number(per.items()))
@@ -312,7 +313,8 @@ def planner_lines(results: dict[str, Any]) -> list[str]:
         "sd's gamma is where it starts at each batch size: before every round it is chosen "
         "again from the run's own target and draft forward times and the acceptance so far "
         f"(prior alpha {_cell(prior, '{:.3f}')}, switching only for {planner['margin']:.0%} "
-        "more estimated goodput; 0 is a target-only round). Rounds by live rows and gamma "
+        "more estimated goodput; 0 is a target-only round; a probe plays the best other gamma "
+        "once every few rounds to time it again). Rounds by live rows and gamma "
         f"(every batch size, warm-up included): {rounds or 'none'}.",
         "",
     ]

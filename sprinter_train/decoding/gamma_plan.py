@@ -98,6 +98,12 @@ class GammaPlanner:
     which keeps the target's law. In sampling mode a row's tokens do depend on what ran before
     and on its batch-mates (through the timings and the pooled acceptance); its law does not.
 
+    A gamma's time is only re-measured when it is played, so one slow outlier could park the
+    planner on a gamma (0 above all: no draft forward at all) whose rivals it never times
+    again. Every `probe_every` rounds at a row count it therefore plays the best other gamma
+    once (a probe, tallied as such); that costs at most 1/probe_every of the rounds at a
+    worse length and is, like every plan, fixed before the round's drafts (lossless).
+
     Not priced: the draft's catch-up after rounds without drafts (one forward over the tokens
     it missed) and the first draft step's second token after a fully kept round.
     """
@@ -110,13 +116,16 @@ class GammaPlanner:
         gamma_max: int,
         margin: float = 0.05,
         weight: float = 32.0,
+        probe_every: int = 16,
     ) -> None:
         self.latency = latency  # (rows, tokens a row) -> seconds of a target forward
         self.draft_latency = draft_latency  # (rows, tokens a row) -> seconds of a draft forward
         self.acceptance = AcceptanceRate(alpha, weight)
         self.gamma_max = gamma_max
         self.margin = margin
+        self.probe_every = probe_every  # 0: never probe
         self._current: dict[int, int] = {}
+        self._since_probe: dict[int, int] = {}
         self.rounds: dict[str, dict[str, int]] = {}  # rows -> gamma -> rounds planned so far
 
     def step_cost(self, rows: int) -> float:
@@ -131,15 +140,23 @@ class GammaPlanner:
             learn(self.draft_latency, draft.forward_times())
         gamma = self._current.get(rows, max(0, min(start, self.gamma_max)))
         alpha = self.acceptance.value
+        played = gamma
         if alpha is not None:
             values = goodputs(alpha, rows, self.gamma_max, self.latency, self.step_cost)
             best = _highest(values)
             if values[best] > values[gamma] * (1.0 + self.margin):
-                gamma = best
+                gamma = played = best
+            since = self._since_probe.get(rows, 0) + 1
+            if self.probe_every and since >= self.probe_every and self.gamma_max > 0:
+                rivals = [g for g in range(len(values)) if g != gamma]
+                played = max(rivals, key=lambda g: (values[g], -g))
+                since = 0
+            self._since_probe[rows] = since
         self._current[rows] = gamma
         tally = self.rounds.setdefault(str(rows), {})
-        tally[str(gamma)] = tally.get(str(gamma), 0) + 1
-        return gamma
+        key = str(played) if played == gamma else f"{played} (probe)"
+        tally[key] = tally.get(key, 0) + 1
+        return played
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A row's round outcome, once it reached the host."""
