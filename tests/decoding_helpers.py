@@ -86,6 +86,35 @@ def chi_square_pvalue(
     return float(chisquare(observed, exp_arr).pvalue)
 
 
+def assert_target_law_with_power(
+    models: dict[str, torch.nn.Module],
+    prompts: list[list[int]],
+    counts: list[dict[tuple[int, ...], int]],
+    sampling: SamplingConfig,
+    vocab: int,
+) -> None:
+    """Each prompt's counted first three tokens follow the target's exact law, and the test has
+    power: the first prompt's counts reject the mixture halfway to the draft's law."""
+    for prompt, observed in zip(prompts, counts, strict=True):
+        expected = exact_joint(models["target"], prompt, 3, sampling, vocab)
+        assert chi_square_pvalue(observed, expected) > 1e-3, prompt
+    expected = exact_joint(models["target"], prompts[0], 3, sampling, vocab)
+    draft = exact_joint(models["draft"], prompts[0], 3, sampling, vocab)
+    halfway = {k: (expected.get(k, 0.0) + draft.get(k, 0.0)) / 2 for k in {*expected, *draft}}
+    assert chi_square_pvalue(counts[0], halfway) < 1e-6
+
+
+def feed_rows(runner: ModelRunner, cache: Any, rows: list[list[int]], *restricted: bool) -> Any:
+    """Append rows[r] to row r of `cache` in one forward; outputs at every fed offset."""
+    width = max(1, max(map(len, rows)))
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, new in enumerate(rows):
+        ids[r, : len(new)] = torch.tensor(new, dtype=torch.long)
+    counts = torch.tensor([len(new) for new in rows])
+    keep = torch.arange(width).expand(len(rows), -1)
+    return runner.forward(cache, ids, counts, keep, *restricted)
+
+
 class FixedLogits(torch.nn.Module):
     """A causal LM stand-in whose next-token logits are the same at every position: the
     hand-set distributions of the engine's smallest exactness cases."""

@@ -27,7 +27,7 @@ from sprinter_train.decoding.state import Round
 from sprinter_train.models.lean import KVLayer, LeanDraft, StaticKV, supports_lean
 from sprinter_train.models.student import SprinterDraftConfig, SprinterDraftForCausalLM
 from sprinter_train.models.tiny import TINY_DEFAULTS, build_tiny_model
-from tests.decoding_helpers import MemoRunner, chi_square_pvalue, exact_joint
+from tests.decoding_helpers import MemoRunner, chi_square_pvalue, exact_joint, feed_rows
 
 VOCAB = 128
 HEAD = 64
@@ -75,13 +75,7 @@ def factorised() -> torch.nn.Module:
 
 def feed(runner: ModelRunner, cache, rows: list[list[int]], restricted: bool = False):
     """Append rows[r] to row r; outputs at every fed offset."""
-    width = max(1, max(map(len, rows)))
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, new in enumerate(rows):
-        ids[r, : len(new)] = torch.tensor(new, dtype=torch.long)
-    counts = torch.tensor([len(new) for new in rows])
-    keep = torch.arange(width).expand(len(rows), -1)
-    return runner.forward(cache, ids, counts, keep, restricted)
+    return feed_rows(runner, cache, rows, restricted)
 
 
 def test_only_the_distilled_draft_runs_lean(draft) -> None:

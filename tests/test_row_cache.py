@@ -8,6 +8,7 @@ import torch
 
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
+from tests.decoding_helpers import feed_rows
 
 VOCAB = 128
 
@@ -24,13 +25,7 @@ def full_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
 
 def feed(runner: ModelRunner, cache, rows: list[list[int]]) -> torch.Tensor:
     """Append rows[r] to row r; (rows, width, V) logits at every fed offset."""
-    width = max(1, max(map(len, rows)))
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, new in enumerate(rows):
-        ids[r, : len(new)] = torch.tensor(new, dtype=torch.long)
-    counts = torch.tensor([len(new) for new in rows])
-    keep = torch.arange(width).expand(len(rows), -1)
-    return runner.forward(cache, ids, counts, keep).logits
+    return feed_rows(runner, cache, rows).logits
 
 
 def test_ragged_appends_rejections_packing_and_leaving_rows(model) -> None:
