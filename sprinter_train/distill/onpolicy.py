@@ -26,6 +26,17 @@ from sprinter_train.data.split import split_settings
 log = logging.getLogger(__name__)
 
 
+def pad_id_of(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id left padding uses (pads never enter a sequence, so any id does without one)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def block_seed(seed: int, block: int) -> int:
+    """The seed of a block of prompts sampled together: distinct per (seed, block), so a rerun
+    or a resumed run draws the same replies for that block."""
+    return seed * 1_000_003 + block
+
+
 @torch.no_grad()
 def sample_replies(
     model: torch.nn.Module,
@@ -120,7 +131,7 @@ def build_generated_corpus(
     prompts = train_prompts(tokenizer, split_cfg, max_user_chars)
     if not prompts:
         raise ValueError("the train split holds no user turns to generate from")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_id_of(tokenizer)
     eos_id = int(tokenizer.eos_token_id)
     dtype = np.uint16 if len(tokenizer) <= 65535 else np.int32
     paths: list[Path] = []
@@ -134,7 +145,7 @@ def build_generated_corpus(
                 prompts[(block * block_prompts + i) % len(prompts)] for i in range(block_prompts)
             ]
             sequences = sample_replies(
-                model, chunk, pad_id, eos_id, sampling, max_new_tokens, seed * 1_000_003 + block
+                model, chunk, pad_id, eos_id, sampling, max_new_tokens, block_seed(seed, block)
             )
             stream = np.asarray([t for s in sequences for t in s], dtype=dtype)
             names = []

@@ -138,8 +138,9 @@ def train(
             optimizer.load_state_dict(resume["optimizer"])
         state = DistillState(**resume["state"])
         log.info("resuming at %d tokens, %d shard visits", state.tokens, state.visits)
-    if not state.devices or state.devices[-1] != device_label(device):
-        state.devices.append(device_label(device))
+    machine = device_label(device)
+    if not state.devices or state.devices[-1] != machine:
+        state.devices.append(machine)
     slots = slot_map(student.head_token_ids(), student.config.vocab_size)
     top_k, batch_seqs = int(cfg["teacher"]["top_k"]), int(optim_cfg["batch_sequences"])
     max_tokens = cfg.get("max_tokens") or math.inf

@@ -33,7 +33,7 @@ from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.chat import chat_ids, reply_ids
 from sprinter_train.data.exchanges import EXCHANGE_SOURCES, FIXED_SPLITS
 from sprinter_train.data.split import SPLITS, split_settings
-from sprinter_train.distill.onpolicy import sample_replies
+from sprinter_train.distill.onpolicy import block_seed, pad_id_of, sample_replies
 from sprinter_train.models.loading import (
     LoadedModel,
     check_tokenizers_agree,
@@ -120,14 +120,14 @@ def target_exchanges(
     decoding meets (the draft learnt from human replies): ShareGPT's `split` user turns in
     order, prompts cut as in `heldout_exchanges`, each reply drawn (through its first EOS) up
     to the seq_len tokens the exchange holds. Prompts go in blocks of the exchanges still
-    missing, block b seeded with `seed` * 1_000_003 + b, so a run reproduces its replies."""
+    missing, block b seeded with `block_seed(seed, b)`, so a run reproduces its replies."""
     seq_len, keep = exchange_shape(ecfg)
     wanted, shortest = int(ecfg["num_sequences"]), int(ecfg["min_reply_tokens"])
     users = EXCHANGE_SOURCES["sharegpt_package"](str(ecfg["split"]), split_settings(data_cfg))
     prompts = (
         chat_ids(tokenizer, u, max_user_chars=ecfg["max_user_chars"])[-keep:] for u, _ in users
     )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_id_of(tokenizer)
     out: list[Exchange] = []
     block = 0
     while len(out) < wanted:
@@ -141,7 +141,7 @@ def target_exchanges(
             int(tokenizer.eos_token_id),
             dict(sampling),
             seq_len - min(len(p) for p in chunk),
-            int(ecfg.get("seed", 0)) * 1_000_003 + block,
+            block_seed(int(ecfg.get("seed", 0)), block),
         )
         for prompt, row in zip(chunk, rows, strict=True):
             if min(len(row), seq_len) - len(prompt) >= shortest:
