@@ -104,8 +104,10 @@ def lr_at(
 ) -> float:
     """Linear warm-up, constant, then a linear decay to `final`*lr over the run's last `decay`.
 
-    `remaining` is the fraction of this run's time (or token) budget still left. Each run ends
-    annealed, which helps a fixed-budget run; a resumed run starts again at the full rate.
+    `step` counts this run's steps and `remaining` is the fraction of this run's time (or
+    token) budget still left. Each run ends annealed, which helps a fixed-budget run; a resumed
+    run warms up again, since a warm start's fresh Adam moments at the full rate would undo
+    part of what the exported weights learned.
     """
     warm = min(1.0, (step + 1) / max(1, warmup))
     anneal = 1.0 if decay <= 0 or remaining >= decay else final + (1 - final) * remaining / decay
@@ -146,7 +148,7 @@ def train(
     max_tokens = cfg.get("max_tokens") or math.inf
     budget = 60.0 * float(cfg["max_minutes"])
     deadline = time.monotonic() + budget
-    first_tokens = state.tokens
+    first_tokens, first_steps = state.tokens, state.steps
     eval_every = int(cfg["eval_every_shards"])
     passes = int(cfg.get("passes_per_shard", 1))
     student.train()
@@ -184,7 +186,7 @@ def train(
                     1.0 - (state.tokens - first_tokens) / (max_tokens - first_tokens),
                 )
                 group["lr"] = lr_at(
-                    state.steps,
+                    state.steps - first_steps,
                     optim_cfg["lr"],
                     optim_cfg["warmup_steps"],
                     max(0.0, left),
