@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -102,6 +103,28 @@ def test_gguf_loads_and_the_converted_cache_matches(tmp_path) -> None:
     )
     out = first.model.generate(**chat, max_new_tokens=8, do_sample=False)
     assert "Paris" in first.tokenizer.decode(out[0, chat["input_ids"].shape[1] :])
+
+
+@pytest.mark.slow
+def test_gguf_cache_survives_a_concurrent_dequantisation(tmp_path, monkeypatch) -> None:
+    """Three distillations started at once on one GPU all dequantised the GGUF; the two that
+    lost the final rename died. The loser must use the winner's complete copy."""
+    real_rename = Path.rename
+
+    def rival_renames_first(self: Path, target: Path) -> Path:
+        shutil.copytree(self, target)  # another process's complete copy lands first
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", rival_renames_first)
+    loaded = load_model(SMOLLM, "target", CPU, torch.float32, cache_dir=str(tmp_path))
+    monkeypatch.undo()
+    (cached,) = tmp_path.iterdir()  # the loser's temporary copy was removed
+    assert (cached / "config.json").exists() and ".tmp" not in cached.name
+    again = load_model(SMOLLM, "target", CPU, torch.float32, cache_dir=str(tmp_path))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(
+        again.model(input_ids=ids).logits, loaded.model(input_ids=ids).logits
+    )
 
 
 @pytest.mark.slow

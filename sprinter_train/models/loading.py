@@ -13,6 +13,7 @@ import importlib.util
 import logging
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,14 @@ def _load_gguf(directory: str, gguf_file: str, dtype: torch.dtype, cache_root: s
     tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(cached)
+    try:
+        tmp.rename(cached)
+    except OSError:
+        # another process dequantised the same file at the same time and renamed first: its
+        # copy is complete (a folder only appears under the final name once written)
+        if not (cached / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return model.to(dtype), tokenizer
 
 
