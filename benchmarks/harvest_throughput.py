@@ -32,7 +32,12 @@ from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threa
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import load_prompts
 from sprinter_train.harvest.continuations import HarvestSequence
-from sprinter_train.harvest.driver import HarvestOptions, harvest_prompts, max_context
+from sprinter_train.harvest.driver import (
+    HarvestOptions,
+    harvest_prompts,
+    max_context,
+    shared_rows_of,
+)
 from sprinter_train.harvest.mixes import assign_mixes
 from sprinter_train.harvest.records import pad_right
 from sprinter_train.harvest.shards import plan_shards, write_shard
@@ -78,7 +83,8 @@ def measure(
     device,
     out_dir: Path,
     generation_batch_size=64,
-    statistics_rows=128,
+    statistics_rows=32,
+    shared_generation_rows=8,
 ) -> dict[str, float]:
     synchronize(device)
     start = time.perf_counter()
@@ -92,6 +98,7 @@ def measure(
         None,
         generation_batch_size,
         statistics_rows,
+        shared_generation_rows,
     )
     for plan in plan_shards(prompts, mixes, len(prompts)):
         write_shard(out_dir, plan, batch, sequences, "benchmark")
@@ -160,6 +167,7 @@ def main() -> None:
                         Path(tmp),
                         generation,
                         int(hcfg["statistics_rows"]),
+                        shared_rows_of(hcfg),
                     )
                 )
     print(

@@ -360,17 +360,21 @@ SEQ_MIXES = [GENERATED[i % 3] for i in range(12)]
 SEQ_SAMPLING = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95)
 
 
-def continuations(models: HarvestModels, prompts, mixes, n: int = 8) -> list[list[int]]:
-    built = build_sequences(models, prompts, mixes, n, n, 3, SEQ_SAMPLING, 0)
+def continuations(
+    models: HarvestModels, prompts, mixes, n: int = 8, shared_rows: int = 8
+) -> list[list[int]]:
+    built = build_sequences(models, prompts, mixes, n, n, 3, SEQ_SAMPLING, 0, shared_rows)
     return [seq.input_ids[seq.region_start : seq.region_end] for seq in built]
 
 
+@pytest.mark.parametrize("shared_rows", [0, 8])
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_batched_continuations_match_one_prompt_at_a_time(family: str) -> None:
-    """Every generated mix's rows in one engine call (prompts of different lengths, rows that
-    accept different numbers of drafts) equal each prompt generated alone."""
+def test_batched_continuations_match_one_prompt_at_a_time(family: str, shared_rows: int) -> None:
+    """Every generated mix's rows in one engine call, or the target and interleaved rows in
+    one shared call (prompts of different lengths, rows that accept different numbers of
+    drafts), equal each prompt generated alone."""
     models = generating_models(family, None)
-    batched = continuations(models, SEQ_PROMPTS, SEQ_MIXES)
+    batched = continuations(models, SEQ_PROMPTS, SEQ_MIXES, shared_rows=shared_rows)
     alone = [
         continuations(models, [prompt], [mix])[0]
         for prompt, mix in zip(SEQ_PROMPTS, SEQ_MIXES, strict=True)
@@ -394,19 +398,22 @@ def test_continuations_end_at_the_first_eos() -> None:
 
 
 @pytest.mark.parametrize(
-    "batching", [("1", "18", "1", "1"), ("8", "48", "64", "128"), ("2", "48", "3", "5")]
+    "batching",
+    [("1", "18", "1", "1", "8"), ("8", "48", "64", "128", "0"), ("2", "48", "3", "5", "8")],
 )
 def test_records_do_not_depend_on_batching(baseline, tmp_path, batching) -> None:
     """All four mixes, one prompt per batch, per generation call and per statistics block,
-    all eight in one, or generation chunks that cut across teacher-forced batches, give the
-    baseline's sequences and records exactly (float32)."""
-    batch_size, shard_rows, generation, statistics = batching
+    all eight in one with every mix its own call (the baseline shares the target and
+    interleaved rows' call), or generation chunks that cut across teacher-forced batches,
+    give the baseline's sequences and records exactly (float32)."""
+    batch_size, shard_rows, generation, statistics, shared = batching
     cfg = compose_at(
         tmp_path,
         f"harvest.batch_size={batch_size}",
         f"harvest.shard_rows={shard_rows}",
         f"harvest.generation_batch_size={generation}",
         f"harvest.statistics_rows={statistics}",
+        f"harvest.shared_generation_rows={shared}",
     )
     run_stage(cfg)
     records, hidden, seqs = load_record_set(cfg)
@@ -424,3 +431,10 @@ def test_without_a_companion_s_and_a_are_null(tmp_path) -> None:
     assert not others.isna().any().any() and len(records) > 0
     manifest = read_json(Path(cfg.experiment_dir) / "records" / "manifest.json")
     assert manifest["nullable"] == ["S", "A"] and "companion" not in manifest["models"]
+
+
+def test_shared_generation_rows_is_a_whole_number_of_rows() -> None:
+    assert [driver.shared_rows_of({"shared_generation_rows": n}) for n in (0, 8)] == [0, 8]
+    for bad in (-1, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="shared_generation_rows"):
+            driver.shared_rows_of({"shared_generation_rows": bad})

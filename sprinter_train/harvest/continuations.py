@@ -7,8 +7,9 @@ target accepted with min(1, p/q) and target corrections drawn from norm(max(0, p
 
 The three generated mixes come from the batched decoding engine (the same loop the bench
 measures): target-only decoding of the draft or the target model, and speculative decoding
-with block size gamma. Each row draws from its own stream keyed by its prompt's seed, so a
-sequence never depends on the batch or shard it was built in.
+with block size gamma; a few target and interleaved rows share one call (shared_call.py).
+Each row draws from its own stream keyed by its prompt's seed, so a sequence never depends
+on the batch or shard it was built in.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Policy
 from sprinter_train.harvest.mixes import prompt_seed
+from sprinter_train.harvest.shared_call import SharedTargetRounds
 from sprinter_train.models.forward import HarvestModels
 
 GENERATED_MIXES = ("draft", "target", "interleaved")
@@ -54,41 +56,61 @@ def original_sequence(
 
 
 def continuation_engine(
-    models: HarvestModels, mix: str, gamma: int, sampling: SamplingConfig
+    models: HarvestModels, mixes: Sequence[str], gamma: int, sampling: SamplingConfig
 ) -> tuple[Engine, Policy]:
-    """The engine and policy that generate one mix's continuations: target-only decoding of
-    the mix's model, or draft + target speculative decoding (no hidden states are needed)."""
+    """The engine and policy that generate rows of these mixes (one per row) in one call:
+    target-only decoding of the mix's model, draft + target speculative decoding, or both
+    target and interleaved rows (SharedTargetRounds); no hidden states are needed."""
     vocab, eos = models.vocab_size, models.eos_token_id
-    if mix == "interleaved":
+    kinds = set(mixes)
+    if kinds <= {"target", "interleaved"} and "interleaved" in kinds:
         engine = Engine(
             ModelRunner(models.target.model, vocab),
             sampling,
             draft=ModelRunner(models.draft.model, vocab),
             eos_token_id=eos,
         )
-        return engine, SpeculativeDecoding(gamma)
-    if mix not in ("draft", "target"):
-        raise ValueError(f"mix {mix!r} is not generated; generated mixes: {GENERATED_MIXES}")
-    model = models.draft.model if mix == "draft" else models.target.model
+        if kinds == {"interleaved"}:
+            return engine, SpeculativeDecoding(gamma)
+        drafting = frozenset(i for i, mix in enumerate(mixes) if mix == "interleaved")
+        return engine, SharedTargetRounds(gamma, drafting)
+    if len(kinds) != 1 or not kinds <= {"draft", "target"}:
+        raise ValueError(
+            f"mixes {sorted(kinds)} are not generated in one call; one of {GENERATED_MIXES}, "
+            "or target and interleaved together"
+        )
+    model = models.draft.model if kinds == {"draft"} else models.target.model
     return Engine(ModelRunner(model, vocab), sampling, eos_token_id=eos), TargetOnly()
 
 
 def generate_continuations(
     models: HarvestModels,
     prompts: Sequence[Prompt],
-    mix: str,
+    mixes: Sequence[str],
     length: int,
     gamma: int,
     sampling: SamplingConfig,
     seed: int,
 ) -> list[list[int]]:
-    """At most `length` tokens after each prompt, ending at the first EOS: one batched
-    `generate` call, row i seeded by its prompt (`prompt_seed(seed, id, "continuation")`,
-    63 bits: a non-negative int64 key of `RowStreams`)."""
-    engine, policy = continuation_engine(models, mix, gamma, sampling)
+    """At most `length` tokens after each prompt (row i of mix mixes[i]), ending at the first
+    EOS: one batched `generate` call, row i seeded by its prompt
+    (`prompt_seed(seed, id, "continuation")`, 63 bits: a non-negative int64 key of
+    `RowStreams`)."""
+    engine, policy = continuation_engine(models, mixes, gamma, sampling)
     seeds = [prompt_seed(seed, p.prompt_id, "continuation") for p in prompts]
     results = engine.generate([p.input_ids for p in prompts], policy, length, seeds)
     return [result.tokens for result in results]
+
+
+def generation_calls(mixes: Sequence[str], shared_rows: int) -> list[list[int]]:
+    """The rows (indices into `mixes`) of each engine call: one call per generated mix, but
+    the target and interleaved rows together when there are both and at most `shared_rows`
+    of them (0: never)."""
+    rows = {mix: [i for i, m in enumerate(mixes) if m == mix] for mix in GENERATED_MIXES}
+    together = sorted(rows["target"] + rows["interleaved"])
+    if rows["target"] and rows["interleaved"] and len(together) <= shared_rows:
+        return [r for r in (rows["draft"], together) if r]
+    return [r for r in rows.values() if r]
 
 
 def build_sequences(
@@ -100,17 +122,23 @@ def build_sequences(
     gamma: int,
     sampling: SamplingConfig,
     seed: int,
+    shared_rows: int = 8,
 ) -> list[HarvestSequence]:
     """The sequence of every prompt of one batch: `length` generated tokens, or the first
-    `original_length` reference tokens. Each generated mix's rows are one engine call."""
+    `original_length` reference tokens. Each generated mix's rows are one engine call, or
+    the target and interleaved rows share one (`generation_calls`)."""
     continuations: dict[int, list[int]] = {}
-    for mix in GENERATED_MIXES:
-        rows = [i for i, m in enumerate(mixes) if m == mix]
-        if rows:
-            generated = generate_continuations(
-                models, [prompts[i] for i in rows], mix, length, gamma, sampling, seed
-            )
-            continuations.update(zip(rows, generated, strict=True))
+    for rows in generation_calls(mixes, shared_rows):
+        generated = generate_continuations(
+            models,
+            [prompts[i] for i in rows],
+            [mixes[i] for i in rows],
+            length,
+            gamma,
+            sampling,
+            seed,
+        )
+        continuations.update(zip(rows, generated, strict=True))
     sequences = []
     for i, (prompt, mix) in enumerate(zip(prompts, mixes, strict=True)):
         if mix == "original":

@@ -88,15 +88,17 @@ def harvest_prompts(
     device: torch.device,
     on_batch: Callable[[int, int], None] | None = None,
     generation_batch_size: int = 64,
-    statistics_rows: int = 128,
+    statistics_rows: int = 32,
+    shared_generation_rows: int = 8,
 ) -> tuple[RecordBatch, list[HarvestSequence]]:
     """Records of `prompts` in order: build the sequences, then one forward per model a batch.
 
     Prompts go in length order (padding is wasted compute) and the prompt order is restored
     afterwards. Continuations are generated for up to `generation_batch_size` prompts at a
     time (each mix one batched engine call: a decode step costs about the same for 2 rows as
-    for 30 on a CPU), then teacher-forced `batch_size` sequences at a time; per-prompt random
-    streams keep the records independent of both sizes.
+    for 30 on a CPU; up to `shared_generation_rows` target and interleaved rows share one),
+    then teacher-forced `batch_size` sequences at a time; per-prompt random streams keep the
+    records independent of all three.
     """
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i].input_ids), i))
     built_of: dict[int, HarvestSequence] = {}
@@ -111,6 +113,7 @@ def harvest_prompts(
             options.gamma,
             options.sampling,
             options.seed,
+            shared_generation_rows,
         )
         built_of.update(zip(chunk, built, strict=True))
     batches, sequences, rows_of, offset = [], {}, {}, 0
@@ -137,6 +140,17 @@ def harvest_prompts(
     joined = concat_batches(batches, hidden_dim(models))
     index = np.concatenate([rows_of[i] for i in range(len(prompts))] or [np.zeros(0, int)])
     return joined.take(index), [sequences[i] for i in range(len(prompts))]
+
+
+def shared_rows_of(hcfg: dict[str, Any]) -> int:
+    """harvest.shared_generation_rows, a whole number >= 0 (0: target and interleaved rows
+    never share a generation call)."""
+    value = hcfg["shared_generation_rows"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"harvest.shared_generation_rows must be a whole number >= 0, got {value!r}"
+        )
+    return value
 
 
 def max_context(models: HarvestModels, reserve: int) -> int | None:
@@ -226,6 +240,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
             int(hcfg["batch_size"]),
             int(hcfg["generation_batch_size"]),
             int(hcfg["statistics_rows"]),
+            shared_rows_of(hcfg),
         ),
         device,
         records_dir,
@@ -288,7 +303,7 @@ def _write_shards(
     models: HarvestModels,
     plans: list[ShardPlan],
     options: HarvestOptions,
-    batch_sizes: tuple[int, int, int],
+    batch_sizes: tuple[int, int, int, int],
     device: torch.device,
     records_dir: Path,
     fingerprint: str,
@@ -296,7 +311,7 @@ def _write_shards(
 ) -> int:
     """Harvest and write the given shards with a progress bar of prompts and records/s;
     batch_sizes: (teacher-forced sequences, prompts generated together, records whose
-    statistics are computed together)."""
+    statistics are computed together, target and interleaved rows sharing a call at most)."""
     progress = tqdm(
         total=sum(len(p.prompts) for p in plans), unit="prompt", desc="harvest", disable=not show
     )
@@ -322,6 +337,7 @@ def _write_shards(
                 on_batch,
                 batch_sizes[1],
                 batch_sizes[2],
+                batch_sizes[3],
             )
             write_shard(records_dir, plan, batch, sequences, fingerprint)
     finally:

@@ -131,7 +131,7 @@ def harvest_batch(
     hidden_layer: int,
     seed: int,
     device: torch.device,
-    statistics_rows: int = 128,
+    statistics_rows: int = 32,
 ) -> RecordBatch:
     """Every record of `sequences`: one forward per model, then per-row statistics.
 
