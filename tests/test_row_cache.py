@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
+from sprinter_train.decoding.cache import RowCache
 from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.models.lean import StaticKV
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import feed_rows
 
@@ -82,3 +85,53 @@ def test_priming_rows_one_at_a_time_equals_a_full_forward(model) -> None:
     for r, seq in enumerate(seqs):
         full = full_logits(model, seq + [20, 21])[-3:]
         torch.testing.assert_close(out[r, :3], full, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", [DynamicCache, StaticKV])
+def test_a_pack_from_the_settled_slots_puts_every_slot_where_a_full_pack_does(kind) -> None:
+    """The engine's caches (`truncate` with the committed tokens as floor, `pack` with the
+    shortest row) against the same caches packed in full: equal keys, values and positions."""
+    gen = torch.Generator().manual_seed(0)
+    heads, dim, layers = 2, 4, 2
+    prefix = [5, 3, 4]
+
+    def block(rows: int, width: int) -> list[torch.Tensor]:
+        return [torch.randn(rows, heads, width, dim, generator=gen) for _ in range(2 * layers)]
+
+    primed = []
+    for n in prefix:
+        row, kv = DynamicCache(), block(1, n)
+        for layer in range(layers):
+            row.update(kv[2 * layer], kv[2 * layer + 1], layer)
+        primed.append(row)
+    settled, full = (
+        RowCache(3, torch.device("cpu"), kind()),
+        RowCache(3, torch.device("cpu"), kind()),
+    )
+    for cache in (settled, full):
+        cache.absorb(primed, prefix)
+    committed = list(prefix)
+    for step in range(12):
+        rows = len(committed)
+        counts = torch.randint(1, 4, (rows,), generator=gen)
+        new = block(rows, 3)
+        for cache in (settled, full):
+            for layer in range(layers):
+                cache.kv.update(new[2 * layer], new[2 * layer + 1], layer)
+            cache.append(cache.kv, counts, 3)
+        valid = torch.tensor(committed) + (counts * torch.rand(rows, generator=gen)).long()
+        settled.truncate(valid, min(committed))
+        full.truncate(valid)
+        committed = valid.tolist()
+        if step == 6:  # a row leaves, another is repeated
+            for cache in (settled, full):
+                cache.select(torch.tensor([2, 0, 0]))
+            committed = [committed[2], committed[0], committed[0]]
+        if step % 3 == 2:
+            settled.pack(max(committed), min(committed))
+            full.pack(max(committed))
+            assert settled.slots == max(committed)
+        assert torch.equal(settled.position, full.position)
+        for mine, reference in zip(settled.kv.layers, full.kv.layers, strict=True):
+            assert torch.equal(mine.keys, reference.keys)
+            assert torch.equal(mine.values, reference.values)

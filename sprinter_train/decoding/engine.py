@@ -88,20 +88,19 @@ class Engine:
             # goes through the batched forward below, which returns its logits
             self.runner(role).prime(batch.caches[role], [x[:-1] for x in lack])
             lack = [x[-1:] for x in lack]
-        width_lack = max(len(x) for x in lack)
+        sizes = [len(x) for x in lack]
         extra = 0 if after is None else after.shape[1]
-        ids = torch.zeros((len(batch), width_lack + extra), dtype=torch.long)
-        for r, tokens in enumerate(lack):
-            ids[r, : len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
-        ids = self.send(ids)
-        lack_n = self.tensor([len(x) for x in lack])
-        counts = lack_n.clone()
+        width = max(sizes) + extra
+        ids = self.send(torch.tensor([x + [0] * (width - len(x)) for x in lack], dtype=torch.long))
+        # per row, built on the host in one tensor: how many tokens it lacks, the offsets to
+        # keep (from its last lacking token on) and those of its drafts in the block
+        plan = [[n, *range(n - 1, n + extra), *range(n, n + extra)] for n in sizes]
+        plan_t = self.send(torch.tensor(plan, dtype=torch.long))
+        counts, keep = plan_t[:, 0], plan_t[:, 1 : extra + 2]
         if after is not None:
-            offsets = lack_n[:, None] + torch.arange(extra, device=self.device)
-            ids.scatter_(1, offsets, after)
+            ids.scatter_(1, plan_t[:, extra + 2 :], after)
             counts = counts + after_counts
-        counts = torch.where(active, counts, 0)
-        keep = (lack_n - 1)[:, None] + torch.arange(extra + 1, device=self.device)
+        counts = counts * active  # a row not active feeds nothing
         return self.forward(batch, role, ids, counts, keep, restricted)
 
     def forward(
@@ -130,7 +129,7 @@ class Engine:
 
     def sample(self, probs: torch.Tensor, batch: Batch, active: torch.Tensor) -> torch.Tensor:
         """(B,) one token per row from (B, V) probabilities; only active rows use a draw."""
-        return inverse_cdf(probs, batch.streams.uniform(1, active.long())[:, 0])
+        return inverse_cdf(probs, batch.streams.uniform(1, active)[:, 0])
 
     def draft_step(
         self,
@@ -147,12 +146,13 @@ class Engine:
         its logits are -inf elsewhere, so warping gives q = 0 there and the inverse CDF walks
         the same nonzero masses in the same order; the drawn index is mapped to its id."""
         out = self.draft_side(batch, "draft", rnd, active, restricted=True)
-        q = self.warp(out.logits[:, 0])
+        logits = out.logits[:, 0]
+        q = self.warp(logits)
         step = DraftStep(
             torch.zeros_like(active, dtype=torch.long),
             q,
             out.hidden[:, 0],
-            out.logits[:, 0],
+            logits,
             active,
             out.support,
             self.runner("draft").vocab_size,
@@ -229,20 +229,20 @@ class Engine:
         """One transfer: the round's tokens and the caches' lengths; then cut each row at EOS
         and its budget, drop the cache slots past what was kept, and let finished rows go."""
         self._pending = None
-        start = self.tensor([len(row.tokens) for row in batch.rows])
-        valid = start + emitted.kept
+        committed = [len(row.tokens) for row in batch.rows]
+        valid = self.tensor(committed) + emitted.kept
         for cache in batch.caches.values():
-            cache.truncate(valid)
+            cache.truncate(valid, min(committed))
         roles = list(batch.caches)
-        zeros = torch.zeros_like(emitted.lengths)
         counts = [getattr(emitted, name) for name in Emitted.COUNTS]
-        packet = torch.cat(
-            [emitted.tokens, emitted.lengths[:, None]]
-            + [zeros[:, None] if c is None else c[:, None] for c in counts]
-            + [batch.caches[r].lengths[:, None] for r in roles]
-            + [self.runners[r].nonfinite_position().expand(len(batch), 1) for r in roles],
+        columns = torch.stack(
+            [emitted.lengths]
+            + [torch.zeros_like(emitted.lengths) if c is None else c for c in counts]
+            + [batch.caches[r].lengths for r in roles]
+            + [self.runners[r].nonfinite_position().expand(len(batch)) for r in roles],
             dim=1,
-        ).tolist()
+        )
+        packet = torch.cat([emitted.tokens, columns], dim=1).tolist()
         batch.stats.rounds += 1
         width = emitted.tokens.shape[1]
         ModelRunner.raise_nonfinite(roles, packet[0][width + 4 + len(roles) :])
@@ -275,7 +275,7 @@ class Engine:
             batch.held = {role: [h[r] for r in live] for role, h in batch.held.items()}
         if batch.stats.rounds % PACK_EVERY == 0:
             for role, cache in batch.caches.items():
-                cache.pack(max(batch.held[role]))
+                cache.pack(max(batch.held[role]), min(batch.held[role]))
 
     def generate(
         self,

@@ -62,7 +62,7 @@ def draft_round(
             batch, rnd, active, None if keep is None else (lambda s, j=j: keep(j, s))
         )
         rnd.steps.append(step)
-        counts = counts + step.active.long()
+        counts = counts + step.active  # bool counts as 0 / 1
         active = step.active & (counts < limit)
         if stop is not None:
             active &= ~stop(step)

@@ -71,6 +71,7 @@ class ModelRunner:
         self._cpu_seconds = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._nonfinite: torch.Tensor | None = None  # lowest position with broken logits
+        self._none_broken = torch.tensor(NO_POSITION, device=self.device)
         # (rows, block width, seconds or CUDA events) of the latest forwards (not prefills)
         self._shapes: deque[tuple[int, int, Any]] = deque(maxlen=256)
 
@@ -240,18 +241,17 @@ class ModelRunner:
         self._nonfinite = first if seen is None else torch.minimum(seen, first)
 
     def nonfinite_position(self) -> torch.Tensor:
-        """(1, 1) on the device: the lowest position whose next-token logits were broken since
-        the last call, or -1; resets. The engine sends it home in each round's one transfer."""
+        """() on the device: the lowest position whose next-token logits were broken since the
+        last call, or NO_POSITION; resets. The engine sends it home in each round's one
+        transfer."""
         found, self._nonfinite = self._nonfinite, None
-        if found is None:
-            return torch.full((1, 1), -1, dtype=torch.long, device=self.device)
-        return torch.where(found >= NO_POSITION, -1, found).reshape(1, 1)
+        return self._none_broken if found is None else found
 
     @staticmethod
     def raise_nonfinite(roles: list[str], positions: list[int]) -> None:
         """Stop on the first role whose `nonfinite_position` came home as a position."""
         for role, position in zip(roles, positions, strict=True):
-            if position >= 0:
+            if position < NO_POSITION:
                 raise nonfinite_error(
                     role, f"at position {position} (the next-token distribution after it)"
                 )
