@@ -6,6 +6,7 @@ are the ones actually sampled from, so harvest, evaluation and decoding all call
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -84,8 +85,19 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The token at uniform u in [0, 1) of each row of (..., V) probabilities (unnormalised is
     fine): the first whose cumulative mass exceeds u times the row's total. A zero-probability
     token is never returned, even when rounding puts u * total at the total."""
-    cdf = probs.double().cumsum(-1)
+    cdf = probs.cumsum(-1, dtype=torch.float64)
     point = (u.to(cdf) * cdf[..., -1]).unsqueeze(-1)
     index = torch.searchsorted(cdf, point, right=True).squeeze(-1)
-    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)
-    return torch.minimum(index, last)
+    # the last token with mass (the row's last token if none has any) as the highest rank
+    # among them: half the time of an argmax over the flipped mask, and the engine draws at
+    # every drafting step
+    vocab = probs.shape[-1]
+    last = ((probs > 0) * _ranks(vocab, probs.device)).amax(-1) - 1
+    return torch.minimum(index, last % vocab)
+
+
+@functools.lru_cache(maxsize=8)
+def _ranks(vocab: int, device: torch.device) -> torch.Tensor:
+    """1 .. vocab as int32 (made once: `inverse_cdf` runs for every draw)."""
+    with torch.inference_mode(False):
+        return torch.arange(1, vocab + 1, dtype=torch.int32, device=device)
