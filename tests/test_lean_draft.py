@@ -24,7 +24,8 @@ from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SVIP, AdaEDL, SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Round
-from sprinter_train.models.lean import KVLayer, LeanDraft, StaticKV, supports_lean
+from sprinter_train.models import lean as lean_module
+from sprinter_train.models.lean import KVLayer, LeanDraft, StaticKV, packs, supports_lean
 from sprinter_train.models.student import SprinterDraftConfig, SprinterDraftForCausalLM
 from sprinter_train.models.tiny import TINY_DEFAULTS, build_tiny_model
 from tests.decoding_helpers import MemoRunner, chi_square_pvalue, exact_joint, feed_rows
@@ -169,6 +170,44 @@ def test_the_lean_forward_follows_weights_changed_in_place(draft) -> None:
     torch.testing.assert_close(
         after, feed(hf, hf.new_cache(1), [PROMPTS[0]]).logits, atol=1e-5, rtol=0
     )
+
+
+@pytest.mark.skipif(
+    not packs(torch.zeros(1, dtype=torch.bfloat16)), reason="no native bf16 oneDNN on this CPU"
+)
+def test_packed_bf16_weights_give_the_unpacked_values_and_follow_in_place_changes(
+    monkeypatch,
+) -> None:
+    """A bf16 draft on the CPU multiplies by prepacked copies of its matrices: the logits and
+    hidden states are those of the plain F.linear path bit for bit, before and after in-place
+    changes to the matrices that only packing copies (o, down, the up-projection, the head)."""
+    model = factorised().bfloat16()
+
+    def outputs(runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor]:
+        out = feed(runner, runner.new_cache(3), [PROMPTS[0], PROMPTS[2], []], restricted=True)
+        return out.logits, out.hidden
+
+    def plain() -> tuple[torch.Tensor, torch.Tensor]:
+        with monkeypatch.context() as patch:
+            patch.setattr(lean_module, "packs", lambda weight: False)
+            return outputs(ModelRunner(model, VOCAB))
+
+    packed = ModelRunner(model, VOCAB)
+    before = outputs(packed)
+    lean = packed.lean
+    assert lean is not None and lean._packed_head.is_mkldnn and lean._packed_up.is_mkldnn
+    assert all(w.is_mkldnn for layer in lean._layers for w in (layer.qkv, layer.o, layer.down))
+    for ours, ref in zip(before, plain(), strict=True):
+        assert torch.equal(ours, ref)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.o_proj.weight.mul_(1.5)
+        model.model.layers[1].mlp.down_proj.weight.mul_(0.5)
+        model.model.embed_tokens.up.weight.mul_(2.0)
+        model.lm_head.weight.mul_(-1.0)
+    after = outputs(packed)
+    assert not torch.equal(after[0], before[0])
+    for ours, ref in zip(after, plain(), strict=True):
+        assert torch.equal(ours, ref)
 
 
 def test_static_kv_layer_writes_views_and_selects_rows() -> None:
