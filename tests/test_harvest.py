@@ -10,7 +10,6 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.core.config import compose_config
@@ -27,13 +26,12 @@ from sprinter_train.harvest.schema import RECORD_SCHEMA, SEQUENCE_SCHEMA
 from sprinter_train.harvest.shards import ShardPlan, shard_is_complete
 from sprinter_train.models.forward import HarvestModels, load_harvest_models
 from sprinter_train.models.loading import (
-    LoadedModel,
     ModelLoadError,
     TokenizerMismatchError,
     load_model,
     looks_local,
 )
-from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
+from tests.harvest_helpers import generating_models
 
 # 8 prompts, 6 records each, 3 prompts per shard (shards of 3, 3, 2), 2 sequences per forward
 TINY = (
@@ -325,30 +323,6 @@ def test_p_zero_gives_an_infinite_ratio_never_nan() -> None:
     assert stats["beta"].tolist() == pytest.approx([0.5, 0.5])
     assert not any(torch.isnan(v).any() for v in stats.values())
     assert "S" not in stats and "A" not in stats
-
-
-def tiny_gpt2() -> torch.nn.Module:
-    """Absolute position embeddings: wrong position ids on padded rows change its output."""
-    torch.manual_seed(5)
-    config = GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=2)
-    return GPT2LMHeadModel(config).eval()
-
-
-def generating_models(family: str, eos_token_id: int | None) -> HarvestModels:
-    """A tiny draft and a target of `family` that disagree often (interleaved rows reject)."""
-    if family == "llama":
-        target = build_tiny_model({"num_hidden_layers": 2, "initializer_range": 0.2}, seed=5)
-    else:
-        target = tiny_gpt2()
-    draft = build_tiny_model({"num_hidden_layers": 1, "initializer_range": 0.2}, seed=6)
-    tokenizer = build_tiny_tokenizer()
-    return HarvestModels(
-        LoadedModel("draft", draft, tokenizer),
-        LoadedModel("target", target, tokenizer),
-        None,
-        128,
-        eos_token_id,
-    )
 
 
 GENERATED = ("draft", "target", "interleaved")

@@ -21,9 +21,8 @@ from sprinter_train.harvest.continuations import (
 )
 from sprinter_train.harvest.shared_call import SharedTargetRounds
 from sprinter_train.models.forward import HarvestModels
-from sprinter_train.models.loading import LoadedModel
-from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 from tests.decoding_helpers import chi_square_pvalue, exact_joint
+from tests.harvest_helpers import generating_models
 
 VOCAB = 128
 PROMPT = [1, 40, 41, 42]
@@ -35,16 +34,7 @@ TOKENS = 3  # first tokens whose joint law is compared
 @pytest.fixture(scope="module")
 def models() -> HarvestModels:
     """A tiny target and a draft that disagree often enough for the laws to tell apart."""
-    target = build_tiny_model({"num_hidden_layers": 2, "initializer_range": 0.2}, seed=5)
-    draft = build_tiny_model({"num_hidden_layers": 1, "initializer_range": 0.2}, seed=6)
-    tokenizer = build_tiny_tokenizer()
-    return HarvestModels(
-        LoadedModel("draft", draft, tokenizer),
-        LoadedModel("target", target, tokenizer),
-        None,
-        VOCAB,
-        None,
-    )
+    return generating_models("llama", None)
 
 
 def first_tokens(models: HarvestModels, shared_rows: int) -> dict[str, Counter]:

@@ -1,0 +1,34 @@
+"""Tiny models the harvest tests generate continuations with."""
+
+from __future__ import annotations
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from sprinter_train.models.forward import HarvestModels
+from sprinter_train.models.loading import LoadedModel
+from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+
+def tiny_gpt2() -> torch.nn.Module:
+    """Absolute position embeddings: wrong position ids on padded rows change its output."""
+    torch.manual_seed(5)
+    config = GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    return GPT2LMHeadModel(config).eval()
+
+
+def generating_models(family: str, eos_token_id: int | None) -> HarvestModels:
+    """A tiny draft and a target of `family` that disagree often (interleaved rows reject)."""
+    if family == "llama":
+        target = build_tiny_model({"num_hidden_layers": 2, "initializer_range": 0.2}, seed=5)
+    else:
+        target = tiny_gpt2()
+    draft = build_tiny_model({"num_hidden_layers": 1, "initializer_range": 0.2}, seed=6)
+    tokenizer = build_tiny_tokenizer()
+    return HarvestModels(
+        LoadedModel("draft", draft, tokenizer),
+        LoadedModel("target", target, tokenizer),
+        None,
+        128,
+        eos_token_id,
+    )
