@@ -29,6 +29,9 @@ from sprinter_train.decoding.policies import (
     SpecVerificationPaper,
     Sprinter,
     TargetOnly,
+    companion_features,
+    overlap,
+    step_features,
 )
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Batch, DraftStep, Round
@@ -279,3 +282,39 @@ def test_sv_skips_drafting_when_no_average_token_would_pay(models) -> None:
     assert stats.draft_calls == stats.companion_calls == stats.drafted == 0
     reference = engine_for(models, GREEDY).generate(PROMPTS, TargetOnly(), 8)
     assert [r.tokens for r in results] == [r.tokens for r in reference]
+
+
+@pytest.mark.parametrize("same_head", [True, False], ids=["same-head", "other-head"])
+def test_sv_reads_a_restricted_companion_on_the_drafts_head_exactly(same_head: bool) -> None:
+    """A companion whose restricted head holds the draft's tokens is handed over on those K
+    tokens (no scatter into V); one with other tokens over the vocabulary. Either way S and A
+    equal SV's formulas over the vocabulary, from cache-free forwards."""
+    target = build_tiny_model({}, seed=0)
+    spec = {"num_hidden_layers": 1, "embed_rank": 16, "head_vocab_size": 64}
+    draft, companion = build_tiny_model(spec, seed=1), build_tiny_model(spec, seed=2)
+    if not same_head:
+        companion.lm_head.token_ids.copy_(torch.arange(64) + 30)  # ids 30..93
+    sampling = SamplingConfig(temperature=1.0)  # full supports: A and S away from 0 and 1
+    engine = Engine(
+        ModelRunner(target, VOCAB),
+        sampling,
+        draft=ModelRunner(draft, VOCAB),
+        companion=ModelRunner(companion, VOCAB),
+    )
+    batch = engine.new_batch(PROMPTS, 8, range(len(PROMPTS)))
+    rnd = Round()
+    active = torch.ones(len(PROMPTS), dtype=torch.bool)
+    for _ in range(2):  # the round's first step feeds the prompts, the second one draft each
+        step = engine.draft_step(batch, rnd, active)
+        c = engine.companion_probs(batch, rnd, active)
+        rnd.steps.append(step)
+        assert c.shape == (len(PROMPTS), 64 if same_head else VOCAB)
+        S, A = step_features(step, c)
+        assert torch.allclose(overlap(step, c), S)
+        reference = MemoRunner(companion, VOCAB)
+        drafted = rnd.tokens()[:, :-1].tolist()
+        prefixes = [tuple(p + d) for p, d in zip(PROMPTS, drafted, strict=True)]
+        c_full = warp_probs(torch.stack([reference._row(p)[0] for p in prefixes]), sampling)
+        S_ref, A_ref = companion_features(step.q, c_full, step.tokens)
+        assert torch.allclose(S, S_ref, atol=1e-6) and torch.allclose(A, A_ref, atol=1e-6)
+        assert (A_ref > 0).any() and (S_ref < 1).all()  # the two models really differ

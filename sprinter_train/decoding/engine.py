@@ -57,6 +57,7 @@ class Engine:
         self.eos_token_id = eos_token_id
         self.device = target.device
         self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None  # see `any`
+        self._shared_head: bool | None = None  # see `_companion_on_draft_head`
 
     # -- the operations policies use ---------------------------------------------------------
 
@@ -160,12 +161,33 @@ class Engine:
         if keep is not None:
             step.active = active & keep(step)
         drawn = self.sample(q, batch, step.active)
+        step.head_tokens = drawn
         step.tokens = drawn if out.support is None else out.support[drawn]
         return step
 
     def companion_probs(self, batch: Batch, rnd: Round, active: torch.Tensor) -> torch.Tensor:
-        """(B, V) warped companion distribution at the position of each row's next draft."""
-        return self.warp(self.draft_side(batch, "companion", rnd, active).logits[:, 0])
+        """The warped companion distribution at the position of each row's next draft: (B, K)
+        over the draft's head tokens when the companion's restricted head holds the same ones,
+        else (B, V). SV's S and A read c only where q > 0, so the head's K values give them
+        exactly, and the companion's step skips the scatter into V values and the warp over
+        them (on the offline pair that halved the companion's step); `DraftStep.on_space_of`
+        puts q on the same tokens."""
+        shared = self._companion_on_draft_head()
+        out = self.draft_side(batch, "companion", rnd, active, restricted=shared)
+        return self.warp(out.logits[:, 0])
+
+    def _companion_on_draft_head(self) -> bool:
+        """Whether draft and companion have restricted heads over the same tokens (asked once)."""
+        if self._shared_head is None:
+            draft, companion = self.runners["draft"], self.runners["companion"]
+            self._shared_head = (
+                draft is not None
+                and companion is not None
+                and draft.support is not None
+                and companion.support is not None
+                and torch.equal(draft.support, companion.support)
+            )
+        return self._shared_head
 
     def draft_side(
         self,

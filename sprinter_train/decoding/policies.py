@@ -268,6 +268,18 @@ def companion_features(q: torch.Tensor, c: torch.Tensor, x: torch.Tensor) -> tup
     return S, A
 
 
+def overlap(step: DraftStep, c: torch.Tensor) -> torch.Tensor:
+    """(B,) SV's S for a draft step, known before its draw, on c's tokens (`on_space_of`)."""
+    q, _ = step.on_space_of(c)
+    return torch.minimum(q, c).sum(-1)
+
+
+def step_features(step: DraftStep, c: torch.Tensor) -> tuple:
+    """`companion_features` of a drawn draft step, on c's tokens (`on_space_of`)."""
+    q, x = step.on_space_of(c)
+    return companion_features(q, c, x)
+
+
 @dataclass
 class SpecVerification:
     """SV §5 with its batch scheduler, exact.
@@ -307,13 +319,13 @@ class SpecVerification:
 
         def keep(j: int, step: DraftStep) -> torch.Tensor:
             companion.append(engine.companion_probs(batch, rnd, step.active))
-            before = self.table.lookup_s(torch.minimum(step.q, companion[-1]).sum(-1))
+            before = self.table.lookup_s(overlap(step, companion[-1]))
             gain = torch.where(step.active, product * before.double(), 0.0)
             return self.schedule(B, j, expected, gain)
 
         def stop(step: DraftStep) -> torch.Tensor:
             nonlocal product, expected
-            S, A = companion_features(step.q, companion[-1], step.tokens)
+            S, A = step_features(step, companion[-1])
             refined = self.table.lookup(S, A).double()
             product = torch.where(step.active, product * refined, product)
             expected = torch.where(step.active, expected + product, expected)
@@ -378,7 +390,7 @@ class SpecVerificationPaper:
             step = engine.draft_step(batch, rnd, active)
             c = engine.companion_probs(batch, rnd, active)
             rnd.steps.append(step)
-            S, A = companion_features(step.q, c, step.tokens)
+            S, A = step_features(step, c)
             grown = product * self.table.lookup(S, A).double()
             before = (expected + 1) / (j * self.step_cost(B) + self.latency(B, j + 1))
             after = (expected + grown + 1) / ((j + 1) * self.step_cost(B) + self.latency(B, j + 2))
@@ -562,7 +574,7 @@ class LearnedLength:
             estimates = []
             if self.table is not None:
                 companion.append(engine.companion_probs(batch, rnd, step.active))
-                S = torch.minimum(step.q, companion[-1]).sum(-1)
+                S = overlap(step, companion[-1])
                 estimates.append(self.table.lookup_s(S).double())
             if before_draw:
                 scored[:] = [score(step)]
@@ -573,7 +585,7 @@ class LearnedLength:
             nonlocal product, expected
             estimates = [scored[0] if before_draw else score(step)]
             if self.table is not None:
-                S, A = companion_features(step.q, companion[-1], step.tokens)
+                S, A = step_features(step, companion[-1])
                 estimates.append(self.table.lookup(S, A).double())
             acceptance = torch.stack(estimates).mean(0)
             product = torch.where(step.active, product * acceptance, product)

@@ -108,6 +108,7 @@ class DraftStep:
     active: torch.Tensor  # (B,) bool
     support: torch.Tensor | None = None  # (K,) vocabulary ids; None: K is the vocabulary
     vocab_size: int = 0  # V, where `support` is set
+    head_tokens: torch.Tensor | None = None  # (B,) each drawn token's index into head_q
     _full: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -126,6 +127,16 @@ class DraftStep:
         if name not in self._full:
             self._full[name] = spread(values, self.support, self.vocab_size, fill)
         return self._full[name]
+
+    def on_space_of(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and the drawn tokens over the index space of `probs`, a distribution another
+        model gave at this position: the head's K tokens when `probs` has K values (the
+        engine hands over a companion on the draft's head only when both heads hold the same
+        tokens), else the vocabulary."""
+        if probs.shape[-1] == self.head_q.shape[-1]:
+            drawn = self.tokens if self.head_tokens is None else self.head_tokens
+            return self.head_q, drawn
+        return self.q, self.tokens
 
     def entropy(self, warped: bool = False) -> torch.Tensor:
         """(B,) H(q) in nats, of the warped q or of the draft's own softmax (temperature 1);
