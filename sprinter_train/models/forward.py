@@ -38,14 +38,15 @@ class HarvestModels:
 def load_harvest_models(
     models_cfg: DictConfig, device: torch.device, dtype: torch.dtype
 ) -> HarvestModels:
-    """Load the models and stop before any work if their tokenizers disagree."""
+    """Load the models and stop before any work if their tokenizers disagree. Nothing here
+    trains them: with `pack_linear` their linears are prepacked (`models.packed`)."""
     specs: dict[str, Any] = OmegaConf.to_container(models_cfg, resolve=True)  # type: ignore[assignment]
-    cache = specs.get("cache_dir")
-    target = load_model(specs["target"], "target", device, dtype, cache)
-    draft = load_model(specs["draft"], "draft", device, dtype, cache)
+    cache, packed = specs.get("cache_dir"), bool(specs.get("pack_linear", False))
+    target = load_model(specs["target"], "target", device, dtype, cache, packed)
+    draft = load_model(specs["draft"], "draft", device, dtype, cache, packed)
     companion = None
     if specs.get("companion"):
-        companion = load_model(specs["companion"], "companion", device, dtype, cache)
+        companion = load_model(specs["companion"], "companion", device, dtype, cache, packed)
     loaded = [m for m in (target, draft, companion) if m is not None]
     check_tokenizers_agree(loaded)
     # vocabularies may be padded differently (e.g. Qwen 0.5B vs 7B); ids past the shared

@@ -4,6 +4,8 @@ A model spec (one entry of `conf/models/*.yaml`) is a mapping with
 `path` (hub id, directory, `pkg://<python package>` or `tiny_random`), optional
 `gguf_file`, `revision`, `trust_remote_code` and, for tiny models, `config`.
 GGUF files are dequantised once and cached as safetensors (dequantising takes ~20 s).
+A model loaded for inference only can have its linears prepacked (`pack_linear`, see
+`models.packed`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from transformers import (
 )
 
 from sprinter_train.models import student as _student  # noqa: F401  (registers the draft class)
+from sprinter_train.models.packed import pack_linears
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 log = logging.getLogger(__name__)
@@ -164,8 +167,26 @@ def load_model(
     device: torch.device,
     dtype: torch.dtype,
     cache_dir: str | None = None,
+    pack_linear: bool = False,
 ) -> LoadedModel:
-    """Load one model and its tokenizer; a hub failure names the offline default."""
+    """Load one model and its tokenizer; a hub failure names the offline default.
+
+    `pack_linear`: its nn.Linear layers multiply by prepacked copies of their weights where
+    no gradient is needed (`models.packed.pack_linears`; bf16 on a CPU with native bf16 only)."""
+    loaded = _load(spec, role, device, dtype, cache_dir)
+    if pack_linear:
+        count = pack_linears(loaded.model)
+        log.debug("%s model: %d linear layers prepacked", role, count)
+    return loaded
+
+
+def _load(
+    spec: dict[str, Any],
+    role: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    cache_dir: str | None,
+) -> LoadedModel:
     path = str(spec.get("path") or "")
     if not path:
         raise ModelLoadError(f"models.{role}.path is empty")

@@ -245,8 +245,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     dtype = resolve_dtype(cfg.dtype, device)
     started = provenance.start(cfg, device, dtype)
     specs = OmegaConf.to_container(cfg.models, resolve=True)
-    target = load_model(specs["target"], "target", device, dtype, specs.get("cache_dir"))
-    draft = load_model(specs["draft"], "draft", device, dtype, specs.get("cache_dir"))
+    cache, packed = specs.get("cache_dir"), bool(specs.get("pack_linear", False))
+    target = load_model(specs["target"], "target", device, dtype, cache, packed)
+    draft = load_model(specs["draft"], "draft", device, dtype, cache, packed)
     check_tokenizers_agree([target, draft])
 
     default = SamplingConfig.from_cfg(cfg.sampling)
