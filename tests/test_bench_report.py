@@ -10,6 +10,7 @@ import pytest
 from sprinter_train.bench.report import UNSUPPORTED, write_results
 from sprinter_train.bench.summary import acceptance
 from sprinter_train.core.io import read_json
+from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.state import DecodeStats
 
 
@@ -52,6 +53,26 @@ def test_results_md_says_how_sds_planner_chose_gamma(tmp_path: Path) -> None:
     text = (tmp_path / "results.md").read_text()
     assert "prior alpha 0.350, switching only for 5% more" in text
     assert "rows 3: gamma 0 × 1; rows 4: gamma 0 × 5, gamma 2 × 3; rows 12: gamma 1 × 2." in text
+
+
+def test_results_md_says_how_often_sv_read_its_companion(tmp_path: Path) -> None:
+    results = hand_made_results()
+    write_results(tmp_path, results)
+    assert "read its companion" not in (tmp_path / "results.md").read_text()  # no plan ran
+    plan = CompanionPlan(0.5, margin=0.03, warmup=4, probe_every=8).record()
+    plan["rounds_by_rows_and_mode"].update(
+        {"4": {"companion": 5, "prior": 20, "companion (probe)": 3}, "1": {"prior": 7}}
+    )
+    plan["goodput_by_rows_and_mode"].update({"4": {"companion": 30.04, "prior": 41.96}})
+    results["settings"] = {"sv": {"companion_plan": plan}}
+    write_results(tmp_path, results)
+    text = (tmp_path / "results.md").read_text()
+    assert "sv read its companion in 8 of 35 rounds" in text
+    assert "switching for 3% more, after 4 rounds of each, probing the other every 8" in text
+    assert (
+        "rows 1: prior × 7; rows 4: companion × 5, companion (probe) × 3, prior × 20 "
+        "(tokens/s companion 30.0, prior 42.0)."
+    ) in text
 
 
 def row(tokens_per_call: float, rate: float | None, verifier_rate: float | None) -> dict:

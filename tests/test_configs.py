@@ -26,6 +26,7 @@ RUNTIME_STUBS = {  # what the bench passes for the entries a config cannot hold
     "table": object(),
     "latency": lambda batch_size, tokens: 1.0 + 0.1 * tokens,
     "step_cost": lambda batch_size: 0.1,
+    "companion_plan": object(),
 }
 
 

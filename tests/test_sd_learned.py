@@ -21,12 +21,11 @@ from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import plan_methods
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.goodput import expected_accepted, round_goodput
 from sprinter_train.decoding.policies import (
     LearnedLength,
     TargetOnly,
     draft_round,
-    expected_accepted,
-    round_goodput,
     scores_before_the_draw,
     verify,
 )

@@ -22,8 +22,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.gamma_plan import GammaPlanner
-from sprinter_train.decoding.latency import RunningLatency
+from sprinter_train.decoding.latency import DraftingCost, RunningLatency
 from sprinter_train.decoding.state import Policy
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint, load_verifier, verifier_path
@@ -124,6 +125,7 @@ def runtime_entries(node: DictConfig) -> list[str]:
         "table": "table" in keys and node.table is not None,
         "latency": node.get("latency") == "profile",
         "step_cost": node.get("step_cost") == "profile",
+        "companion_plan": node.get("companion_plan") is not None,
     }
     return [key for key, needed in wanted.items() if needed]
 
@@ -188,9 +190,25 @@ def _latency(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, str]:
 
 
 def _step_cost(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, str]:
+    def draft(rows: int) -> float:
+        return run.profile.draft_batch_ms(rows) / 1e3
+
+    def companion(rows: int) -> float:
+        return run.profile.companion_batch_ms(rows) / 1e3
+
+    learnt = ", each corrected by the run's own one-token steps"
     if node.get("table") is None or not run.has_companion:  # no table: no companion forward
-        return lambda b: run.profile.draft_batch_ms(b) / 1e3, "the latency profile's draft step"
-    return run.profile.draft_step_s, "the latency profile's draft + companion step"
+        return DraftingCost(draft), f"the latency profile's draft step{learnt}"
+    return DraftingCost(
+        draft, companion
+    ), f"the latency profile's draft and companion steps{learnt}"
+
+
+def _companion_plan(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, Any]]:
+    """sv's choice, round by round, whether to read its companion (its `prior` rounds start
+    from the bench's alpha)."""
+    plan = CompanionPlan(run.alpha, **OmegaConf.to_container(node.companion_plan))  # type: ignore[arg-type]
+    return plan, plan.record()
 
 
 RUNTIME: dict[str, Callable[[str, DictConfig, RunInputs], tuple[Any, Any]]] = {
@@ -200,6 +218,7 @@ RUNTIME: dict[str, Callable[[str, DictConfig, RunInputs], tuple[Any, Any]]] = {
     "table": _table,
     "latency": _latency,
     "step_cost": _step_cost,
+    "companion_plan": _companion_plan,
 }  # entry -> (the object passed for it, what results.json records of it)
 
 

@@ -320,6 +320,37 @@ def planner_lines(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def companion_plan_lines(results: dict[str, Any]) -> list[str]:
+    """How often sv read its companion, and the goodput it measured either way, when sv ran
+    with a companion plan."""
+    plan = ((results.get("settings") or {}).get("sv") or {}).get("companion_plan")
+    if not plan or not plan.get("rounds_by_rows_and_mode"):
+        return []
+    per_rows = []
+    for rows, tally in sorted(plan["rounds_by_rows_and_mode"].items(), key=lambda kv: int(kv[0])):
+        rates = plan.get("goodput_by_rows_and_mode", {}).get(rows, {})
+        played = ", ".join(f"{mode} × {n}" for mode, n in sorted(tally.items()))
+        measured = ", ".join(f"{mode} {rate:.1f}" for mode, rate in sorted(rates.items()))
+        per_rows.append(f"rows {rows}: {played}" + (f" (tokens/s {measured})" if measured else ""))
+    total = sum(sum(t.values()) for t in plan["rounds_by_rows_and_mode"].values())
+    read = sum(
+        n
+        for tally in plan["rounds_by_rows_and_mode"].values()
+        for mode, n in tally.items()
+        if mode.startswith("companion")
+    )
+    return [
+        f"sv read its companion in {read} of {total} rounds: before every round it plays the "
+        "mode (`companion`: SV's scheduler over the table; `prior`: sd's gamma at the measured "
+        "acceptance, no companion forward) whose measured tokens/s at this number of live rows "
+        f"is higher, switching for {plan['margin']:.0%} more, after {plan['warmup']} rounds of "
+        f"each, probing the other every {plan['probe_every']} rounds "
+        "(sprinter_train/decoding/companion_plan.py). By live rows (every batch size, warm-up "
+        f"included): {'; '.join(per_rows)}.",
+        "",
+    ]
+
+
 def write_results(out: Path, results: dict[str, Any]) -> None:
     write_json(out / "results.json", results)
     energy = {row.get("energy_note") for row in results["methods"].values()} - {None}
@@ -337,6 +368,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
         "that batch size).",
         "",
         *planner_lines(results),
+        *companion_plan_lines(results),
         "Latency profile (ms per forward; target by new tokens a row):",
         "",
         latency_table(results["latency_profile"]),

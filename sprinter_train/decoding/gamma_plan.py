@@ -13,73 +13,15 @@ target decoding (no draft forward at all).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-import torch
-
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.goodput import (  # noqa: F401  (best_gamma: the planner's rule)
+    AcceptanceRate,
+    StepCost,
+    best_gamma,
+    goodputs,
+    highest,
+)
 from sprinter_train.decoding.latency import Seconds, learn
-from sprinter_train.decoding.policies import expected_accepted, round_goodput
-
-StepCost = Callable[[int], float]  # rows -> seconds of one drafting step
-
-
-@dataclass
-class AcceptanceRate:
-    """The per-draft acceptance alpha, pooled over every row and round so far.
-
-    A round that kept a of d drafts checked a + 1 of them when a < d and d when a = d (drafts
-    after a rejection are never judged), so alpha = kept / checked is the geometric model's
-    estimate; dividing by the drafted count instead would call the unjudged drafts rejected.
-    The prior (the bench's alpha) counts as `weight` checks; without one, alpha is unknown
-    until a draft was checked.
-
-    Pooled, not per row: sd drafts one gamma for the whole batch (the target verifies a block
-    as wide as the longest row's drafts and the draft steps while any row drafts, so a row
-    drafting fewer saves nothing), so a round's expected tokens are the sum of its rows'
-    E(N | gamma); per-row estimates from a few rounds of at most gamma checks are noisy, and
-    E(N | gamma) = alpha + ... + alpha^gamma is convex in alpha, so a sum over noisy rows
-    overstates what long rounds gain, and a new row would have no estimate at all.
-    """
-
-    prior: float | None
-    weight: float = 32.0
-    kept: int = 0
-    checked: int = 0
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        """One row's round: `drafted` drafts, of which the target kept the first `accepted`."""
-        self.kept += accepted
-        self.checked += accepted + int(accepted < drafted)
-
-    @property
-    def value(self) -> float | None:
-        if self.prior is None:
-            return self.kept / self.checked if self.checked else None
-        return (self.prior * self.weight + self.kept) / (self.weight + self.checked)
-
-
-def goodputs(
-    alpha: float, rows: int, gamma_max: int, latency: Seconds, step_cost: StepCost
-) -> list[float]:
-    """Estimated tokens a second of a round of gamma = 0..gamma_max drafts a row at acceptance
-    alpha: sv's `round_goodput` with E(N | gamma) = alpha + alpha^2 + ... + alpha^gamma."""
-    per_draft = torch.full((gamma_max,), float(alpha), dtype=torch.float64)
-    expected = [0.0, *expected_accepted(per_draft).tolist()]
-    return [float(round_goodput(e, g, rows, latency, step_cost)) for g, e in enumerate(expected)]
-
-
-def best_gamma(
-    alpha: float, rows: int, gamma_max: int, latency: Seconds, step_cost: StepCost
-) -> int:
-    """The gamma of highest estimated goodput."""
-    return _highest(goodputs(alpha, rows, gamma_max, latency, step_cost))
-
-
-def _highest(values: list[float]) -> int:
-    """The index of the highest value, the smallest of equals (fewer drafts for the same)."""
-    return max(range(len(values)), key=lambda g: (values[g], -g))
 
 
 class GammaPlanner:
@@ -143,7 +85,7 @@ class GammaPlanner:
         played = gamma
         if alpha is not None:
             values = goodputs(alpha, rows, self.gamma_max, self.latency, self.step_cost)
-            best = _highest(values)
+            best = highest(values)
             if values[best] > values[gamma] * (1.0 + self.margin):
                 gamma = played = best
             since = self._since_probe.get(rows, 0) + 1

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 Seconds = Callable[[int, int], float]  # (rows, tokens a row) -> seconds of a target forward
+StepCost = Callable[[int], float]  # rows -> seconds of one drafting step
 
 
 class RunningLatency:
@@ -77,3 +79,49 @@ def learn(latency: Seconds, forwards: list[tuple[int, int, float]]) -> None:
     if observe is not None:
         for rows, width, seconds in forwards:
             observe(rows, width, seconds)
+
+
+class DraftingCost:
+    """Seconds of one drafting step by rows, callable like a `StepCost`: the draft's one-token
+    forward plus, for a policy that reads it, the companion's, each the profile's figure
+    corrected by the run's own one-token forwards (a `RunningLatency` each).
+
+    The profile times each model's plain forward at one context length; the engine runs the
+    distilled draft and companion through the lean path, and on the offline pair its steps
+    took about half the profiled time, so a scheduler pricing steps at the profile drafted
+    less than its own goodput rule asked for. `draft` alone prices a round that skips the
+    companion."""
+
+    def __init__(self, draft: StepCost, companion: StepCost | None = None) -> None:
+        self.draft_latency = RunningLatency(lambda rows, width: draft(rows))
+        self.companion_latency = (
+            None if companion is None else RunningLatency(lambda rows, width: companion(rows))
+        )
+
+    def learn(self, runners: Mapping[str, Any]) -> None:
+        """Feed the draft's and the companion's forward times since the last call."""
+        for role, latency in (("draft", self.draft_latency), ("companion", self.companion_latency)):
+            runner = runners.get(role)
+            if latency is not None and runner is not None:
+                learn(latency, runner.forward_times())
+
+    def draft(self, rows: int) -> float:
+        return self.draft_latency(rows, 1)
+
+    def companion(self, rows: int) -> float:
+        return 0.0 if self.companion_latency is None else self.companion_latency(rows, 1)
+
+    def __call__(self, rows: int) -> float:
+        return self.draft(rows) + self.companion(rows)
+
+
+def learn_steps(step_cost: StepCost, runners: Mapping[str, Any]) -> None:
+    """Feed a `DraftingCost` the draft side's forward times (a fixed callable learns nothing)."""
+    observe = getattr(step_cost, "learn", None)
+    if observe is not None:
+        observe(runners)
+
+
+def draft_step_cost(step_cost: StepCost) -> StepCost:
+    """The draft's share of a drafting step: a `DraftingCost`'s `draft`, else the whole."""
+    return getattr(step_cost, "draft", step_cost)

@@ -30,8 +30,10 @@ from sprinter_train.core.rules import (
     sprinter_check_rows,
     svip_should_stop,
 )
+from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.latency import learn
+from sprinter_train.decoding.goodput import best_gamma, round_goodput
+from sprinter_train.decoding.latency import draft_step_cost, learn, learn_steps
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
 
 Rule = Callable[[DraftStep], torch.Tensor]  # (B,) bool per row
@@ -303,14 +305,21 @@ class SpecVerification:
     table: AcceptanceTable
     latency: Callable[[int, int], float]  # (batch size, tokens per row) -> target seconds;
     # a RunningLatency learns from the run's own target forwards (the bench passes one)
-    step_cost: Callable[[int], float]  # batch size -> one draft + companion step, seconds
+    step_cost: Callable[[int], float]  # batch size -> one draft + companion step, seconds;
+    # a DraftingCost learns from the run's own steps and prices the draft's alone too
     max_gamma: int
     name: str = "sv"
+    # None: every round reads the companion (SV as published); a plan lets rounds skip it
+    # where the run measured that its information does not pay for its forward
+    companion_plan: CompanionPlan | None = None
 
     def round(self, engine: Engine, batch: Batch) -> Emitted:
         learn(self.latency, engine.runners["target"].forward_times())
+        learn_steps(self.step_cost, engine.runners)
         B = len(batch)
         rnd = Round()
+        if self.companion_plan is not None and not self.companion_plan.begin(batch):
+            return self.prior_round(engine, batch, self.companion_plan.acceptance.value)
         if not self.worth_a_draft(B):
             return verify(engine, batch, rnd)
         product = torch.ones(B, dtype=torch.float64, device=engine.device)
@@ -338,6 +347,21 @@ class SpecVerification:
 
         draft_round(engine, batch, batch.room(self.max_gamma), stop, keep, rnd)
         return verify(engine, batch, rnd)
+
+    def prior_round(self, engine: Engine, batch: Batch, alpha: float | None) -> Emitted:
+        """A round without the companion: every row drafts the gamma of highest estimated
+        goodput at acceptance `alpha` (else the table's prior), each step priced at the
+        draft's forward alone; gamma 0 is a target-only round."""
+        alpha = float(self.table.prior) if alpha is None else alpha
+        cost = draft_step_cost(self.step_cost)
+        gamma = best_gamma(alpha, len(batch), self.max_gamma, self.latency, cost)
+        if gamma == 0:
+            return verify(engine, batch, Round())
+        return verify(engine, batch, draft_round(engine, batch, batch.room(gamma)))
+
+    def update(self, row: Row, drafted: int, accepted: int) -> None:
+        if self.companion_plan is not None:
+            self.companion_plan.observe(drafted, accepted)
 
     def worth_a_draft(self, B: int) -> bool:
         """Would one draft a row at the table's average acceptance raise the goodput?"""
@@ -375,6 +399,7 @@ class SpecVerificationPaper:
 
     def round(self, engine: Engine, batch: Batch) -> Emitted:
         learn(self.latency, engine.runners["target"].forward_times())
+        learn_steps(self.step_cost, engine.runners)
         B = len(batch)
         rnd = Round()
         device = engine.device
@@ -498,27 +523,6 @@ def scores_before_the_draw(verifier: object) -> bool:
     return bool(names) and set(names) <= PRE_DRAW_FEATURES
 
 
-def expected_accepted(acceptance: torch.Tensor) -> torch.Tensor:
-    """E(N | gamma) for gamma = 1..G from (..., G) acceptances a_i: sum_{k<=gamma} prod_{i<=k}
-    a_i (SV App. D, eq. 3-4, with a_i the predicted acceptance of the i-th draft)."""
-    return acceptance.cumprod(-1).cumsum(-1)
-
-
-def round_goodput(
-    expected: torch.Tensor | float,
-    drafts: int,
-    batch_size: int,
-    latency: Callable[[int, int], float],
-    step_cost: Callable[[int], float],
-) -> torch.Tensor | float:
-    """Estimated tokens a second of a round that drafts `drafts` tokens a row and expects
-    `expected` of them accepted: those and the target's own token, over the drafting steps and
-    the target's forward over drafts + 1 tokens a row (SV App. D's goodput; counting the
-    target's token makes a round without drafts worth its one token, not nothing)."""
-    seconds = drafts * step_cost(batch_size) + latency(batch_size, drafts + 1)
-    return (expected + 1.0) / seconds
-
-
 @dataclass
 class LearnedLength:
     """sd_learned: speculative sampling whose drafting length a trained predictor chooses, per
@@ -550,6 +554,7 @@ class LearnedLength:
 
     def round(self, engine: Engine, batch: Batch) -> Emitted:
         learn(self.latency, engine.runners["target"].forward_times())
+        learn_steps(self.step_cost, engine.runners)
         B = len(batch)
         rnd = Round()
         if not self.worth_a_draft(B):
