@@ -61,16 +61,16 @@ def test_results_md_says_how_often_sv_read_its_companion(tmp_path: Path) -> None
     assert "read its companion" not in (tmp_path / "results.md").read_text()  # no plan ran
     plan = CompanionPlan(0.5, margin=0.03, warmup=4, probe_every=8).record()
     plan["rounds_by_rows_and_mode"].update(
-        {"4": {"companion": 5, "prior": 20, "companion (probe)": 3}, "1": {"prior": 7}}
+        {"3-4": {"companion": 5, "prior": 20, "companion (probe)": 3}, "1": {"prior": 7}}
     )
-    plan["goodput_by_rows_and_mode"].update({"4": {"companion": 30.04, "prior": 41.96}})
+    plan["goodput_by_rows_and_mode"].update({"3-4": {"companion": 30.04, "prior": 41.96}})
     results["settings"] = {"sv": {"companion_plan": plan}}
     write_results(tmp_path, results)
     text = (tmp_path / "results.md").read_text()
     assert "sv read its companion in 8 of 35 rounds" in text
-    assert "switching for 3% more, after 4 rounds of each, probing the other every 8" in text
+    assert "switching for 3% more, after 4 rounds of each, probing another every 8" in text
     assert (
-        "rows 1: prior × 7; rows 4: companion × 5, companion (probe) × 3, prior × 20 "
+        "rows 1: prior × 7; rows 3-4: companion × 5, companion (probe) × 3, prior × 20 "
         "(tokens/s companion 30.0, prior 42.0)."
     ) in text
 

@@ -1,10 +1,10 @@
-"""sv's companion plan: which mode each round plays, from the goodput measured either way."""
+"""sv's companion plan: which mode each round plays, from the goodput measured each way."""
 
 from __future__ import annotations
 
 import pytest
 
-from sprinter_train.decoding.companion_plan import CompanionPlan
+from sprinter_train.decoding.companion_plan import MODES, CompanionPlan, band, band_label
 from sprinter_train.decoding.state import DecodeStats
 
 
@@ -28,62 +28,87 @@ class Clock:
 
 
 def play(plan: CompanionPlan, batch: FakeBatch, clock: Clock, rounds: int, seconds, tokens):
-    """`rounds` rounds of `batch`: each mode's round takes seconds[mode] and emits
-    tokens[mode] (one row); returns the modes played."""
+    """`rounds` rounds of `batch`: a round of mode m takes seconds[m] and emits tokens[m]
+    (one row's worth); returns the modes played."""
     modes = []
     for _ in range(rounds):
-        reads = plan.begin(batch)
-        modes.append(reads)
-        clock.now += seconds[reads]
-        plan.observe(drafted=tokens[reads], accepted=tokens[reads] - 1)
+        mode = plan.begin(batch)
+        modes.append(mode)
+        clock.now += seconds[mode]
+        plan.observe(drafted=tokens[mode] - 1, accepted=tokens[mode] - 1)
         batch.stats.rounds += 1  # the engine's commit
     return modes
 
 
-def test_warms_up_both_modes_then_keeps_the_faster_and_probes_the_other() -> None:
-    clock = Clock()
-    plan = CompanionPlan(0.5, window=8, margin=0.05, warmup=3, probe_every=4, clock=clock)
-    batch = FakeBatch(1)
-    # the companion's rounds emit 2 tokens in 1 s, the prior's 3 tokens in 1.2 s: 2.5 tok/s
-    modes = play(plan, batch, clock, 30, {True: 1.0, False: 1.2}, {True: 2, False: 3})
-    assert modes[:3] == [True] * 3  # the companion's warm-up first
-    assert modes[3:7] == [False] * 4  # the prior's (its third round is timed by the 4th begin)
-    later = modes[8:]
-    assert later.count(False) > later.count(True) > 0  # kept the prior, probed the companion
-    assert plan.goodput["1"]["prior"] == pytest.approx(2.5)
-    assert plan.goodput["1"]["companion"] == pytest.approx(2.0)
-    assert plan.rounds["1"]["companion (probe)"] >= 1
+SLOW_COMPANION = {"companion": 1.0, "prior": 1.2, "target": 1.0}  # seconds a round
+TOKENS = {"companion": 2, "prior": 3, "target": 1}  # tokens a round: prior 2.5/s, companion 2/s
 
 
-def test_keeps_the_companion_within_the_margin() -> None:
+def test_warms_up_every_mode_then_keeps_the_fastest_and_probes_the_others() -> None:
     clock = Clock()
-    plan = CompanionPlan(0.5, window=8, margin=0.10, warmup=2, probe_every=0, clock=clock)
-    batch = FakeBatch(2)
-    # prior 5% ahead (2.1 vs 2 tokens a second): not worth a switch at a 10% margin
-    modes = play(plan, batch, clock, 20, {True: 1.0, False: 1.0}, {True: 2, False: 2.1})
-    assert modes[6:] == [True] * 14
+    plan = CompanionPlan(0.5, window=64, margin=0.05, warmup=3, probe_every=4, clock=clock)
+    modes = play(plan, FakeBatch(1), clock, 60, SLOW_COMPANION, TOKENS)
+    assert modes[:9] == ["companion"] * 3 + ["prior"] * 3 + ["target"] * 3
+    later = modes[10:]
+    assert later.count("prior") > 2 * (later.count("companion") + later.count("target"))
+    assert later.count("companion") > 0 and later.count("target") > 0  # probed in turn
+    assert plan.goodput["1"] == pytest.approx({"companion": 2.0, "prior": 2.5, "target": 1.0})
+    assert plan.rounds["1"]["companion (probe)"] >= 1 and plan.rounds["1"]["target (probe)"] >= 1
+
+
+def test_keeps_its_mode_within_the_margin() -> None:
+    clock = Clock()
+    plan = CompanionPlan(0.5, window=24, margin=0.10, warmup=2, probe_every=2, clock=clock)
+    batch, seconds = FakeBatch(2), {m: 1.0 for m in MODES}
+    play(plan, batch, clock, 8, seconds, {"companion": 2, "prior": 1.5, "target": 1})
+    assert plan._current[2] == "companion"
+    # now the prior is 5% ahead (2.1 vs 2 tokens a second): not worth a switch at 10%
+    modes = play(plan, batch, clock, 40, seconds, {"companion": 2, "prior": 2.1, "target": 1})
+    assert plan.goodput["2"]["prior"] == pytest.approx(2.1)
+    assert plan._current[2] == "companion" and modes.count("companion") == 20
+
+
+def test_target_rounds_win_where_drafting_does_not_pay() -> None:
+    clock = Clock()
+    plan = CompanionPlan(0.5, window=64, margin=0.03, warmup=2, probe_every=0, clock=clock)
+    seconds = {"companion": 3.0, "prior": 2.5, "target": 1.0}
+    modes = play(plan, FakeBatch(8), clock, 20, seconds, {"companion": 2, "prior": 2, "target": 1})
+    assert modes[7:] == ["target"] * 13
 
 
 def test_switches_back_when_the_companion_pays() -> None:
     clock = Clock()
-    plan = CompanionPlan(0.5, window=4, margin=0.0, warmup=2, probe_every=3, clock=clock)
+    plan = CompanionPlan(0.5, window=24, margin=0.0, warmup=2, probe_every=3, clock=clock)
     batch = FakeBatch(1)
-    play(plan, batch, clock, 12, {True: 1.0, False: 1.0}, {True: 1, False: 3})
-    assert plan._current[1] is False
-    modes = play(plan, batch, clock, 24, {True: 1.0, False: 1.0}, {True: 4, False: 1})
-    assert modes[-6:].count(True) >= 4 and plan._current[1] is True
+    play(plan, batch, clock, 15, {m: 1.0 for m in MODES}, {"companion": 1, "prior": 3, "target": 1})
+    assert plan._current[1] == "prior"
+    modes = play(
+        plan, batch, clock, 40, {m: 1.0 for m in MODES}, {"companion": 4, "prior": 1, "target": 1}
+    )
+    assert modes[-9:].count("companion") >= 6 and plan._current[1] == "companion"
+
+
+def test_bands_of_live_rows_share_their_measurements() -> None:
+    assert [band(rows) for rows in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+    assert [band_label(key) for key in (1, 2, 4, 8)] == ["1", "2", "3-4", "5-8"]
+    clock = Clock()
+    plan = CompanionPlan(0.5, warmup=2, clock=clock)
+    play(plan, FakeBatch(4), clock, 4, {m: 1.0 for m in MODES}, TOKENS)
+    modes = play(plan, FakeBatch(3), clock, 3, {m: 1.0 for m in MODES}, TOKENS)
+    assert modes[0] == "prior"  # rows 3 continue rows 4's warm-up
+    assert set(plan.rounds) == {"3-4"}
 
 
 def test_rounds_are_timed_within_one_generation_only() -> None:
     clock = Clock()
     plan = CompanionPlan(0.5, warmup=1, clock=clock)
     first = FakeBatch(1)
-    play(plan, first, clock, 1, {True: 1.0, False: 1.0}, {True: 2, False: 2})
+    play(plan, first, clock, 1, {m: 1.0 for m in MODES}, TOKENS)
     clock.now += 50.0  # the next generation's prefill
     second = FakeBatch(1)
-    play(plan, second, clock, 1, {True: 1.0, False: 1.0}, {True: 2, False: 2})
+    play(plan, second, clock, 1, {m: 1.0 for m in MODES}, TOKENS)
     assert plan._measured == {}  # neither round was closed by a round of its own generation
-    play(plan, second, clock, 1, {True: 1.0, False: 1.0}, {True: 2, False: 2})
+    play(plan, second, clock, 1, {m: 1.0 for m in MODES}, TOKENS)
     assert sum(len(times) for times in plan._measured.values()) == 1
 
 
@@ -102,20 +127,20 @@ def test_only_prior_rounds_feed_the_acceptance() -> None:
     plan = CompanionPlan(None, warmup=2, clock=clock)
     batch = FakeBatch(1)
     modes = []
-    for _ in range(5):
+    for _ in range(6):
         modes.append(plan.begin(batch))
         clock.now += 1.0
         # the companion's rounds keep every draft (its table picked them), the prior's half
-        plan.observe(drafted=2, accepted=2 if modes[-1] else 1)
+        plan.observe(drafted=2, accepted=2 if modes[-1] == "companion" else 1)
         batch.stats.rounds += 1
-    prior_rounds = modes.count(False)
-    assert modes[:2] == [True, True] and prior_rounds >= 2
-    assert plan.acceptance.checked == 2 * prior_rounds
+    assert modes == ["companion"] * 2 + ["prior"] * 2 + ["target"] * 2
+    assert plan.acceptance.checked == 2 * 2  # the two prior rounds only
     assert plan.acceptance.value == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(
-    "settings", [{"window": 0}, {"warmup": 0}, {"probe_every": -1}, {"margin": -0.1}]
+    "settings",
+    [{"window": 23, "warmup": 4}, {"warmup": 0}, {"probe_every": -1}, {"margin": -0.1}],
 )
 def test_rejects_settings_that_cannot_work(settings) -> None:
     with pytest.raises(ValueError, match="companion plan"):

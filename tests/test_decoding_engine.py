@@ -19,7 +19,7 @@ import torch
 from scipy.stats import binomtest
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
-from sprinter_train.decoding.companion_plan import CompanionPlan
+from sprinter_train.decoding.companion_plan import MODES, CompanionPlan
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (
     MTAD,
@@ -323,9 +323,10 @@ def test_sv_reads_a_restricted_companion_on_the_drafts_head_exactly(same_head: b
 
 
 def test_sv_with_its_companion_plan_keeps_the_target_law_in_ragged_batches(models) -> None:
-    """Rounds that read the companion and rounds that draft at the measured acceptance
-    without it, mixed by the plan (a clock on which every round takes a second, so the mode
-    emitting more tokens a round wins and the other is probed): the target's law holds."""
+    """Rounds that read the companion, rounds that draft at the measured acceptance without
+    it and target-only rounds, mixed by the plan (a clock on which every round takes a second,
+    so the mode emitting most tokens a round wins and the others are probed): the target's
+    law holds."""
     policy = sv()
     policy.companion_plan = CompanionPlan(
         0.5, warmup=2, probe_every=3, clock=itertools.count().__next__
@@ -334,19 +335,20 @@ def test_sv_with_its_companion_plan_keeps_the_target_law_in_ragged_batches(model
     counts = first_tokens(engine, policy, ragged_rows(RUNS))
     assert_target_law_with_power(models, PROMPTS, counts, SAMPLING, VOCAB)
     played = [mode for per_rows in policy.companion_plan.rounds.values() for mode in per_rows]
-    assert {"companion", "prior"} <= {mode.removesuffix(" (probe)") for mode in played}
+    assert set(MODES) <= {mode.removesuffix(" (probe)") for mode in played}
 
 
 def test_sv_drops_a_companion_that_does_not_pay_and_stays_exact(models) -> None:
     """A clock on which a round that read the companion takes 100 s and one without it 1 s:
-    after one warm-up round of each, sv stops reading the companion (no probes), still
-    drafts, and greedy rows equal target_only's."""
+    after one warm-up round of each mode, sv stops reading the companion (no probes), keeps
+    drafting (a prior round emits more tokens than a target round), and greedy rows equal
+    target_only's."""
     plan = CompanionPlan(0.5, warmup=1, probe_every=0)
     now = [0.0]
 
     def clock() -> float:  # each begin ends the round opened by the one before
         if plan._open is not None:
-            now[0] += 100.0 if plan._open["reads"] else 1.0
+            now[0] += 100.0 if plan._open["mode"] == "companion" else 1.0
         return now[0]
 
     plan.clock = clock
@@ -355,6 +357,6 @@ def test_sv_drops_a_companion_that_does_not_pay_and_stays_exact(models) -> None:
     results = engine_for(models, GREEDY).generate(PROMPTS, policy, 24)
     reference = engine_for(models, GREEDY).generate(PROMPTS, TargetOnly(), 24)
     assert [r.tokens for r in results] == [r.tokens for r in reference]
-    assert plan.rounds["4"]["prior"] > 4 * plan.rounds["4"]["companion"] > 0
+    assert plan.rounds["3-4"]["prior"] > 4 * plan.rounds["3-4"]["companion"] > 0
     stats = results[0].stats
     assert stats.drafted > 0 and stats.companion_calls < stats.draft_calls / 4

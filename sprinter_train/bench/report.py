@@ -327,7 +327,10 @@ def companion_plan_lines(results: dict[str, Any]) -> list[str]:
     if not plan or not plan.get("rounds_by_rows_and_mode"):
         return []
     per_rows = []
-    for rows, tally in sorted(plan["rounds_by_rows_and_mode"].items(), key=lambda kv: int(kv[0])):
+    bands = sorted(
+        plan["rounds_by_rows_and_mode"].items(), key=lambda kv: int(kv[0].split("-")[-1])
+    )
+    for rows, tally in bands:
         rates = plan.get("goodput_by_rows_and_mode", {}).get(rows, {})
         played = ", ".join(f"{mode} × {n}" for mode, n in sorted(tally.items()))
         measured = ", ".join(f"{mode} {rate:.1f}" for mode, rate in sorted(rates.items()))
@@ -342,9 +345,9 @@ def companion_plan_lines(results: dict[str, Any]) -> list[str]:
     return [
         f"sv read its companion in {read} of {total} rounds: before every round it plays the "
         "mode (`companion`: SV's scheduler over the table; `prior`: sd's gamma at the measured "
-        "acceptance, no companion forward) whose measured tokens/s at this number of live rows "
-        f"is higher, switching for {plan['margin']:.0%} more, after {plan['warmup']} rounds of "
-        f"each, probing the other every {plan['probe_every']} rounds "
+        "acceptance, no companion forward; `target`: no draft) whose measured tokens/s in this "
+        f"band of live rows is highest, switching for {plan['margin']:.0%} more, after "
+        f"{plan['warmup']} rounds of each, probing another every {plan['probe_every']} rounds "
         "(sprinter_train/decoding/companion_plan.py). By live rows (every batch size, warm-up "
         f"included): {'; '.join(per_rows)}.",
         "",

@@ -1,4 +1,4 @@
-"""Whether sv's next round reads its companion, from the goodput the run measured either way.
+"""How sv's next round drafts (with its companion, without it, or not at all), by measured goodput.
 
 SV's companion buys information about each draft's acceptance (S before the draw, A after it)
 at the price of one more forward per drafting step. The paper's companion is a small model
@@ -6,22 +6,30 @@ beside a 13B-72B target, where that forward is a few percent of a round. On the 
 on a CPU the companion's step costs what the draft's does, and at batch 1 sv ran at 0.91x sd
 with the table's information (the bench of e69a0f4): sd's length, chosen from the pooled
 acceptance alone, kept as many tokens per target call for half the drafting time. SV's claim
-is to be never worse than the better of target decoding and SD; so sv prices its companion
-too. Before each round the plan picks one of two modes:
+is to be never worse than the better of target decoding and SD; so sv prices its companion,
+and its drafting, by what they bought. Before each round the plan picks one of three modes:
 
 - `companion`: SV's scheduler, every draft's acceptance predicted through the table;
 - `prior`: no companion forward; each row drafts the gamma of highest estimated goodput at
-  the acceptance measured in these rounds (sd's rule, `goodput.best_gamma`, 0 included),
-  priced with the draft's step alone.
+  the acceptance measured in these rounds (sd's rule, `goodput.best_gamma`), priced with the
+  draft's step alone;
+- `target`: no draft either, one token a row from the target (target_only's round). At batch
+  4 both sd's planner and the `prior` mode's model expected drafts to pay and measured 0.93-0.98x
+  target_only: the goodput model prices forwards, not the Python around them.
 
-It keeps, per number of live rows, the mode of higher measured goodput (tokens emitted per
-second of wall time between round starts, over each mode's latest `window` rounds), switching
-only when the other is ahead by `margin`; a row count starts with `warmup` rounds of each mode,
-and every `probe_every` rounds the mode not in use plays once, so its figure stays current.
+It keeps, per band of live rows (1, 2, 3-4, 5-8, ...: a batch whose rows finish one by one
+passes through every count, and each count warming up three modes would be all warm-up), the
+mode of higher measured goodput (tokens emitted per second of wall time between round
+starts, over the band's latest `window` rounds), switching only when another is
+ahead by `margin`. A band starts with `warmup` rounds of each mode in turn (then the best of
+them, margin or not), and every
+`probe_every` rounds one of the modes not in use plays once (in turn), so their figures stay
+current; a probe also pays its mode's catch-up (the companion's or the draft's forward over
+the tokens it missed), which makes the plan slow to leave a mode, never fast.
 
 Lossless: a round's mode is fixed before its first draft, from earlier rounds only (their
-outcomes and timings); both modes are speculative sampling with stopping times that read only
-what is fixed before each draw. In sampling mode a row's tokens depend on the clock; its law
+outcomes and timings); every mode is speculative sampling with stopping times that read only
+what is fixed before each draw (the target's round: none). In sampling mode a row's tokens depend on the clock; its law
 does not.
 """
 
@@ -35,25 +43,36 @@ from typing import Any
 
 from sprinter_train.decoding.goodput import AcceptanceRate
 
-MODES = {True: "companion", False: "prior"}
+MODES = ("companion", "prior", "target")
+
+
+def band(rows: int) -> int:
+    """The power of two at or above `rows`: the plan's key (bands 1, 2, 3-4, 5-8, ...)."""
+    return 1 << max(0, rows - 1).bit_length()
+
+
+def band_label(key: int) -> str:
+    low = key // 2 + 1
+    return str(key) if low >= key else f"{low}-{key}"
 
 
 class CompanionPlan:
-    """Chooses, before each round, whether sv reads its companion; see the module docstring."""
+    """Chooses, before each round, how sv drafts (`MODES`); see the module docstring."""
 
     def __init__(
         self,
         prior_alpha: float | None,
-        window: int = 32,
+        window: int = 256,
         margin: float = 0.03,
         warmup: int = 4,
-        probe_every: int = 8,
+        probe_every: int = 16,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if window < 1 or warmup < 1 or probe_every < 0 or margin < 0:
+        if warmup < 1 or window < 2 * len(MODES) * warmup or probe_every < 0 or margin < 0:
             raise ValueError(
-                f"companion plan: window {window} and warmup {warmup} must be >= 1, "
-                f"probe_every {probe_every} and margin {margin} >= 0"
+                f"companion plan: warmup {warmup} must be >= 1, window {window} at least "
+                f"{2 * len(MODES)} x warmup (room for every mode's warm-up), probe_every "
+                f"{probe_every} and margin {margin} >= 0"
             )
         self.acceptance = AcceptanceRate(prior_alpha)  # the prior rounds' per-draft acceptance
         self.window, self.margin, self.warmup, self.probe_every = (
@@ -63,37 +82,41 @@ class CompanionPlan:
             probe_every,
         )
         self.clock = clock
-        self._measured: dict[tuple[int, bool], deque[tuple[int, float]]] = {}
-        self._current: dict[int, bool] = {}
+        self._measured: dict[tuple[int, str], deque[tuple[int, int, float]]] = {}
+        self._begun: dict[int, int] = {}  # rounds begun per band: the horizon's clock
+        self._current: dict[int, str] = {}
         self._since_probe: dict[int, int] = {}
+        self._probes: dict[int, int] = {}  # probes played per band (whose turn is next)
         self._open: dict[str, Any] | None = None  # the round under way
         # what results.json records, filled in as the run goes
-        self.rounds: dict[str, dict[str, int]] = {}  # rows -> mode -> rounds played
-        self.goodput: dict[str, dict[str, float]] = {}  # rows -> mode -> measured tokens/s
+        self.rounds: dict[str, dict[str, int]] = {}  # band of rows -> mode -> rounds played
+        self.goodput: dict[str, dict[str, float]] = {}  # band -> mode -> measured tokens/s
 
-    def begin(self, batch: Any) -> bool:
+    def begin(self, batch: Any) -> str:
         """Start a round of `batch` (closing the previous round of the same generation, whose
-        time runs to now); True: read the companion."""
+        time runs to now); returns its mode, one of `MODES`."""
         now = self.clock()
         self._close(batch, now)
-        rows = len(batch)
-        reads = self._choose(rows)
+        key = band(len(batch))
+        self._begun[key] = index = self._begun.get(key, 0) + 1
+        mode = self._choose(key)
         self._open = {
+            "index": index,
             "batch": weakref.ref(batch),
             "round": batch.stats.rounds,
-            "rows": rows,
-            "reads": reads,
+            "band": key,
+            "mode": mode,
             "start": now,
             "tokens": 0,
         }
-        return reads
+        return mode
 
     def observe(self, drafted: int, accepted: int) -> None:
         """One row's outcome of the round under way, once it reached the host."""
         if self._open is None:
             return
         self._open["tokens"] += accepted + 1
-        if not self._open["reads"]:
+        if self._open["mode"] == "prior":
             self.acceptance.observe(drafted, accepted)
 
     def _close(self, batch: Any, now: float) -> None:
@@ -104,40 +127,48 @@ class CompanionPlan:
             return
         if batch.stats.rounds != opened["round"] + 1:
             return
-        key = (opened["rows"], opened["reads"])
+        key = (opened["band"], opened["mode"])
         times = self._measured.setdefault(key, deque(maxlen=self.window))
-        times.append((opened["tokens"], now - opened["start"]))
-        tokens, seconds = sum(t for t, _ in times), sum(s for _, s in times)
-        if seconds > 0:
-            self.goodput.setdefault(str(key[0]), {})[MODES[key[1]]] = tokens / seconds
+        times.append((opened["index"], opened["tokens"], now - opened["start"]))
+        rate = self._rate(*key, least=1)
+        if rate is not None:
+            self.goodput.setdefault(band_label(key[0]), {})[key[1]] = rate
 
-    def _rate(self, rows: int, reads: bool) -> float | None:
-        """Measured tokens/s of a mode at this row count, once it has `warmup` rounds."""
-        times = self._measured.get((rows, reads), ())
+    def _rate(self, key: int, mode: str, least: int | None = None) -> float | None:
+        """Measured tokens/s of a mode over the band's latest `window` rounds, once it has
+        `warmup` (or `least`) rounds there. One horizon in rounds for every mode, not each
+        mode's own latest rounds: the mode in use would be judged on the last few rounds
+        (late in generations, long contexts, rows leaving) and the probed ones on the whole
+        run, and the plan would chase that difference."""
+        since = self._begun.get(key, 0) - self.window
+        times = [(t, s) for index, t, s in self._measured.get((key, mode), ()) if index > since]
         seconds = sum(s for _, s in times)
-        if len(times) < self.warmup or seconds <= 0:
+        if len(times) < (self.warmup if least is None else least) or seconds <= 0:
             return None
         return sum(t for t, _ in times) / seconds
 
-    def _choose(self, rows: int) -> bool:
-        current = self._current.get(rows, True)
-        played = current
-        rates = {mode: self._rate(rows, mode) for mode in (True, False)}
-        unmeasured = [mode for mode in (True, False) if rates[mode] is None]
+    def _choose(self, key: int) -> str:
+        rates = {mode: self._rate(key, mode) for mode in MODES}
+        unmeasured = [mode for mode in MODES if rates[mode] is None]
+        probe = False
         if unmeasured:
-            played = unmeasured[0]  # the companion's warm-up first, then the prior's
+            played = unmeasured[0]  # warm-up: each mode in turn
         else:
-            other = not current
-            if rates[other] > rates[current] * (1.0 + self.margin):  # type: ignore[operator]
-                current = played = other
-            since = self._since_probe.get(rows, 0) + 1
+            best = max(MODES, key=lambda mode: rates[mode])  # type: ignore[arg-type, return-value]
+            current = self._current.get(key)  # none yet: the warm-up's best, margin or not
+            if current is None or rates[best] > rates[current] * (1.0 + self.margin):  # type: ignore[operator]
+                current = best
+            self._current[key] = played = current
+            since = self._since_probe.get(key, 0) + 1
             if self.probe_every and since >= self.probe_every:
-                played, since = not current, 0
-            self._since_probe[rows] = since
-        self._current[rows] = current
-        tally = self.rounds.setdefault(str(rows), {})
-        key = MODES[played] if played == current or unmeasured else f"{MODES[played]} (probe)"
-        tally[key] = tally.get(key, 0) + 1
+                others = [mode for mode in MODES if mode != current]
+                turn = self._probes.get(key, 0)
+                played, probe, since = others[turn % len(others)], True, 0
+                self._probes[key] = turn + 1
+            self._since_probe[key] = since
+        tally = self.rounds.setdefault(band_label(key), {})
+        name = f"{played} (probe)" if probe else played
+        tally[name] = tally.get(name, 0) + 1
         return played
 
     def record(self) -> dict[str, Any]:

@@ -309,8 +309,8 @@ class SpecVerification:
     # a DraftingCost learns from the run's own steps and prices the draft's alone too
     max_gamma: int
     name: str = "sv"
-    # None: every round reads the companion (SV as published); a plan lets rounds skip it
-    # where the run measured that its information does not pay for its forward
+    # None: every round reads the companion (SV as published); a plan lets rounds skip it, or
+    # drafting altogether, where the run measured that they do not pay
     companion_plan: CompanionPlan | None = None
 
     def round(self, engine: Engine, batch: Batch) -> Emitted:
@@ -318,8 +318,11 @@ class SpecVerification:
         learn_steps(self.step_cost, engine.runners)
         B = len(batch)
         rnd = Round()
-        if self.companion_plan is not None and not self.companion_plan.begin(batch):
-            return self.prior_round(engine, batch, self.companion_plan.acceptance.value)
+        mode = "companion" if self.companion_plan is None else self.companion_plan.begin(batch)
+        if mode == "target":
+            return verify(engine, batch, rnd)
+        if mode == "prior":
+            return self.prior_round(engine, batch, self.companion_plan.acceptance.value)  # type: ignore[union-attr]
         if not self.worth_a_draft(B):
             return verify(engine, batch, rnd)
         product = torch.ones(B, dtype=torch.float64, device=engine.device)
