@@ -63,7 +63,7 @@ def test_results_md_says_how_often_sv_read_its_companion(tmp_path: Path) -> None
     plan["rounds_by_rows_and_mode"].update(
         {"3-4": {"companion": 5, "prior": 20, "companion (probe)": 3}, "1": {"prior": 7}}
     )
-    plan["goodput_by_rows_and_mode"].update({"3-4": {"companion": 30.04, "prior": 41.96}})
+    plan["speed_by_rows_and_mode"].update({"3-4": {"companion": 0.904, "prior": 1.246}})
     results["settings"] = {"sv": {"companion_plan": plan}}
     write_results(tmp_path, results)
     text = (tmp_path / "results.md").read_text()
@@ -71,7 +71,7 @@ def test_results_md_says_how_often_sv_read_its_companion(tmp_path: Path) -> None
     assert "switching for 3% more, after 4 rounds of each, probing another every 8" in text
     assert (
         "rows 1: prior × 7; rows 3-4: companion × 5, companion (probe) × 3, prior × 20 "
-        "(tokens/s companion 30.0, prior 42.0)."
+        "(speed companion 0.90, prior 1.25)."
     ) in text
 
 

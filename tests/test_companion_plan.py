@@ -32,7 +32,7 @@ def play(plan: CompanionPlan, batch: FakeBatch, clock: Clock, rounds: int, secon
     (one row's worth); returns the modes played."""
     modes = []
     for _ in range(rounds):
-        mode = plan.begin(batch)
+        mode = plan.begin(batch, 1.0)
         modes.append(mode)
         clock.now += seconds[mode]
         plan.observe(drafted=tokens[mode] - 1, accepted=tokens[mode] - 1)
@@ -52,7 +52,7 @@ def test_warms_up_every_mode_then_keeps_the_fastest_and_probes_the_others() -> N
     later = modes[10:]
     assert later.count("prior") > 2 * (later.count("companion") + later.count("target"))
     assert later.count("companion") > 0 and later.count("target") > 0  # probed in turn
-    assert plan.goodput["1"] == pytest.approx({"companion": 2.0, "prior": 2.5, "target": 1.0})
+    assert plan.speed["1"] == pytest.approx({"companion": 2.0, "prior": 2.5, "target": 1.0})
     assert plan.rounds["1"]["companion (probe)"] >= 1 and plan.rounds["1"]["target (probe)"] >= 1
 
 
@@ -64,7 +64,7 @@ def test_keeps_its_mode_within_the_margin() -> None:
     assert plan._current[2] == "companion"
     # now the prior is 5% ahead (2.1 vs 2 tokens a second): not worth a switch at 10%
     modes = play(plan, batch, clock, 40, seconds, {"companion": 2, "prior": 2.1, "target": 1})
-    assert plan.goodput["2"]["prior"] == pytest.approx(2.1)
+    assert plan.speed["2"]["prior"] == pytest.approx(2.1 / 2)  # tokens a row
     assert plan._current[2] == "companion" and modes.count("companion") == 20
 
 
@@ -99,6 +99,24 @@ def test_bands_of_live_rows_share_their_measurements() -> None:
     assert set(plan.rounds) == {"3-4"}
 
 
+def test_speed_is_tokens_a_row_per_target_step_so_row_counts_compare() -> None:
+    """Companion rounds at 4 rows and target rounds at 3 rows, every round as fast as a
+    target step at its row count: both count as speed 1 (the rows and the step's time cancel),
+    where tokens per second would rank the 4-row rounds a third ahead."""
+    plan = CompanionPlan(0.5, warmup=2, probe_every=0, clock=Clock())
+    steps = {4: 0.04, 3: 0.035}  # a one-token target forward's seconds at 4 and 3 rows
+    for rows, mode in ((4, "companion"), (4, "companion"), (3, "prior"), (3, "prior")):
+        batch = FakeBatch(rows)
+        assert plan.begin(batch, steps[rows]) == mode
+        plan.clock.now += steps[rows]
+        for _ in range(rows):
+            plan.observe(drafted=0, accepted=0)
+        batch.stats.rounds += 1
+        plan.begin(batch, steps[rows])  # closes the round: same generation, one commit later
+        plan._open = None
+    assert plan.speed["3-4"] == pytest.approx({"companion": 1.0, "prior": 1.0})
+
+
 def test_rounds_are_timed_within_one_generation_only() -> None:
     clock = Clock()
     plan = CompanionPlan(0.5, warmup=1, clock=clock)
@@ -116,9 +134,9 @@ def test_a_round_that_was_not_committed_is_not_timed() -> None:
     clock = Clock()
     plan = CompanionPlan(0.5, warmup=1, clock=clock)
     batch = FakeBatch(1)
-    plan.begin(batch)
+    plan.begin(batch, 1.0)
     clock.now += 1.0
-    plan.begin(batch)  # no commit in between (a policy's round that raised, say)
+    plan.begin(batch, 1.0)  # no commit in between (a policy's round that raised, say)
     assert plan._measured == {}
 
 
@@ -128,7 +146,7 @@ def test_only_prior_rounds_feed_the_acceptance() -> None:
     batch = FakeBatch(1)
     modes = []
     for _ in range(6):
-        modes.append(plan.begin(batch))
+        modes.append(plan.begin(batch, 1.0))
         clock.now += 1.0
         # the companion's rounds keep every draft (its table picked them), the prior's half
         plan.observe(drafted=2, accepted=2 if modes[-1] == "companion" else 1)

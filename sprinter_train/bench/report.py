@@ -331,10 +331,10 @@ def companion_plan_lines(results: dict[str, Any]) -> list[str]:
         plan["rounds_by_rows_and_mode"].items(), key=lambda kv: int(kv[0].split("-")[-1])
     )
     for rows, tally in bands:
-        rates = plan.get("goodput_by_rows_and_mode", {}).get(rows, {})
+        rates = plan.get("speed_by_rows_and_mode", {}).get(rows, {})
         played = ", ".join(f"{mode} × {n}" for mode, n in sorted(tally.items()))
-        measured = ", ".join(f"{mode} {rate:.1f}" for mode, rate in sorted(rates.items()))
-        per_rows.append(f"rows {rows}: {played}" + (f" (tokens/s {measured})" if measured else ""))
+        measured = ", ".join(f"{mode} {rate:.2f}" for mode, rate in sorted(rates.items()))
+        per_rows.append(f"rows {rows}: {played}" + (f" (speed {measured})" if measured else ""))
     total = sum(sum(t.values()) for t in plan["rounds_by_rows_and_mode"].values())
     read = sum(
         n
@@ -345,8 +345,9 @@ def companion_plan_lines(results: dict[str, Any]) -> list[str]:
     return [
         f"sv read its companion in {read} of {total} rounds: before every round it plays the "
         "mode (`companion`: SV's scheduler over the table; `prior`: sd's gamma at the measured "
-        "acceptance, no companion forward; `target`: no draft) whose measured tokens/s in this "
-        f"band of live rows is highest, switching for {plan['margin']:.0%} more, after "
+        "acceptance, no companion forward; `target`: no draft) whose measured speed (tokens a "
+        "row per one-token target forward's time) in this band of live rows is highest, "
+        f"switching for {plan['margin']:.0%} more, after "
         f"{plan['warmup']} rounds of each, probing another every {plan['probe_every']} rounds "
         "(sprinter_train/decoding/companion_plan.py). By live rows (every batch size, warm-up "
         f"included): {'; '.join(per_rows)}.",

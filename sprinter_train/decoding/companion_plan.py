@@ -19,18 +19,25 @@ and its drafting, by what they bought. Before each round the plan picks one of t
 
 It keeps, per band of live rows (1, 2, 3-4, 5-8, ...: a batch whose rows finish one by one
 passes through every count, and each count warming up three modes would be all warm-up), the
-mode of higher measured goodput (tokens emitted per second of wall time between round
-starts, over the band's latest `window` rounds), switching only when another is
-ahead by `margin`. A band starts with `warmup` rounds of each mode in turn (then the best of
-them, margin or not), and every
-`probe_every` rounds one of the modes not in use plays once (in turn), so their figures stay
-current; a probe also pays its mode's catch-up (the companion's or the draft's forward over
-the tokens it missed), which makes the plan slow to leave a mode, never fast.
+mode of highest measured speed, switching only when another is ahead by `margin`. A round's
+speed is its tokens a row over its wall time (round start to round start) counted in target
+forwards of one token at its number of rows (the run's `RunningLatency`): the tokens/s of a
+round depend on how many rows are left and how long their contexts are, which differ between
+the rounds two modes happened to play in (the session-8 bench measured 198 tokens/s for
+companion rounds that drafted nothing against 96 for target rounds in the 9-16 band), while
+this ratio is a round's speedup over a target-only round and compares modes played at 9 rows
+and at 16. Each mode's figure is taken over the band's latest `window` rounds, one horizon
+for every mode, not each mode's own latest rounds: the mode in use would be judged on the
+last few rounds and the probed ones on the whole run. A band starts with `warmup` rounds of
+each mode in turn (then the best of them, margin or not), and every `probe_every` rounds one
+of the modes not in use plays once (in turn), so their figures stay current; a probe also
+pays its mode's catch-up (the companion's or the draft's forward over the tokens it missed),
+which makes the plan slow to leave a mode, never fast.
 
 Lossless: a round's mode is fixed before its first draft, from earlier rounds only (their
 outcomes and timings); every mode is speculative sampling with stopping times that read only
-what is fixed before each draw (the target's round: none). In sampling mode a row's tokens depend on the clock; its law
-does not.
+what is fixed before each draw (the target's round: none). In sampling mode a row's tokens
+depend on the clock; its law does not.
 """
 
 from __future__ import annotations
@@ -82,7 +89,7 @@ class CompanionPlan:
             probe_every,
         )
         self.clock = clock
-        self._measured: dict[tuple[int, str], deque[tuple[int, int, float]]] = {}
+        self._measured: dict[tuple[int, str], deque[tuple[int, float, float]]] = {}
         self._begun: dict[int, int] = {}  # rounds begun per band: the horizon's clock
         self._current: dict[int, str] = {}
         self._since_probe: dict[int, int] = {}
@@ -90,11 +97,12 @@ class CompanionPlan:
         self._open: dict[str, Any] | None = None  # the round under way
         # what results.json records, filled in as the run goes
         self.rounds: dict[str, dict[str, int]] = {}  # band of rows -> mode -> rounds played
-        self.goodput: dict[str, dict[str, float]] = {}  # band -> mode -> measured tokens/s
+        self.speed: dict[str, dict[str, float]] = {}  # band -> mode -> measured speed
 
-    def begin(self, batch: Any) -> str:
+    def begin(self, batch: Any, target_step: float) -> str:
         """Start a round of `batch` (closing the previous round of the same generation, whose
-        time runs to now); returns its mode, one of `MODES`."""
+        time runs to now); returns its mode, one of `MODES`. `target_step`: the seconds of a
+        one-token target forward at this many rows, the unit the round's time is counted in."""
         now = self.clock()
         self._close(batch, now)
         key = band(len(batch))
@@ -107,6 +115,8 @@ class CompanionPlan:
             "band": key,
             "mode": mode,
             "start": now,
+            "unit": target_step if target_step > 0 else 1.0,
+            "rows": len(batch),
             "tokens": 0,
         }
         return mode
@@ -129,17 +139,15 @@ class CompanionPlan:
             return
         key = (opened["band"], opened["mode"])
         times = self._measured.setdefault(key, deque(maxlen=self.window))
-        times.append((opened["index"], opened["tokens"], now - opened["start"]))
+        steps = (now - opened["start"]) / opened["unit"]
+        times.append((opened["index"], opened["tokens"] / opened["rows"], steps))
         rate = self._rate(*key, least=1)
         if rate is not None:
-            self.goodput.setdefault(band_label(key[0]), {})[key[1]] = rate
+            self.speed.setdefault(band_label(key[0]), {})[key[1]] = rate
 
     def _rate(self, key: int, mode: str, least: int | None = None) -> float | None:
-        """Measured tokens/s of a mode over the band's latest `window` rounds, once it has
-        `warmup` (or `least`) rounds there. One horizon in rounds for every mode, not each
-        mode's own latest rounds: the mode in use would be judged on the last few rounds
-        (late in generations, long contexts, rows leaving) and the probed ones on the whole
-        run, and the plan would chase that difference."""
+        """A mode's measured speed (tokens a row per target step's time) over the band's
+        latest `window` rounds, once it has `warmup` (or `least`) rounds there."""
         since = self._begun.get(key, 0) - self.window
         times = [(t, s) for index, t, s in self._measured.get((key, mode), ()) if index > since]
         seconds = sum(s for _, s in times)
@@ -180,5 +188,5 @@ class CompanionPlan:
             "warmup": self.warmup,
             "probe_every": self.probe_every,
             "rounds_by_rows_and_mode": self.rounds,
-            "goodput_by_rows_and_mode": self.goodput,
+            "speed_by_rows_and_mode": self.speed,
         }

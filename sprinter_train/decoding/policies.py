@@ -318,11 +318,12 @@ class SpecVerification:
         learn_steps(self.step_cost, engine.runners)
         B = len(batch)
         rnd = Round()
-        mode = "companion" if self.companion_plan is None else self.companion_plan.begin(batch)
+        plan = self.companion_plan
+        mode = "companion" if plan is None else plan.begin(batch, self.latency(B, 1))
         if mode == "target":
             return verify(engine, batch, rnd)
         if mode == "prior":
-            return self.prior_round(engine, batch, self.companion_plan.acceptance.value)  # type: ignore[union-attr]
+            return self.prior_round(engine, batch, plan.acceptance.value)  # type: ignore[union-attr]
         if not self.worth_a_draft(B):
             return verify(engine, batch, rnd)
         product = torch.ones(B, dtype=torch.float64, device=engine.device)
