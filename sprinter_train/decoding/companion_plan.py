@@ -30,9 +30,9 @@ and at 16. Each mode's figure is taken over the band's latest `window` rounds, o
 for every mode, not each mode's own latest rounds: the mode in use would be judged on the
 last few rounds and the probed ones on the whole run. A band starts with `warmup` rounds of
 each mode in turn (then the best of them, margin or not), and every `probe_every` rounds one
-of the modes not in use plays once (in turn), so their figures stay current; a probe also
-pays its mode's catch-up (the companion's or the draft's forward over the tokens it missed),
-which makes the plan slow to leave a mode, never fast.
+of the modes not in use plays two rounds (in turn), so their figures stay current. Only a
+round that follows a round of the same mode in its generation is timed: the first pays its
+models' prefill or catch-up (`CompanionPlan._close`).
 
 Lossless: a round's mode is fixed before its first draft, from earlier rounds only (their
 outcomes and timings); every mode is speculative sampling with stopping times that read only
@@ -94,6 +94,7 @@ class CompanionPlan:
         self._current: dict[int, str] = {}
         self._since_probe: dict[int, int] = {}
         self._probes: dict[int, int] = {}  # probes played per band (whose turn is next)
+        self._probing: dict[int, str] = {}  # band -> the mode whose probe plays one more round
         self._open: dict[str, Any] | None = None  # the round under way
         # what results.json records, filled in as the run goes
         self.rounds: dict[str, dict[str, int]] = {}  # band of rows -> mode -> rounds played
@@ -104,11 +105,12 @@ class CompanionPlan:
         time runs to now); returns its mode, one of `MODES`. `target_step`: the seconds of a
         one-token target forward at this many rows, the unit the round's time is counted in."""
         now = self.clock()
-        self._close(batch, now)
+        previous = self._close(batch, now)
         key = band(len(batch))
         self._begun[key] = index = self._begun.get(key, 0) + 1
         mode = self._choose(key)
         self._open = {
+            "steady": previous == mode,
             "index": index,
             "batch": weakref.ref(batch),
             "round": batch.stats.rounds,
@@ -129,14 +131,24 @@ class CompanionPlan:
         if self._open["mode"] == "prior":
             self.acceptance.observe(drafted, accepted)
 
-    def _close(self, batch: Any, now: float) -> None:
-        """Time the open round if `batch` is its generation, one commit later (a new
-        generation's first round follows a prefill, which is no round's time)."""
+    def _close(self, batch: Any, now: float) -> str | None:
+        """Time the open round if `batch` is its generation, one commit later, and the round
+        before it in this generation played the same mode; return the open round's mode
+        (None: no round of this generation was open).
+
+        A mode's first round in a generation, or after another mode, pays for the forwards
+        its models skipped meanwhile: the target's, the draft's and the companion's prefill
+        of the prompts in a generation's first round, and a catch-up over the tokens they
+        missed after a switch. At 16 rows that is 1.6-3 s against 80 ms for a round, and
+        timing such rounds ranked whichever mode a generation happened to start with last.
+        Those rounds are not timed, so speeds are steady-state (probes play two rounds)."""
         opened, self._open = self._open, None
         if opened is None or opened["batch"]() is not batch:
-            return
+            return None
         if batch.stats.rounds != opened["round"] + 1:
-            return
+            return None
+        if not opened["steady"]:
+            return opened["mode"]
         key = (opened["band"], opened["mode"])
         times = self._measured.setdefault(key, deque(maxlen=self.window))
         steps = (now - opened["start"]) / opened["unit"]
@@ -144,6 +156,7 @@ class CompanionPlan:
         rate = self._rate(*key, least=1)
         if rate is not None:
             self.speed.setdefault(band_label(key[0]), {})[key[1]] = rate
+        return opened["mode"]
 
     def _rate(self, key: int, mode: str, least: int | None = None) -> float | None:
         """A mode's measured speed (tokens a row per target step's time) over the band's
@@ -159,7 +172,9 @@ class CompanionPlan:
         rates = {mode: self._rate(key, mode) for mode in MODES}
         unmeasured = [mode for mode in MODES if rates[mode] is None]
         probe = False
-        if unmeasured:
+        if key in self._probing:  # a probe's second round: the one that is timed
+            played, probe = self._probing.pop(key), True
+        elif unmeasured:
             played = unmeasured[0]  # warm-up: each mode in turn
         else:
             best = max(MODES, key=lambda mode: rates[mode])  # type: ignore[arg-type, return-value]
@@ -173,6 +188,7 @@ class CompanionPlan:
                 turn = self._probes.get(key, 0)
                 played, probe, since = others[turn % len(others)], True, 0
                 self._probes[key] = turn + 1
+                self._probing[key] = played
             self._since_probe[key] = since
         tally = self.rounds.setdefault(band_label(key), {})
         name = f"{played} (probe)" if probe else played
