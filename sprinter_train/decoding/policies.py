@@ -89,6 +89,14 @@ def verify(engine: Engine, batch: Batch, rnd: Round) -> Emitted:
     return Emitted(tokens, accepted + 1, accepted, rnd.counts, accepted)
 
 
+def gamma_round(engine: Engine, batch: Batch, gamma: int) -> Emitted:
+    """A round of `gamma` drafts a row, verified; gamma 0 is target_only's round (no draft
+    forward at all)."""
+    if gamma == 0:
+        return verify(engine, batch, Round())
+    return verify(engine, batch, draft_round(engine, batch, batch.room(gamma)))
+
+
 @dataclass
 class TargetOnly:
     name: str = "target_only"
@@ -122,9 +130,7 @@ class SpeculativeDecoding:
         gamma = self.gamma
         if self.planner is not None:
             gamma = self.planner.plan(engine, len(batch), self.gamma)
-        if gamma == 0:
-            return verify(engine, batch, Round())
-        return verify(engine, batch, draft_round(engine, batch, batch.room(gamma)))
+        return gamma_round(engine, batch, gamma)
 
     def update(self, row: Row, drafted: int, accepted: int) -> None:
         if self.planner is not None:
@@ -359,9 +365,7 @@ class SpecVerification:
         alpha = float(self.table.prior) if alpha is None else alpha
         cost = draft_step_cost(self.step_cost)
         gamma = best_gamma(alpha, len(batch), self.max_gamma, self.latency, cost)
-        if gamma == 0:
-            return verify(engine, batch, Round())
-        return verify(engine, batch, draft_round(engine, batch, batch.room(gamma)))
+        return gamma_round(engine, batch, gamma)
 
     def update(self, row: Row, drafted: int, accepted: int) -> None:
         if self.companion_plan is not None:
