@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import DynamicCache, GenerationConfig
 
 import sprinter_train.hf as hf
 from sprinter_train.__main__ import run_stage
@@ -50,12 +50,13 @@ from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.hf.bundle import Bundle
 from sprinter_train.hf.identity import ModelMismatchError
 from sprinter_train.hf.predictors import Latency, Table, Verifier
-from sprinter_train.hf.prepare import run
+from sprinter_train.hf.prepare import CACHE_KWARGS, check_inputs, run
 from sprinter_train.hf.rules import LearnedRule, SVIPRule, SVRule
 from sprinter_train.hf.sampling import Sampling
 from sprinter_train.hf.sampling import inverse_cdf as hf_inverse_cdf
 from sprinter_train.hf.sampling import residual as hf_residual
 from sprinter_train.hf.sampling import warp_probs as hf_warp_probs
+from sprinter_train.models.cache import returned_cache, with_cache
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 from sprinter_train.sv.fit import fit_binning
 from sprinter_train.sv.table import Binning, SVTable
@@ -469,6 +470,26 @@ def test_a_batch_and_unsupported_settings_are_refused(setup) -> None:
         )
 
 
+def test_the_cache_generate_prepares_is_accepted_and_a_filled_one_refused(setup) -> None:
+    """transformers hands a custom_generate the (empty) KV cache it prepared, as `cache` from
+    5.24 on and `past_key_values` before: both are accepted empty, refused once filled."""
+    target, prompt = setup["models"]["target"], PROMPTS[0]
+    plain = through_folder(setup, "svip", prompt, max_new_tokens=6)
+    given = through_folder(
+        setup, "svip", prompt, max_new_tokens=6, **with_cache(target, DynamicCache())
+    )
+    assert given.tolist() == plain.tolist()
+    filled = returned_cache(target(input_ids=torch.tensor([prompt]), use_cache=True))
+    assert filled.get_seq_length() == len(prompt)
+    for name in CACHE_KWARGS:
+        check_inputs(torch.tensor([prompt]), {name: DynamicCache(), "use_cache": True})
+        with pytest.raises(ValueError, match=f"a filled {name} is not supported"):
+            check_inputs(torch.tensor([prompt]), {name: filled})
+    with pytest.raises(ValueError, match=r"unsupported generate arguments.*\['pixel_values'\]"):
+        check_inputs(torch.tensor([prompt]), {"pixel_values": torch.zeros(1)})
+
+
+@pytest.mark.heavy
 def test_the_folder_runs_without_sprinter_train(setup) -> None:
     """A fresh interpreter that cannot import sprinter_train (and has an empty module cache)
     loads the folder and generates what the folder generates here."""

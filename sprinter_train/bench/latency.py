@@ -27,7 +27,7 @@ from sprinter_train.bench.provenance import load_average, under_load
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.runtime import synchronize
-from sprinter_train.models.cache import crop_cache
+from sprinter_train.models.cache import crop_cache, returned_cache, with_cache
 
 
 def piecewise_linear(points: dict[int, float], x: float) -> float:
@@ -188,16 +188,15 @@ def measure_step_times(
     for b in batch_sizes:
         prefix = torch.randint(0, vocab, (b, context), generator=gen).to(device)
         for name, model in models.items():
-            caches[name, b] = model(input_ids=prefix, use_cache=True).past_key_values
+            caches[name, b] = returned_cache(model(input_ids=prefix, use_cache=True))
     times = {name: {b: {n: [] for n in new_tokens[name]} for b in batch_sizes} for name in models}
 
     def timed(name: str, b: int, n: int) -> float:
         ids = torch.randint(0, vocab, (b, n), generator=gen).to(device)
         synchronize(device)
         start = time.perf_counter()
-        models[name](
-            input_ids=ids, past_key_values=caches[name, b], use_cache=True, logits_to_keep=n
-        )
+        model = models[name]
+        model(input_ids=ids, use_cache=True, logits_to_keep=n, **with_cache(model, caches[name, b]))
         synchronize(device)
         elapsed = time.perf_counter() - start
         crop_cache(caches[name, b], context)

@@ -29,7 +29,7 @@ from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Round
-from sprinter_train.models.cache import crop_cache
+from sprinter_train.models.cache import crop_cache, returned_cache, with_cache
 from sprinter_train.models.lean import supports_lean
 
 WARMUP_ROUNDS = 3
@@ -83,12 +83,15 @@ class ModelStep:
     def __init__(self, model: torch.nn.Module, prefix: torch.Tensor, next_id: torch.Tensor):
         self.model, self.next_id, self.context = model, next_id, prefix.shape[1]
         with torch.inference_mode():
-            self.cache = model(input_ids=prefix, use_cache=True).past_key_values
+            self.cache = returned_cache(model(input_ids=prefix, use_cache=True))
 
     @torch.inference_mode()
     def __call__(self) -> None:
         self.model(
-            input_ids=self.next_id, past_key_values=self.cache, use_cache=True, logits_to_keep=1
+            input_ids=self.next_id,
+            use_cache=True,
+            logits_to_keep=1,
+            **with_cache(self.model, self.cache),
         )
 
     @torch.inference_mode()

@@ -54,6 +54,9 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {  # settings the loop cannot honour, at t
     "output_hidden_states": (None, False),
 }
 IGNORED_MODEL_KWARGS = {"position_ids", "use_cache", "logits_to_keep", "cache_position"}
+# where generate hands over the KV cache it prepared: `cache` from transformers 5.24 on,
+# `past_key_values` before; the loop keeps its own caches, so an empty one changes nothing
+CACHE_KWARGS = ("cache", "past_key_values")
 
 
 @dataclass
@@ -106,13 +109,14 @@ def check_inputs(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
         raise ValueError("padded inputs are not supported: pass the prompt without padding")
-    cache = model_kwargs.get("past_key_values")
-    if cache is not None and cache.get_seq_length() > 0:
-        raise ValueError("a filled past_key_values is not supported: the methods keep their own")
+    for name in CACHE_KWARGS:
+        cache = model_kwargs.get(name)
+        if cache is not None and cache.get_seq_length() > 0:
+            raise ValueError(f"a filled {name} is not supported: the methods keep their own caches")
     unknown = sorted(
         k
         for k, v in model_kwargs.items()
-        if v is not None and k not in IGNORED_MODEL_KWARGS | {"attention_mask", "past_key_values"}
+        if v is not None and k not in IGNORED_MODEL_KWARGS | {"attention_mask", *CACHE_KWARGS}
     )
     if unknown:
         raise ValueError(f"unsupported generate arguments for the speculative methods: {unknown}")

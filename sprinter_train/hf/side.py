@@ -8,6 +8,7 @@ The head is applied only where a distribution is wanted, on the vocabulary the m
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,12 @@ class Side:
         self.hidden_layer = hidden_layer
         self.own_device = next(model.parameters()).device
         self.cache = DynamicCache()
+        # transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name
+        # goes in 5.40); this folder runs on either, so it asks the model which it takes
+        base = model.base_model
+        self.cache_kwarg = (
+            "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        )
         self.held = 0
         self.calls = 0  # forwards after the prompt's prefill (the engine's count)
 
@@ -70,11 +77,12 @@ class Side:
         out = self.model.base_model(
             input_ids=ids,
             position_ids=positions[None],
-            past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=self.hidden_layer != -1,
+            **{self.cache_kwarg: self.cache},
         )
-        self.cache = out.past_key_values
+        cache = getattr(out, "cache", None)
+        self.cache = cache if cache is not None else out.past_key_values
         self.held += len(tokens)
         final = out.last_hidden_state[0]
         chosen = final if self.hidden_layer == -1 else out.hidden_states[self.hidden_layer][0]

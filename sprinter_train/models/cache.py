@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 
 def cache_length(cache) -> int:
     return int(cache.get_seq_length())
@@ -12,3 +15,32 @@ def crop_cache(cache, new_length: int) -> None:
     remove = cache_length(cache) - new_length
     if remove > 0:
         cache.crop(-remove)
+
+
+def cache_kwarg(model) -> str:
+    """The forward argument a model takes its KV cache by: `cache` from transformers 5.24 on
+    (`past_key_values` is deprecated there and goes in 5.40), `past_key_values` before."""
+    forward = getattr(model, "forward", model)
+    key = type(model)
+    if key not in _CACHE_KWARG:
+        try:
+            parameters = inspect.signature(forward).parameters
+        except (TypeError, ValueError):
+            parameters = {}
+        _CACHE_KWARG[key] = "cache" if "cache" in parameters else "past_key_values"
+    return _CACHE_KWARG[key]
+
+
+def with_cache(model, cache) -> dict[str, Any]:
+    """`{name: cache}` for a forward call of `model`, under the name its version takes."""
+    return {cache_kwarg(model): cache}
+
+
+def returned_cache(output) -> Any:
+    """The cache a forward returned: `output.cache` on current transformers, else
+    `output.past_key_values`."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
+_CACHE_KWARG: dict[type, str] = {}

@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from sprinter_train.models.cache import returned_cache, with_cache
 from sprinter_train.models.loading import LoadedModel, check_tokenizers_agree, load_model
 
 
@@ -73,13 +74,13 @@ def body(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=past_key_values,
         use_cache=use_cache,
         output_hidden_states=hidden_layer != -1,
+        **with_cache(model.base_model, past_key_values),
     )
     final = out.last_hidden_state
     chosen = final if hidden_layer == -1 else out.hidden_states[hidden_layer]
-    return final, chosen, out.past_key_values
+    return final, chosen, returned_cache(out)
 
 
 def head_logits(model: torch.nn.Module, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -60,7 +60,7 @@ def generate(model, **kwargs):
     """Decode one sequence with {method} and this folder's predictors."""
     return exported_generate(model, FILES, **kwargs)
 '''
-REQUIREMENTS = "torch\ntransformers>=5.0\nsafetensors\nnumpy\n"
+REQUIREMENTS = "torch\ntransformers>=5.17,<6\nsafetensors\nnumpy\n"
 
 
 @dataclass
