@@ -3,7 +3,12 @@
 Real-model and other costly tests are marked `slow`. The default run (`make test`, CI) keeps
 only the slow tests also marked `smoke`, a bounded subset chosen by cost; `--run-slow-all`
 (`make test-full`) runs every slow test. A `smoke` test must be `slow` too. Tests marked
-`gpu` run only where CUDA is available and are skipped elsewhere.
+`gpu` run only where CUDA is available and are skipped elsewhere. `make test-quick` leaves out
+`law` (20k-row statistical law tests), `slow` and `heavy` (other processes, whole stage
+chains) tests; `make test` runs all three.
+
+No test reads the machine: `_machine_readings` fixes the load, busy cores and usable cores
+that stages choose their threads from and the bench judges its timings by.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sprinter_train.core import machine
 from sprinter_train.core.config import compose_config
 
 
@@ -47,6 +53,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _small_torch() -> None:
     torch.set_num_threads(1)  # tiny models: more threads only oversubscribe a shared CPU
+
+
+@pytest.fixture(autouse=True)
+def _machine_readings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads the real machine: one idle usable core (so stages choose 1 thread, as
+    `_small_torch` does), load 0. A test about the readings patches them again."""
+    quiet = machine.quiet_machine(cores=1)
+    monkeypatch.setattr(machine, "read_machine", lambda window_s=0.3: quiet)
+    monkeypatch.setattr(machine, "usable_cores", lambda *a: quiet.cores)
+    monkeypatch.setattr(machine, "load_average", lambda: quiet.load)
+    monkeypatch.setattr(machine, "busy_cores", lambda *a, **k: quiet.busy)
 
 
 @pytest.fixture

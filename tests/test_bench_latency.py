@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from sprinter_train.bench.latency import LatencyProfile, profile_models
+from sprinter_train.core import machine
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.models.tiny import build_tiny_model
 
@@ -179,7 +180,7 @@ def test_a_profile_measured_under_load_is_measured_again(
     stored.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
     fresh = profile()
     monkeypatch.setattr(bench_stage, "profile_models", lambda *args: fresh)
-    monkeypatch.setattr(bench_stage.provenance.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
     model = build_tiny_model({}, seed=0)
     loaded = LoadedModel("tiny", model, None)
     models = HarvestModels(loaded, loaded, None, 128, None)

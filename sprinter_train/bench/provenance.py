@@ -7,13 +7,13 @@ the models, verifier and table they used (as eval/report.json does for its input
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.core import machine
 from sprinter_train.harvest.manifest import code_version, model_identity
 from sprinter_train.harvest.shards import file_sha256
 from sprinter_train.models.loading import LoadedModel
@@ -21,14 +21,12 @@ from sprinter_train.models.loading import LoadedModel
 
 def load_average() -> float | None:
     """The 1-minute load average (None where the platform has none)."""
-    try:
-        return float(os.getloadavg()[0])
-    except (AttributeError, OSError):
-        return None
+    return machine.load_average()
 
 
 def cores() -> int:
-    return os.cpu_count() or 1
+    """The cores this process may run on (affinity, cgroup quota)."""
+    return machine.usable_cores()
 
 
 def under_load(load: float | None, own_threads: int = 0) -> bool:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from sprinter_train.core.machine import fit_threads
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -46,11 +46,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def set_threads(num_threads: int | None) -> None:
-    """Pin intra-op threads; 0 or None leaves torch's default."""
-    if num_threads:
-        torch.set_num_threads(int(num_threads))
-        os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
+def set_threads(num_threads: int | None) -> int:
+    """Pin intra-op threads: `num_threads`, or for 0 / None as many as the machine has free
+    cores (core/machine.py says why). Returns the count."""
+    return fit_threads(num_threads)
 
 
 def synchronize(device: torch.device) -> None:
