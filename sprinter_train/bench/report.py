@@ -355,15 +355,31 @@ def companion_plan_lines(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def profile_warning(results: dict[str, Any]) -> str | None:
+    """The results.md warning for a latency profile that disagreed with the run's forwards."""
+    check = (results.get("latency_profile") or {}).get("check") or {}
+    if check.get("agrees", True):
+        return None
+    ratio = check.get("ratio")
+    return (
+        f"**Warning:** the latency profile could not be made to agree with this run's own "
+        f"target forwards (they took {'?' if ratio is None else f'{ratio:.2f}'}x the profile's "
+        f"times, limit {check.get('limit')}x, after measuring it twice): sd's gamma was not "
+        "chosen from it (bench.latency.unchecked_gamma), and its timings are not to be trusted."
+    )
+
+
 def write_results(out: Path, results: dict[str, Any]) -> None:
     write_json(out / "results.json", results)
     energy = {row.get("energy_note") for row in results["methods"].values()} - {None}
     sizes = results.get("batch_sizes", [1])
     warning = load_warning(results.get("provenance") or {})
+    unchecked = profile_warning(results)
     lines = [
         f"# Bench: {results['experiment']}",
         "",
         *([warning, ""] if warning else []),
+        *([unchecked, ""] if unchecked else []),
         f"{results['num_prompts']} prompts, {results['max_new_tokens']} new tokens each, sampling "
         f"{results['sampling']}, on {results['device']} ({results['dtype']}, {results['threads']} threads), "
         f"batch sizes {sizes}. Models: {results['models']}.",

@@ -31,6 +31,7 @@ from sprinter_train.bench.methods import (
     verifier_hidden_layer,
 )
 from sprinter_train.bench.peer import run_hf_assisted
+from sprinter_train.bench.profile_check import ProfileCheck, check_profile
 from sprinter_train.bench.provenance import cores
 from sprinter_train.bench.report import UNSUPPORTED, check_targets, plot_results, write_results
 from sprinter_train.bench.runs import Decoded, GroupRun, engine_decode, groups, run_methods
@@ -87,6 +88,14 @@ def latency_profile(
                 profile.load_average,
                 cores(),
             )
+    return measure_profile(cfg, models, device, batch_sizes)
+
+
+def measure_profile(
+    cfg: DictConfig, models: HarvestModels, device: torch.device, batch_sizes: list[int]
+) -> LatencyProfile:
+    """A new latency profile, saved as bench/latency.json."""
+    lat = cfg.bench.latency
     companion = models.companion.model if models.companion is not None else None
     profile = profile_models(
         models.target.model,
@@ -98,8 +107,50 @@ def latency_profile(
         device,
         batch_sizes,
     )
-    profile.save(path)
+    profile.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
     return profile
+
+
+def checked_profile(
+    cfg: DictConfig,
+    engine: Engine,
+    models: HarvestModels,
+    device: torch.device,
+    batch_sizes: list[int],
+    profile: LatencyProfile,
+    prompt: Prompt,
+) -> tuple[LatencyProfile, ProfileCheck]:
+    """`profile` when its batch-1 target times agree with this run's own forwards
+    (bench/profile_check.py), else one measured again, with the last check's verdict."""
+    b = cfg.bench
+    gamma, limit = max(1, int(b.gamma_max) // 2), float(b.latency.check_factor)
+
+    def check(candidate: LatencyProfile) -> ProfileCheck:
+        return check_profile(
+            engine, candidate, prompt.input_ids, gamma, int(b.max_new_tokens), limit
+        )
+
+    verdict = check(profile)
+    if verdict.agrees:
+        return profile, verdict
+    log.warning(
+        "bench: this run's target forwards take %s x the latency profile's (limit %.1fx): "
+        "measuring the profile again",
+        None if verdict.ratio is None else f"{verdict.ratio:.2f}",
+        limit,
+    )
+    profile = measure_profile(cfg, models, device, batch_sizes)
+    verdict = check(profile)
+    if not verdict.agrees:
+        log.warning(
+            "bench: could not measure a latency profile that agrees with this run's forwards "
+            "(%s x, limit %.1fx; the load is changing): sd's gamma is bench.latency."
+            "unchecked_gamma=%d, not chosen from the profile",
+            None if verdict.ratio is None else f"{verdict.ratio:.2f}",
+            limit,
+            int(b.latency.unchecked_gamma),
+        )
+    return profile, verdict
 
 
 def estimate_alpha(engine: Engine, prompt: Prompt, cfg: DictConfig) -> tuple[float, str]:
@@ -129,11 +180,20 @@ def estimate_alpha(engine: Engine, prompt: Prompt, cfg: DictConfig) -> tuple[flo
     return stats.accepted / max(stats.drafted, 1), "sd on the warm-up prompt" + note
 
 
-def sd_gamma(cfg: DictConfig, profile: LatencyProfile, alpha: float, batch_size: int) -> int:
+def sd_gamma(
+    cfg: DictConfig,
+    profile: LatencyProfile,
+    alpha: float,
+    batch_size: int,
+    verdict: ProfileCheck | None = None,
+) -> int:
     """methods.sd.gamma, or for `auto` the implied-speedup optimum at this batch size; 0 (no
     drafts: target-only decoding) when no gamma pays, as on a CPU whose forward at a large
-    batch costs in proportion to the tokens it verifies."""
+    batch costs in proportion to the tokens it verifies. A profile that disagrees with the
+    run's own forwards (`verdict`) chooses nothing: bench.latency.unchecked_gamma."""
     if cfg.methods.sd.gamma == "auto":
+        if verdict is not None and not verdict.agrees:
+            return int(cfg.bench.latency.unchecked_gamma)
         return profile.best_gamma(alpha, range(0, int(cfg.bench.gamma_max) + 1), batch_size)
     return int(cfg.methods.sd.gamma)
 
@@ -189,7 +249,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     )
     profile = latency_profile(cfg, models, device, batch_sizes)
     alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg)
-    gammas = {size: sd_gamma(cfg, profile, alpha, size) for size in batch_sizes}
+    profile, verdict = checked_profile(
+        cfg, engine, models, device, batch_sizes, profile, prompts[0]
+    )
+    gammas = {size: sd_gamma(cfg, profile, alpha, size, verdict) for size in batch_sizes}
     plan = plan_methods(
         cfg,
         profile,
@@ -277,6 +340,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 "draft_ms": profile.draft_ms,
                 "companion_ms": profile.companion_ms,
                 "by_batch": profile.by_batch(batch_sizes, int(b.gamma_max) + 1),
+                "check": verdict.as_dict(),
             },
             "settings": plan.settings,
             "skipped": plan.skipped,
