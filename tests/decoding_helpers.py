@@ -7,6 +7,7 @@ with hand-set next-token logits for the smallest exactness cases.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,42 @@ from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
+
+# the tiny-model decoding tests' prompts, samplings and law-test sizes
+VOCAB = 128
+PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8], [60, 61, 62]]
+SAMPLING = SamplingConfig(temperature=0.9, top_k=4, top_p=0.95)
+GREEDY = SamplingConfig(temperature=0)
+RUNS = 20000  # rows of the first prompt; the other prompts ride along as batch-mates
+BATCH = 1000
+
+
+def engine_for(models, sampling: SamplingConfig) -> Engine:
+    return Engine(
+        ModelRunner(models["target"], VOCAB),
+        sampling,
+        draft=ModelRunner(models["draft"], VOCAB),
+        companion=ModelRunner(models["companion"], VOCAB),
+    )
+
+
+def ragged_rows(runs: int) -> list[list[int]]:
+    """`runs` rows of PROMPTS[0], each followed by a row of another prompt in turn."""
+    rows = []
+    for i in range(runs):
+        rows += [PROMPTS[0], PROMPTS[1 + i % 3]]
+    return rows
+
+
+def first_tokens(engine: Engine, policy, rows: list[list[int]], n: int = 3) -> list[Counter]:
+    """Counts of the first n generated tokens per prompt of PROMPTS, row i seeded with i."""
+    counts = [Counter() for _ in PROMPTS]
+    for start in range(0, len(rows), BATCH):
+        chunk = rows[start : start + BATCH]
+        seeds = range(start, start + len(chunk))
+        for prompt, result in zip(chunk, engine.generate(chunk, policy, n, seeds), strict=True):
+            counts[PROMPTS.index(prompt)][tuple(result.tokens)] += 1
+    return counts
 
 
 class MemoRunner:

@@ -1,10 +1,13 @@
-"""Tiny models the harvest tests generate continuations with."""
+"""Tiny models the harvest tests generate continuations with, and their tiny harvest config."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from sprinter_train.core.config import compose_config
 from sprinter_train.models.forward import HarvestModels
 from sprinter_train.models.loading import LoadedModel
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
@@ -32,3 +35,21 @@ def generating_models(family: str, eos_token_id: int | None) -> HarvestModels:
         128,
         eos_token_id,
     )
+
+
+# 8 prompts, 6 records each, 3 prompts per shard (shards of 3, 3, 2), 2 sequences per forward
+TINY = (
+    "stage=harvest",
+    "models=tiny_random",
+    "device=cpu",
+    "dtype=float32",  # tests compare against float32 recomputations
+    "data.num_prompts=8",
+    "data.max_prompt_tokens=48",
+    "harvest.continuation_tokens=6",
+    "harvest.shard_rows=18",
+    "harvest.batch_size=2",
+)
+
+
+def compose_at(root: Path, *overrides: str):
+    return compose_config(f"artifacts_root={root}", *TINY, *overrides)

@@ -78,6 +78,7 @@ def test_exact_sv_is_at_distance_zero_and_the_paper_rule_is_not(engine) -> None:
     assert min(paper) > 0.05
 
 
+@pytest.mark.law
 def test_the_paper_rules_law_matches_the_engines_samples(engine) -> None:
     """20k first tokens from the engine under sv_paper follow the computed law, not p, and
     their Monte-Carlo TV from p agrees with the computed one. The estimate is P_hat(M) - p(M)

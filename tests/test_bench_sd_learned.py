@@ -34,10 +34,9 @@ from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
 from sprinter_train.verifier.train import class_balance
-from tests.decoding_helpers import ATable, tiny_trio
+from tests.decoding_helpers import GREEDY, PROMPTS, SAMPLING, VOCAB, ATable, engine_for, tiny_trio
+from tests.sd_learned_helpers import after_draw, before_draw
 from tests.synthetic import write_synthetic_records
-from tests.test_decoding_engine import GREEDY, PROMPTS, SAMPLING, VOCAB, engine_for
-from tests.test_sd_learned import after_draw, before_draw
 
 D = TINY_DEFAULTS["hidden_size"]  # the tiny draft's hidden width: its verifier reads it
 

@@ -11,7 +11,6 @@ must equal target-only decoding token for token in float32.
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -39,23 +38,24 @@ from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Batch, DraftStep, Round
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import (
+    GREEDY,
+    PROMPTS,
+    RUNS,
+    SAMPLING,
+    VOCAB,
     ATable,
     ByA,
     MemoRunner,
     assert_target_law_with_power,
     chi_square_pvalue,
+    engine_for,
     enumerate_joint,
     exact_joint,
+    first_tokens,
+    ragged_rows,
     smallest_case_engine,
     tiny_trio,
 )
-
-VOCAB = 128
-PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8], [60, 61, 62]]
-SAMPLING = SamplingConfig(temperature=0.9, top_k=4, top_p=0.95)
-GREEDY = SamplingConfig(temperature=0)
-RUNS = 20000  # rows of the first prompt; the other prompts ride along as batch-mates
-BATCH = 1000
 
 
 @pytest.fixture(scope="module")
@@ -78,34 +78,7 @@ def lossless_policies() -> list:
     ]
 
 
-def engine_for(models, sampling: SamplingConfig) -> Engine:
-    return Engine(
-        ModelRunner(models["target"], VOCAB),
-        sampling,
-        draft=ModelRunner(models["draft"], VOCAB),
-        companion=ModelRunner(models["companion"], VOCAB),
-    )
-
-
-def ragged_rows(runs: int) -> list[list[int]]:
-    """`runs` rows of PROMPTS[0], each followed by a row of another prompt in turn."""
-    rows = []
-    for i in range(runs):
-        rows += [PROMPTS[0], PROMPTS[1 + i % 3]]
-    return rows
-
-
-def first_tokens(engine: Engine, policy, rows: list[list[int]], n: int = 3) -> list[Counter]:
-    """Counts of the first n generated tokens per prompt of PROMPTS, row i seeded with i."""
-    counts = [Counter() for _ in PROMPTS]
-    for start in range(0, len(rows), BATCH):
-        chunk = rows[start : start + BATCH]
-        seeds = range(start, start + len(chunk))
-        for prompt, result in zip(chunk, engine.generate(chunk, policy, n, seeds), strict=True):
-            counts[PROMPTS.index(prompt)][tuple(result.tokens)] += 1
-    return counts
-
-
+@pytest.mark.law
 @pytest.mark.parametrize("policy", lossless_policies(), ids=lambda p: p.name)
 def test_lossless_policies_keep_the_target_law_in_ragged_batches(models, policy) -> None:
     engine = engine_for(models, SAMPLING)
@@ -113,6 +86,7 @@ def test_lossless_policies_keep_the_target_law_in_ragged_batches(models, policy)
     assert_target_law_with_power(models, PROMPTS, counts, SAMPLING, VOCAB)
 
 
+@pytest.mark.law
 def test_sv_paper_rule_is_measurably_off_the_target_law(models) -> None:
     """The published rule drops a drawn token on A's word; with this table it shows."""
     counts = first_tokens(engine_for(models, SAMPLING), sv(paper=True), ragged_rows(RUNS))
@@ -120,6 +94,7 @@ def test_sv_paper_rule_is_measurably_off_the_target_law(models) -> None:
     assert chi_square_pvalue(counts[0], expected) < 1e-6
 
 
+@pytest.mark.law
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_the_smallest_case_sv_exact_and_the_paper_rule(batch_size: int) -> None:
     """p = q = (1/2, 1/2), c = (1, 0): the paper's rule verifies token 0 and drops token 1,
@@ -191,6 +166,7 @@ class OracleVerifier:
         return scores
 
 
+@pytest.mark.law
 def test_sprinter_follows_theorem_3_1_in_ragged_batches(models) -> None:
     eta_FP = 0.4
     verifier = OracleVerifier(MemoRunner(models["target"], VOCAB), 0.8, eta_FP, seed=0)
@@ -257,6 +233,7 @@ def test_mtad_greedy_rows_equal_target_only_alone_and_batched(models) -> None:
     assert 0 < batched[0].stats.accepted <= batched[0].stats.drafted
 
 
+@pytest.mark.law
 def test_mtad_with_tau_one_is_target_sampling_in_ragged_batches(models) -> None:
     policy = MTAD(gamma=3, beam_width=3, tau=1.0)
     counts = first_tokens(engine_for(models, SAMPLING), policy, ragged_rows(RUNS // 4))
@@ -322,6 +299,7 @@ def test_sv_reads_a_restricted_companion_on_the_drafts_head_exactly(same_head: b
         assert (A_ref > 0).any() and (S_ref < 1).all()  # the two models really differ
 
 
+@pytest.mark.law
 def test_sv_with_its_companion_plan_keeps_the_target_law_in_ragged_batches(models) -> None:
     """Rounds that read the companion, rounds that draft at the measured acceptance without
     it and target-only rounds, mixed by the plan (a clock on which every round takes a second,

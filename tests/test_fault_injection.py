@@ -41,8 +41,8 @@ from sprinter_train.stages import train as train_stage
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from tests.decoding_helpers import FixedLogits
+from tests.distill_helpers import TINY_DISTILL
 from tests.synthetic import write_synthetic_records
-from tests.test_stages import TINY_DISTILL
 
 REPO = Path(__file__).resolve().parents[1]
 NAN = float("nan")
@@ -117,6 +117,7 @@ def test_distill_sweeps_what_killed_writers_left_and_spares_live_ones(
 # -- 4. signals: exit 128 + signal, never a false success -----------------------------------
 
 
+@pytest.mark.heavy
 def test_sigterm_during_training_exits_143_and_reports_no_success(tmp_path: Path) -> None:
     write_synthetic_records(tmp_path / "artifacts" / "syn", rows=4000, d=16, shard_rows=4096)
     run = cli(
@@ -184,6 +185,7 @@ def test_lightning_and_keyboard_interrupts_are_not_successes(
 # -- 5. the background teacher dies with its distill run --------------------------------------
 
 
+@pytest.mark.heavy
 def test_a_sigkilled_distill_leaves_no_live_teacher(tmp_path: Path) -> None:
     lock = tmp_path / "artifacts" / "default" / "distill" / "distill.lock"
     run = cli(

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.core.config import compose_config
 from sprinter_train.core.distributions import entropy
 from sprinter_train.core.io import read_json
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
@@ -31,24 +30,7 @@ from sprinter_train.models.loading import (
     load_model,
     looks_local,
 )
-from tests.harvest_helpers import generating_models
-
-# 8 prompts, 6 records each, 3 prompts per shard (shards of 3, 3, 2), 2 sequences per forward
-TINY = (
-    "stage=harvest",
-    "models=tiny_random",
-    "device=cpu",
-    "dtype=float32",  # tests compare against float32 recomputations
-    "data.num_prompts=8",
-    "data.max_prompt_tokens=48",
-    "harvest.continuation_tokens=6",
-    "harvest.shard_rows=18",
-    "harvest.batch_size=2",
-)
-
-
-def compose_at(root: Path, *overrides: str):
-    return compose_config(f"artifacts_root={root}", *TINY, *overrides)
+from tests.harvest_helpers import compose_at, generating_models
 
 
 def load_record_set(cfg) -> tuple[pd.DataFrame, np.ndarray, pd.DataFrame]:
@@ -276,6 +258,7 @@ def test_truncated_or_corrupt_shards_are_detected_and_redone(baseline, tmp_path)
     assert_same_records(load_record_set(cfg), (baseline["records"], baseline["hidden"]))
 
 
+@pytest.mark.heavy
 def test_two_process_ddp_harvest_gives_the_same_record_set(baseline, tmp_path) -> None:
     cfg = compose_at(tmp_path, "harvest.devices=2", "harvest.strategy=ddp")
     result = run_stage(cfg)

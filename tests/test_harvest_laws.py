@@ -49,6 +49,7 @@ def first_tokens(models: HarvestModels, shared_rows: int) -> dict[str, Counter]:
     return counts
 
 
+@pytest.mark.law
 @pytest.mark.parametrize("shared_rows", [0, 2 * RUNS], ids=["own_calls", "shared_call"])
 def test_each_generated_mix_follows_its_models_law(models, shared_rows: int) -> None:
     counts = first_tokens(models, shared_rows)

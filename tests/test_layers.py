@@ -77,3 +77,19 @@ def test_the_checker_reports_upward_and_sideways_imports() -> None:
     assert upward_imports("sprinter_train.bench.peer", "import sprinter_train.evaluation.plots\n")
     assert not upward_imports("sprinter_train.bench.peer", engine)
     assert not upward_imports("sprinter_train.decoding.beam", "from .engine import Engine\n")
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test code lives in helper modules (tests/*_helpers.py, synthetic.py): importing
+    a test module runs its collection-time code twice and couples two suites."""
+    tests = Path(__file__).parent
+    found = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            found += [f"{path.name} -> {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    assert not found, found

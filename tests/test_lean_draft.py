@@ -287,6 +287,7 @@ def test_a_restricted_step_spreads_q_and_logits_over_the_vocabulary(target, draf
             )
 
 
+@pytest.mark.law
 def test_the_restricted_draw_follows_the_drafts_law(draft) -> None:
     """20k rows' first drafted token against the draft's exact warped q (Hugging Face's
     logits over the full vocabulary); the counts reject a law off by one head token."""
@@ -308,6 +309,7 @@ def test_the_restricted_draw_follows_the_drafts_law(draft) -> None:
     assert chi_square_pvalue(counts, shifted) < 1e-6
 
 
+@pytest.mark.law
 def test_sd_with_the_lean_restricted_draft_keeps_the_target_law(target, draft) -> None:
     """The first three tokens of 10k rows in ragged batches (the head misses half of the
     vocabulary, EOS included: those tokens only ever come from the target's corrections)."""

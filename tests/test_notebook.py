@@ -22,6 +22,7 @@ def test_the_notebook_is_committed_without_outputs() -> None:
     assert notebook.cells[1].source.startswith("# parameters")
 
 
+@pytest.mark.heavy
 def test_the_notebook_executes_on_a_tiny_experiment(compose_cfg, tmp_path) -> None:
     pytest.importorskip("ipykernel")
     write_synthetic_records(tmp_path / "artifacts" / "nb", rows=4096, d=8, shard_rows=1024)

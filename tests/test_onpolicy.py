@@ -57,6 +57,7 @@ def test_a_row_is_the_model_own_sample(pair) -> None:
         assert row == ids[: len(row)]
 
 
+@pytest.mark.heavy
 def test_corpus_is_packed_resumable_and_deterministic(pair, tmp_path) -> None:
     paths = corpus(pair, tmp_path / "g")
     assert len(paths) == 3 and all(p.name.startswith("gen-train-") for p in paths)

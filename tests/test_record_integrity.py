@@ -23,8 +23,8 @@ from sprinter_train.core.processes import start_time
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.harvest.schema import RECORD_SCHEMA
 from sprinter_train.harvest.shards import remove_stale_files, shard_files
+from tests.harvest_helpers import TINY, compose_at
 from tests.synthetic import write_synthetic_records
-from tests.test_harvest import compose_at
 
 
 @pytest.fixture(scope="module")
@@ -135,13 +135,13 @@ def test_a_live_writers_temporary_shard_file_is_never_swept(tmp_path: Path, slee
     assert live.exists()
 
 
+@pytest.mark.heavy
 def test_two_harvests_at_once_the_second_is_refused_and_the_first_writes_every_shard(
     tmp_path: Path,
 ) -> None:
     """Two real processes on one experiment: the later one stops at once naming the holder,
     and the first finishes with every shard it planned (it once lost a finished shard to the
     second's sweep and crashed after all its compute)."""
-    from tests.test_harvest import TINY
 
     overrides = [f"artifacts_root={tmp_path}", *TINY, "data.num_prompts=24"]
     first = subprocess.Popen(

@@ -172,6 +172,7 @@ def models():
     return tiny_trio()
 
 
+@pytest.mark.law
 def test_sd_with_a_changing_gamma_keeps_the_target_law(models) -> None:
     engine = engine_for(models, SAMPLING)
     planner = shifting_planner()

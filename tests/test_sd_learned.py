@@ -32,69 +32,40 @@ from sprinter_train.decoding.policies import (
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.verifier.checkpoint import (
-    LinearVerifier,
-    VerifierCheckpoint,
     save_verifier,
     verifier_path,
 )
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
-from tests.decoding_helpers import ATable, chi_square_pvalue, exact_joint, tiny_trio
-from tests.synthetic import write_synthetic_records
-from tests.test_decoding_engine import (
+from tests.decoding_helpers import (
     GREEDY,
     PROMPTS,
     RUNS,
     SAMPLING,
     VOCAB,
+    ATable,
+    chi_square_pvalue,
     engine_for,
+    exact_joint,
     first_tokens,
     ragged_rows,
+    tiny_trio,
 )
-
-
-def latency(batch_size: int, tokens: int) -> float:
-    return 1.0 + 0.1 * tokens
-
-
-def step_cost(batch_size: int) -> float:
-    return 0.05
+from tests.sd_learned_helpers import (
+    after_draw,
+    before_draw,
+    by_token,
+    latency,
+    linear_verifier,
+    step_cost,
+)
+from tests.synthetic import write_synthetic_records
 
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, torch.nn.Module]:
     return tiny_trio()
-
-
-def linear_verifier(draft: torch.nn.Module, names: list[str], scale: float) -> CheckpointVerifier:
-    """A real exported verifier on these features, with seeded random weights times `scale`."""
-    spec = FeatureSpec.from_names(names)
-    d = draft.config.hidden_size
-    widths = {"hidden": d, "token_embedding": d, "q": 1, "draft_entropy": 1}
-    d_in = sum(widths[n] for n in spec.names)
-    model = LinearVerifier(d_in)
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        model.linear.weight.copy_(torch.randn((1, d_in), generator=gen) * scale / math.sqrt(d_in))
-        model.linear.bias.zero_()
-    meta = {"lam": 1.0, "features": {"names": list(spec.names), "d_in": d_in}}
-    return CheckpointVerifier(VerifierCheckpoint(model, meta, Path("test")), draft)
-
-
-def before_draw(models) -> LearnedLength:
-    """The paper's input, the draft hidden state that produced q_j, with SV's table."""
-    verifier = linear_verifier(models["draft"], ["hidden"], scale=2.0)
-    return LearnedLength(verifier, ATable(), latency, step_cost, max_gamma=4)
-
-
-def by_token(models) -> CheckpointVerifier:
-    """Scores from the drafted token's own embedding: near 0 for some tokens, near 1 for others."""
-    return linear_verifier(models["draft"], ["token_embedding"], scale=150.0)
-
-
-def after_draw(models) -> LearnedLength:
-    return LearnedLength(by_token(models), None, latency, step_cost, max_gamma=4)
 
 
 class DropsWhatItScores:
@@ -190,6 +161,7 @@ def test_each_row_drafts_the_length_that_maximises_its_goodput(models, names, ac
     assert len(set(wanted)) >= 3  # rows really go their own ways
 
 
+@pytest.mark.law
 @pytest.mark.parametrize("kind", [before_draw, after_draw], ids=lambda k: k.__name__)
 def test_sd_learned_keeps_the_target_law_in_ragged_batches(models, kind) -> None:
     policy = kind(models)
@@ -199,6 +171,7 @@ def test_sd_learned_keeps_the_target_law_in_ragged_batches(models, kind) -> None
         assert chi_square_pvalue(observed, expected) > 1e-3, prompt
 
 
+@pytest.mark.law
 def test_dropping_the_token_its_score_condemns_is_off_the_target_law(models) -> None:
     """The power of the test above: the same verifier, used to drop what it scored, fails."""
     policy = DropsWhatItScores(by_token(models))

@@ -15,22 +15,10 @@ from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 from sprinter_train.stages import train as train_stage
 from sprinter_train.stages.distill import model_card
-
-TINY_DISTILL = [
-    "models=tiny_random",
-    "distill.student.init_layers=[0,2]",
-    "distill.student.head_vocab=64",
-    "distill.student.embed_rank=16",
-    "distill.corpus.seq_len=32",
-    "distill.corpus.shard_sequences=8",
-    "distill.corpus.max_tokens=1024",
-    "distill.eval_sequences=4",
-    "distill.eval_every_shards=2",
-    "distill.teacher.top_k=8",
-    "distill.optim.batch_sequences=4",
-]
+from tests.distill_helpers import TINY_DISTILL
 
 
+@pytest.mark.heavy
 def test_distill_stage_exports_a_loadable_draft_and_resumes(compose_cfg, tmp_path: Path) -> None:
     out = tmp_path / "draft"
     common = [*TINY_DISTILL, f"distill.output_dir={out}", "distill.passes_per_shard=2"]

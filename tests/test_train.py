@@ -149,6 +149,7 @@ def test_wandb_is_closed_when_training_fails(compose_cfg, tmp_path, synthetic, m
     assert wandb.run is None
 
 
+@pytest.mark.heavy
 def test_hydra_multirun_sweeps_lambda(tmp_path, synthetic) -> None:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     command = [

@@ -1,0 +1,53 @@
+"""The sd_learned tests' verifiers and latencies: real exported linear verifiers with seeded
+weights on tiny drafts, and LearnedLength policies reading them before and after the draw."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from sprinter_train.decoding.policies import LearnedLength
+from sprinter_train.verifier.checkpoint import LinearVerifier, VerifierCheckpoint
+from sprinter_train.verifier.features import FeatureSpec
+from sprinter_train.verifier.scorer import CheckpointVerifier
+from tests.decoding_helpers import ATable
+
+
+def latency(batch_size: int, tokens: int) -> float:
+    return 1.0 + 0.1 * tokens
+
+
+def step_cost(batch_size: int) -> float:
+    return 0.05
+
+
+def linear_verifier(draft: torch.nn.Module, names: list[str], scale: float) -> CheckpointVerifier:
+    """A real exported verifier on these features, with seeded random weights times `scale`."""
+    spec = FeatureSpec.from_names(names)
+    d = draft.config.hidden_size
+    widths = {"hidden": d, "token_embedding": d, "q": 1, "draft_entropy": 1}
+    d_in = sum(widths[n] for n in spec.names)
+    model = LinearVerifier(d_in)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        model.linear.weight.copy_(torch.randn((1, d_in), generator=gen) * scale / math.sqrt(d_in))
+        model.linear.bias.zero_()
+    meta = {"lam": 1.0, "features": {"names": list(spec.names), "d_in": d_in}}
+    return CheckpointVerifier(VerifierCheckpoint(model, meta, Path("test")), draft)
+
+
+def before_draw(models) -> LearnedLength:
+    """The paper's input, the draft hidden state that produced q_j, with SV's table."""
+    verifier = linear_verifier(models["draft"], ["hidden"], scale=2.0)
+    return LearnedLength(verifier, ATable(), latency, step_cost, max_gamma=4)
+
+
+def by_token(models) -> CheckpointVerifier:
+    """Scores from the drafted token's own embedding: near 0 for some tokens, near 1 for others."""
+    return linear_verifier(models["draft"], ["token_embedding"], scale=150.0)
+
+
+def after_draw(models) -> LearnedLength:
+    return LearnedLength(by_token(models), None, latency, step_cost, max_gamma=4)
