@@ -168,3 +168,33 @@ def test_a_run_alone_is_not_under_load_but_one_beside_another_job_is() -> None:
         assert not provenance.under_load(2.01, own_threads=2)
         assert provenance.under_load(3.5, own_threads=2)
         assert provenance.under_load(2.6) and not provenance.under_load(1.8)
+
+
+def test_a_bench_after_another_stage_is_judged_by_the_cores_others_keep_busy(
+    monkeypatch,
+) -> None:
+    """In stage=all the bench starts with the load average still counting the previous
+    stage's own 2 threads (about 2.0 on 2 cores): the measured busy cores of other processes,
+    not that lagging average, say whether other work shared the machine."""
+    from sprinter_train.bench import provenance
+    from sprinter_train.bench.latency import LatencyProfile
+    from sprinter_train.core import machine
+
+    monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
+    assert not provenance.shared(0.1, 2.02) and provenance.shared(1.2, 0.0)
+    assert provenance.shared(None, 3.5) and not provenance.shared(None, 1.0)
+    started = {"torch_threads": 2, "cores": 2, "load_average_start": 2.02, "busy_cores_start": 0.05}
+    for busy_end, end_load, loaded in [(0.1, 2.0, False), (1.5, 2.0, True), (0.1, 4.6, True)]:
+        monkeypatch.setattr(machine, "busy_cores", lambda *a, b=busy_end, **k: b)
+        monkeypatch.setattr(machine, "load_average", lambda e=end_load: e)
+        done = provenance.finish(dict(started))
+        assert done["under_load"] is loaded and done["busy_cores_end"] == busy_end
+        warning = provenance.load_warning(done)
+        assert (warning is not None) is loaded
+        if loaded:
+            assert f"other processes kept 0.1 and {busy_end:.1f} cores busy" in warning
+    quiet = LatencyProfile({1: 30.0}, 3.0, None, 128, "cpu", "float32")
+    quiet.load_average = {"start": 2.02, "end": 1.0, "busy_start": 0.05, "busy_end": 0.1}
+    assert not quiet.measured_under_load
+    quiet.load_average["busy_start"] = None  # an older profile: the load average decides
+    assert quiet.measured_under_load

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from sprinter_train.bench.provenance import load_average, under_load
+from sprinter_train.bench.provenance import busy_cores, load_average, shared, under_load
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.runtime import synchronize
@@ -60,7 +60,8 @@ class LatencyProfile:
     batch_target_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # size > 1
     batch_draft_ms: dict[int, float] = field(default_factory=dict)
     batch_companion_ms: dict[int, float] = field(default_factory=dict)
-    # the machine's 1-minute load average before and after measuring; None: not recorded
+    # the 1-minute load average before and after measuring (start, end) and the cores other
+    # processes kept busy then (busy_start, busy_end); None: not recorded
     load_average: dict[str, float | None] | None = None
 
     @property
@@ -71,7 +72,11 @@ class LatencyProfile:
             return True
         threads = torch.get_num_threads()  # the profiler's own, counted in the end load
         start, end = self.load_average.get("start"), self.load_average.get("end")
-        return under_load(start) or under_load(end, threads)
+        busy_start, busy_end = (
+            self.load_average.get("busy_start"),
+            self.load_average.get("busy_end"),
+        )
+        return shared(busy_start, start) or shared(busy_end, None) or under_load(end, threads)
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -231,7 +236,7 @@ def profile_models(
     sizes = {"target": list(range(1, gamma_max + 2)), "draft": [1]}
     if companion is not None:
         models["companion"], sizes["companion"] = companion, [1]
-    load_before = load_average()
+    load_before, busy_before = load_average(), busy_cores()
     med = measure_step_times(models, sizes, reps, context, device, sizes_b)
 
     def ms(name: str, b: int) -> dict[int, float]:
@@ -250,5 +255,10 @@ def profile_models(
         batch_companion_ms={b: ms("companion", b)[1] for b in larger}
         if companion is not None
         else {},
-        load_average={"start": load_before, "end": load_average()},
+        load_average={
+            "start": load_before,
+            "end": load_average(),
+            "busy_start": busy_before,
+            "busy_end": busy_cores(),
+        },
     )

@@ -38,6 +38,22 @@ def under_load(load: float | None, own_threads: int = 0) -> bool:
     return load - own_threads > max(0.5, cores() - own_threads)
 
 
+def busy_cores() -> float | None:
+    """Cores other processes keep busy now, measured over a short window with this process's
+    own time left out (None where it cannot be measured)."""
+    return machine.busy_cores()
+
+
+def shared(busy: float | None, load: float | None, own_threads: int = 0) -> bool:
+    """Other work ran beside a measurement: more than half a core measured busy by other
+    processes, or where that is unmeasured the load average's guess (`under_load`). At the
+    start of a stage that follows another in one process (stage=all) the load average still
+    counts the previous stage's own threads; the measured figure does not."""
+    if busy is not None:
+        return busy > 0.5
+    return under_load(load, own_threads)
+
+
 def start(cfg: DictConfig, device: torch.device | str, dtype: torch.dtype) -> dict[str, Any]:
     """The provenance known before the run; `finish` adds the end load."""
     return {
@@ -48,17 +64,21 @@ def start(cfg: DictConfig, device: torch.device | str, dtype: torch.dtype) -> di
         "torch_threads": torch.get_num_threads(),
         "cores": cores(),
         "load_average_start": load_average(),
+        "busy_cores_start": busy_cores(),
     }
 
 
 def finish(provenance: dict[str, Any], **hashes: Any) -> dict[str, Any]:
     """Provenance with the end load, whether the run was under load, and the input hashes."""
-    end = load_average()
+    end, busy = load_average(), busy_cores()
     threads = int(provenance.get("torch_threads") or 0)
+    began = shared(provenance.get("busy_cores_start"), provenance["load_average_start"])
     return {
         **provenance,
         "load_average_end": end,
-        "under_load": under_load(provenance["load_average_start"]) or under_load(end, threads),
+        "busy_cores_end": busy,
+        # the end's load average covers the run's last minute, its own threads left out
+        "under_load": began or shared(busy, None) or under_load(end, threads),
         "hashes": hashes,
     }
 
@@ -79,9 +99,20 @@ def load_warning(provenance: dict[str, Any]) -> str | None:
     """The results.md warning for a run under load, else None."""
     if not provenance.get("under_load"):
         return None
+    busy = [provenance.get(f"busy_cores_{at}") for at in ("start", "end")]
+    measured = (
+        ""
+        if busy == [None, None]
+        else f"; other processes kept {fmt(busy[0])} and {fmt(busy[1])} cores busy at the "
+        "start and the end"
+    )
     return (
         f"**Warning:** the load average ({provenance['load_average_start']} at the start, "
         f"{provenance['load_average_end']} at the end, this run's own "
-        f"{provenance.get('torch_threads')} threads included) says other work shared the "
-        f"{provenance['cores']} cores during this run: the timings are slower than alone."
+        f"{provenance.get('torch_threads')} threads included{measured}) says other work shared "
+        f"the {provenance['cores']} cores during this run: the timings are slower than alone."
     )
+
+
+def fmt(cores: float | None) -> str:
+    return "?" if cores is None else f"{cores:.1f}"
