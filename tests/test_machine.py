@@ -34,11 +34,11 @@ def stat_text(busy: int, idle: int, other_cpu_busy: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_cpu_jiffies_counts_the_given_cpus_busy_and_total() -> None:
+def test_cpu_jiffies_counts_the_given_cpus_busy_ticks() -> None:
     text = "cpu  10 1 2 30 4 0 0 3 0 0\ncpu0 5 0 1 15 2 0 0 1 0 0\ncpu1 5 1 1 15 2 0 0 2 0 0\n"
-    assert cpu_jiffies(text, {0}) == (7, 24)  # user + system + steal; idle and iowait not
-    assert cpu_jiffies(text, {0, 1}) == (16, 50)
-    assert cpu_jiffies(text, None) == (16, 50)  # the aggregate line
+    assert cpu_jiffies(text, {0}) == 7  # user + system + steal; idle and iowait not
+    assert cpu_jiffies(text, {0, 1}) == 16
+    assert cpu_jiffies(text, None) == 16  # the aggregate line
     assert cpu_jiffies(text, {7}) is None
 
 
@@ -97,11 +97,14 @@ def test_a_stage_warns_once_with_the_figures(monkeypatch, caplog) -> None:
     monkeypatch.setattr(machine, "TORCH_DEFAULT_THREADS", 2)
     monkeypatch.setattr(machine, "_warned", [])
     monkeypatch.setenv("OMP_NUM_THREADS", "")
-    monkeypatch.setattr(machine, "read_machine", lambda window_s=0.3: MachineState(2, 1.8, 2.5))
+    reads: list[float] = []
+    busy = MachineState(2, 1.8, 2.5)
+    monkeypatch.setattr(machine, "read_machine", lambda window_s=0.3: reads.append(1) or busy)
     with caplog.at_level(logging.INFO, logger=machine.__name__):
         assert machine.fit_threads(0) == 1 and torch.get_num_threads() == 1
         assert machine.fit_threads(None) == 1
         assert machine.fit_threads(2) == 2 and torch.get_num_threads() == 2
+    assert len(reads) == 2  # num_threads given: the machine is not read (no 0.3 s window)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "1.8 of 2 usable cores busy" in warnings[0].message

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from sprinter_train.bench.provenance import busy_cores, load_average, shared, under_load
+from sprinter_train.bench.provenance import busy_cores, load_average, ran_under_load
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.runtime import synchronize
@@ -70,13 +70,14 @@ class LatencyProfile:
         such timings pick the wrong gamma on a quiet machine, so they are never reused."""
         if not self.load_average:
             return True
-        threads = torch.get_num_threads()  # the profiler's own, counted in the end load
-        start, end = self.load_average.get("start"), self.load_average.get("end")
-        busy_start, busy_end = (
-            self.load_average.get("busy_start"),
-            self.load_average.get("busy_end"),
+        load = self.load_average
+        return ran_under_load(
+            load.get("busy_start"),
+            load.get("start"),
+            load.get("busy_end"),
+            load.get("end"),
+            torch.get_num_threads(),  # the profiler's own, counted in the end load
         )
-        return shared(busy_start, start) or shared(busy_end, None) or under_load(end, threads)
 
     @property
     def batch_sizes(self) -> list[int]:

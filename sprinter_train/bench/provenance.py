@@ -54,6 +54,23 @@ def shared(busy: float | None, load: float | None, own_threads: int = 0) -> bool
     return under_load(load, own_threads)
 
 
+def ran_under_load(
+    busy_start: float | None,
+    load_start: float | None,
+    busy_end: float | None,
+    load_end: float | None,
+    own_threads: int,
+) -> bool:
+    """Whether a timed run (the bench, a latency profile) shared the machine: other work at its
+    start or end, or in the end's 1-minute load average beyond the run's own threads (which
+    covers the run's last minute)."""
+    return (
+        shared(busy_start, load_start)
+        or shared(busy_end, None)
+        or under_load(load_end, own_threads)
+    )
+
+
 def start(cfg: DictConfig, device: torch.device | str, dtype: torch.dtype) -> dict[str, Any]:
     """The provenance known before the run; `finish` adds the end load."""
     return {
@@ -71,14 +88,18 @@ def start(cfg: DictConfig, device: torch.device | str, dtype: torch.dtype) -> di
 def finish(provenance: dict[str, Any], **hashes: Any) -> dict[str, Any]:
     """Provenance with the end load, whether the run was under load, and the input hashes."""
     end, busy = load_average(), busy_cores()
-    threads = int(provenance.get("torch_threads") or 0)
-    began = shared(provenance.get("busy_cores_start"), provenance["load_average_start"])
+    loaded = ran_under_load(
+        provenance.get("busy_cores_start"),
+        provenance["load_average_start"],
+        busy,
+        end,
+        int(provenance.get("torch_threads") or 0),
+    )
     return {
         **provenance,
         "load_average_end": end,
         "busy_cores_end": busy,
-        # the end's load average covers the run's last minute, its own threads left out
-        "under_load": began or shared(busy, None) or under_load(end, threads),
+        "under_load": loaded,
         "hashes": hashes,
     }
 

@@ -75,10 +75,10 @@ def load_average() -> float | None:
         return None
 
 
-def cpu_jiffies(text: str, cpus: set[int] | None) -> tuple[int, int] | None:
-    """(busy, total) clock ticks of `cpus` (the aggregate line when None) in /proc/stat's
-    `text`; busy excludes idle and iowait. None when none of the CPUs is listed."""
-    busy = total = 0
+def cpu_jiffies(text: str, cpus: set[int] | None) -> int | None:
+    """Busy clock ticks (all but idle and iowait) of `cpus` (the aggregate line when None) in
+    /proc/stat's `text`; None when none of the CPUs is listed."""
+    busy = 0
     found = False
     for line in text.splitlines():
         name, *fields = line.split()
@@ -89,10 +89,9 @@ def cpu_jiffies(text: str, cpus: set[int] | None) -> tuple[int, int] | None:
         if cpus is not None and int(name[3:]) not in cpus:
             continue
         ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
-        total += sum(ticks)
         busy += sum(ticks) - ticks[3] - ticks[4]
         found = True
-    return (busy, total) if found else None
+    return busy if found else None
 
 
 def own_cpu_seconds() -> float:
@@ -115,11 +114,11 @@ def busy_cores(
     except AttributeError:
         cpus = None
 
-    def sample() -> tuple[tuple[int, int] | None, float, float]:
+    def sample() -> tuple[int | None, float, float]:
         with open(stat) as handle:
             text = handle.read()
-        ticks = cpu_jiffies(text, cpus) or cpu_jiffies(text, None)
-        return ticks, own_cpu(), clock()
+        ticks = cpu_jiffies(text, cpus)
+        return ticks if ticks is not None else cpu_jiffies(text, None), own_cpu(), clock()
 
     try:
         before, own_before, t0 = sample()
@@ -130,7 +129,7 @@ def busy_cores(
     if before is None or after is None or t1 <= t0:
         return None
     per_second = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    busy = (after[0] - before[0]) / per_second / (t1 - t0)
+    busy = (after - before) / per_second / (t1 - t0)
     own = (own_after - own_before) / (t1 - t0)
     return max(0.0, busy - own)
 
@@ -145,13 +144,15 @@ def quiet_machine(cores: int = 1) -> MachineState:
     return MachineState(cores, 0.0, 0.0)
 
 
-def choose_threads(requested: int | None, state: MachineState, default: int) -> ThreadChoice:
-    """`requested` when set (> 0); else the free cores, rounded, at least 1 and at most
-    `default` (torch's own choice) and the usable cores."""
+def choose_threads(requested: int | None, state: MachineState | None, default: int) -> ThreadChoice:
+    """`requested` when set (> 0); else the free cores of `state`, rounded, at least 1 and at
+    most `default` (torch's own choice) and the usable cores."""
     if requested:
         return ThreadChoice(int(requested), "num_threads")
+    if state is None:
+        raise ValueError("without num_threads the choice needs the machine's state")
     free = max(1, math.floor(state.free + 0.5))
-    threads = max(1, min(default, state.cores, free))
+    threads = min(default, state.cores, free)
     busy = "unmeasured" if state.busy is None else f"{state.busy:.1f}"
     reason = (
         f"{busy} of {state.cores} usable cores busy with other work (load average "
@@ -163,8 +164,10 @@ def choose_threads(requested: int | None, state: MachineState, default: int) -> 
 def fit_threads(requested: int | None) -> int:
     """Set torch's intra-op threads for this stage (and OMP_NUM_THREADS for its children):
     `requested`, or what the free cores allow; warns once per process when other work takes
-    cores away, with the figures and the override."""
-    choice = choose_threads(requested, read_machine(), TORCH_DEFAULT_THREADS)
+    cores away, with the figures and the override. The machine is read (0.3 s) only when
+    there is no `requested`."""
+    state = None if requested else read_machine()
+    choice = choose_threads(requested, state, TORCH_DEFAULT_THREADS)
     torch.set_num_threads(choice.threads)
     os.environ["OMP_NUM_THREADS"] = str(choice.threads)
     if choice.reason != "num_threads" and choice.threads < TORCH_DEFAULT_THREADS:
