@@ -16,11 +16,13 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from sprinter_train.core.config import register_methods
 from sprinter_train.core.interrupt import StageInterrupted, interruptible
 from sprinter_train.core.validation import validate_config
 from sprinter_train.stages import STAGES
 
 log = logging.getLogger("sprinter_train")
+register_methods()  # before Hydra composes: cfg.methods holds every conf/methods/*.yaml
 
 
 def run_stage(cfg: DictConfig) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.goodput import expected_accepted, round_goodput
 from sprinter_train.decoding.policies import (
     LearnedLength,
+    Method,
     TargetOnly,
     draft_round,
     scores_before_the_draw,
@@ -68,7 +69,7 @@ def models() -> dict[str, torch.nn.Module]:
     return tiny_trio()
 
 
-class DropsWhatItScores:
+class DropsWhatItScores(Method):
     """The rule sd_learned must not be: draft while the score of x_j is >= 1/2 and, where it is
     not, drop x_j from verification on that score (a stopping rule that looks at x_j itself)."""
 

@@ -1,6 +1,6 @@
 """The decoding engine: a batch of rows that advance at their own pace.
 
-Policies (policies.py) decide how many tokens each row drafts and how the target checks them;
+Policies (policies/) decide how many tokens each row drafts and how the target checks them;
 the engine gives them batched operations (draft a token in the rows still drafting, read the
 companion, score every row's drafts with the target) and commits what a round emits, cutting
 each row at EOS and at its budget. Rows that finish leave the batch.
@@ -276,7 +276,7 @@ class Engine:
             batch.stats.row_rounds += 1
             batch.stats.drafting_rounds += int(drafted > 0)
             batch.stats.full_rounds += int(0 < drafted == accepted)
-            if policy is not None and hasattr(policy, "update"):
+            if policy is not None:
                 policy.update(row, drafted, accepted)
             room = values[: values[width]][: row.remaining]
             if self.eos_token_id is not None and self.eos_token_id in room:

@@ -18,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.policies import draft_round, verify
+from sprinter_train.decoding.policies import Method, draft_round, verify
 from sprinter_train.decoding.state import Batch, Emitted, Round, Row
 
 
 @dataclass(frozen=True)
-class SharedTargetRounds:
+class SharedTargetRounds(Method):
     """SpeculativeDecoding(gamma) in the rows listed in `drafting` (`Row.index`), TargetOnly
     in the others."""
 

@@ -1,0 +1,132 @@
+"""sd_learned: speculative sampling whose length a trained predictor chooses, lossless."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.goodput import round_goodput
+from sprinter_train.decoding.policies.base import (
+    AcceptanceTable,
+    GoodputMethod,
+    Traits,
+    Verifier,
+    draft_round,
+    overlap,
+    step_features,
+    verify,
+)
+from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round
+
+PRE_DRAW_FEATURES = frozenset({"hidden", "draft_entropy"})  # fixed before x_j is drawn
+
+
+def scores_before_the_draw(verifier: object) -> bool:
+    """Whether a verifier's score of x_j is fixed before x_j is drawn: every feature it reads
+    is (the draft hidden state that produced q_j, H(q_j)). A verifier that names no features,
+    or reads any of x_j's own (its embedding, q(x_j)), counts as scoring after the draw."""
+    names = getattr(getattr(verifier, "spec", None), "names", None)
+    return bool(names) and set(names) <= PRE_DRAW_FEATURES
+
+
+@dataclass
+class LearnedLength(GoodputMethod):
+    """sd_learned: speculative sampling whose drafting length a trained predictor chooses, per
+    row, lossless.
+
+    Each draft's acceptance is estimated by the verifier (calibrated P(accept)) and, with a
+    table, SV's P(accept | S) before the draw and P(accept | S, A) after it (their mean). A row
+    draws its next draft while that raises its estimated goodput, (E(N | gamma) + 1) /
+    (gamma drafting steps + the profiled target forward over gamma + 1 tokens at this batch
+    size); every drawn draft is verified. Exact by the module's rule: a verifier that reads
+    only features fixed before x_j is drawn (`hidden`, `draft_entropy`) decides whether x_j
+    is drawn; one that reads x_j's own (`token_embedding`, `q`) only refines the product of
+    acceptances that later drafts are weighed by (without a table a row's first draft is then
+    always drawn). After each draw, x_j's acceptance stands in for the next draft's: a row
+    whose next draft would not pay at it stops before that draft's forward, so a round does
+    not end on a drafting step spent to learn that no draft pays (as sv does). The batch size
+    enters the latency, so in sampling mode a row's tokens depend on how many rows it decodes
+    beside; its law does not. A round whose average draft (the predictors' prior) would not
+    pay for one drafting step is not drafted at all.
+    """
+
+    traits: ClassVar[Traits] = Traits(
+        lossless=True,
+        greedy_exact=True,
+        needs=frozenset({"verifier", "table", "latency"}),
+        law_computed=True,
+        exports=True,
+        rivals=("sd", "svip", "sd_heuristic"),
+        record_score=None,
+    )
+
+    verifier: Verifier  # its `spec.names` say which features it reads (CheckpointVerifier's)
+    table: AcceptanceTable | None
+    latency: Callable[[int, int], float]  # (batch size, tokens per row) -> target seconds;
+    # a RunningLatency learns from the run's own target forwards (the bench passes one)
+    step_cost: Callable[[int], float]  # batch size -> one drafting step, seconds
+    max_gamma: int
+    name: str = "sd_learned"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        self.open_round(engine)
+        B = len(batch)
+        rnd = Round()
+        if not self.worth_a_draft(B):
+            return verify(engine, batch, rnd)
+        before_draw = scores_before_the_draw(self.verifier)
+        product = torch.ones(B, dtype=torch.float64, device=engine.device)
+        expected = torch.zeros(B, dtype=torch.float64, device=engine.device)
+        companion: list[torch.Tensor] = []
+        scored: list[torch.Tensor] = []  # the verifier's pre-draw score of the current draft
+
+        def rises(drafts: int, gain: torch.Tensor) -> torch.Tensor:
+            """Whether one more draft, worth `gain` expected tokens, raises the goodput."""
+            now = round_goodput(expected, drafts, B, self.latency, self.step_cost)
+            more = round_goodput(expected + gain, drafts + 1, B, self.latency, self.step_cost)
+            return more > now
+
+        def score(step: DraftStep) -> torch.Tensor:
+            batch.stats.verifier_calls += 1
+            return self.verifier(engine, batch, rnd, step).double()
+
+        def keep(j: int, step: DraftStep) -> torch.Tensor:
+            estimates = []
+            if self.table is not None:
+                companion.append(engine.companion_probs(batch, rnd, step.active))
+                S = overlap(step, companion[-1])
+                estimates.append(self.table.lookup_s(S).double())
+            if before_draw:
+                scored[:] = [score(step)]
+                estimates.append(scored[0])
+            return rises(j, product * torch.stack(estimates).mean(0))
+
+        def stop(step: DraftStep) -> torch.Tensor:
+            nonlocal product, expected
+            estimates = [scored[0] if before_draw else score(step)]
+            if self.table is not None:
+                S, A = step_features(step, companion[-1])
+                estimates.append(self.table.lookup(S, A).double())
+            acceptance = torch.stack(estimates).mean(0)
+            product = torch.where(step.active, product * acceptance, product)
+            expected = torch.where(step.active, expected + product, expected)
+            return ~rises(len(rnd.steps), product * acceptance)
+
+        informed = before_draw or self.table is not None  # a score known before the draw
+        room = batch.room(self.max_gamma)
+        draft_round(engine, batch, room, stop, keep if informed else None, rnd)
+        return verify(engine, batch, rnd)
+
+    @property
+    def prior(self) -> float:
+        """A draft's average acceptance before any forward: the table's and the verifier's
+        `prior` where they have one, else 1 (skip drafting only where even a sure draft would
+        not pay)."""
+        priors = [] if self.table is None else [float(self.table.prior)]
+        if getattr(self.verifier, "prior", None) is not None:
+            priors.append(float(self.verifier.prior))  # type: ignore[attr-defined]
+        return sum(priors) / len(priors) if priors else 1.0

@@ -1,0 +1,191 @@
+"""SV: a companion model's agreement with the draft, through a fitted table, prices each draft."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from sprinter_train.decoding.companion_plan import CompanionPlan
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.goodput import best_gamma
+from sprinter_train.decoding.latency import draft_step_cost
+from sprinter_train.decoding.policies.base import (
+    AcceptanceTable,
+    GoodputMethod,
+    Traits,
+    draft_round,
+    gamma_round,
+    overlap,
+    step_features,
+    verify,
+)
+from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
+
+
+@dataclass
+class SpecVerification(GoodputMethod):
+    """SV §5 with its batch scheduler, exact.
+
+    Before row r draws its next draft, the table gives that token's acceptance from S alone
+    (P(accept | S), fixed before the draw); its gain in expected accepted tokens is that times
+    the product of the row's refined acceptances so far, P(accept | S, A) of its drawn drafts.
+    Rows draw in order of gain while the batch's estimated goodput, (expected accepted + one
+    target token per row) / (drafting time + the profiled target forward at this batch size
+    and width), rises; a row that does not draw stops for the round. Every drawn token is
+    verified with speculative sampling, so A_j only shapes the decision about x_{j+1}.
+    Which rows draft depends on their batch-mates (they share the verification's width), so
+    in sampling mode a row's tokens depend on them too; its law does not. Before any forward,
+    a round whose average token (the table's prior) would not pay for one drafting step is
+    not drafted at all: otherwise a batch where drafting never pays would still spend a draft
+    and a companion forward a round to find out. Likewise after each draw, a row whose next
+    draft would not pay at its last draft's refined acceptance stops before that draft's
+    forwards.
+    """
+
+    traits: ClassVar[Traits] = Traits(
+        lossless=True,
+        greedy_exact=True,
+        needs=frozenset({"table", "companion", "latency"}),
+        law_computed=True,
+        exports=True,
+        rivals=("target_only", "sd"),
+        record_score=None,
+    )
+
+    table: AcceptanceTable
+    latency: Callable[[int, int], float]  # (batch size, tokens per row) -> target seconds;
+    # a RunningLatency learns from the run's own target forwards (the bench passes one)
+    step_cost: Callable[[int], float]  # batch size -> one draft + companion step, seconds;
+    # a DraftingCost learns from the run's own steps and prices the draft's alone too
+    max_gamma: int
+    name: str = "sv"
+    # None: every round reads the companion (SV as published); a plan lets rounds skip it, or
+    # drafting altogether, where the run measured that they do not pay
+    companion_plan: CompanionPlan | None = None
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        self.open_round(engine)
+        B = len(batch)
+        rnd = Round()
+        plan = self.companion_plan
+        mode = "companion" if plan is None else plan.begin(batch, self.latency(B, 1))
+        if mode == "target":
+            return verify(engine, batch, rnd)
+        if mode == "prior":
+            return self.prior_round(engine, batch, plan.acceptance.value)  # type: ignore[union-attr]
+        if not self.worth_a_draft(B):
+            return verify(engine, batch, rnd)
+        product = torch.ones(B, dtype=torch.float64, device=engine.device)
+        expected = torch.zeros(B, dtype=torch.float64, device=engine.device)
+        companion: list[torch.Tensor] = []
+
+        def keep(j: int, step: DraftStep) -> torch.Tensor:
+            companion.append(engine.companion_probs(batch, rnd, step.active))
+            before = self.table.lookup_s(overlap(step, companion[-1]))
+            gain = torch.where(step.active, product * before.double(), 0.0)
+            return self.schedule(B, j, expected, gain)
+
+        def stop(step: DraftStep) -> torch.Tensor:
+            nonlocal product, expected
+            S, A = step_features(step, companion[-1])
+            refined = self.table.lookup(S, A).double()
+            product = torch.where(step.active, product * refined, product)
+            expected = torch.where(step.active, expected + product, expected)
+            # whether a row looks at draft j + 1 at all (a draft and a companion forward) is
+            # decided from what x_j told, which may shape only the drafting after x_j: x_j's
+            # refined acceptance stands in for the next draft's, so a round does not end on
+            # a drafting step spent to learn that no draft pays
+            foreseen = torch.where(step.active, product * refined, 0.0)
+            return ~self.schedule(B, len(rnd.steps), expected, foreseen)
+
+        draft_round(engine, batch, batch.room(self.max_gamma), stop, keep, rnd)
+        return verify(engine, batch, rnd)
+
+    def prior_round(self, engine: Engine, batch: Batch, alpha: float | None) -> Emitted:
+        """A round without the companion: every row drafts the gamma of highest estimated
+        goodput at acceptance `alpha` (else the table's prior), each step priced at the
+        draft's forward alone; gamma 0 is a target-only round."""
+        alpha = float(self.table.prior) if alpha is None else alpha
+        cost = draft_step_cost(self.step_cost)
+        gamma = best_gamma(alpha, len(batch), self.max_gamma, self.latency, cost)
+        return gamma_round(engine, batch, gamma)
+
+    @property
+    def prior(self) -> float:
+        """The table's P(accept) over all records."""
+        return float(self.table.prior)
+
+    def update(self, row: Row, drafted: int, accepted: int) -> None:
+        if self.companion_plan is not None:
+            self.companion_plan.observe(drafted, accepted)
+
+    def schedule(self, B: int, j: int, expected: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        """Which rows draw draft j: the m rows of highest gain, m maximising the estimated
+        goodput (m = 0 ends the round for every row). Computed on the device."""
+        order = gain.argsort(descending=True)
+        cumulative = gain[order].cumsum(0)
+        base = expected.sum() + B
+        stop_time = j * self.step_cost(B) + self.latency(B, j + 1)
+        go_time = (j + 1) * self.step_cost(B) + self.latency(B, j + 2)
+        goodput = torch.cat([(base / stop_time)[None], (base + cumulative) / go_time])
+        m = goodput.argmax()
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(B, device=gain.device)
+        return (rank < m) & (gain > 0)
+
+
+@dataclass
+class SpecVerificationPaper(GoodputMethod):
+    """SV §5's rule as published, per row: draw x_j, look up P(accept | S_j, A_j) with A_j
+    from x_j itself, and drop x_j (stop) when it would lower the row's goodput. Lossy: whether
+    x_j is verified depends on x_j's value, so a verified x_j is no longer distributed as q_j
+    (p = q = (1/2, 1/2) with c = (1, 0) emits token 0 with probability 3/4). Kept to measure
+    how far the published rule is from the target law."""
+
+    traits: ClassVar[Traits] = Traits(
+        lossless=False,
+        greedy_exact=True,
+        needs=frozenset({"table", "companion", "latency"}),
+        law_computed=True,
+        exports=False,
+        rivals=(),
+        record_score=None,
+    )
+
+    table: AcceptanceTable
+    latency: Callable[[int, int], float]
+    step_cost: Callable[[int], float]
+    max_gamma: int
+    name: str = "sv_paper"
+
+    def round(self, engine: Engine, batch: Batch) -> Emitted:
+        self.open_round(engine)
+        B = len(batch)
+        rnd = Round()
+        device = engine.device
+        room = batch.room(self.max_gamma)
+        limit = engine.tensor(room)
+        counts = torch.zeros(B, dtype=torch.long, device=device)
+        active = limit > 0
+        product = torch.ones(B, dtype=torch.float64, device=device)
+        expected = torch.zeros(B, dtype=torch.float64, device=device)
+        for j in range(max(room, default=0)):
+            if j > 0 and not engine.any(active):
+                break
+            step = engine.draft_step(batch, rnd, active)
+            c = engine.companion_probs(batch, rnd, active)
+            rnd.steps.append(step)
+            S, A = step_features(step, c)
+            grown = product * self.table.lookup(S, A).double()
+            before = (expected + 1) / (j * self.step_cost(B) + self.latency(B, j + 1))
+            after = (expected + grown + 1) / ((j + 1) * self.step_cost(B) + self.latency(B, j + 2))
+            kept = active & (after >= before)
+            counts = counts + kept.long()
+            product = torch.where(kept, grown, product)
+            expected = torch.where(kept, expected + grown, expected)
+            active = kept & (counts < limit)
+        rnd.counts = counts
+        return verify(engine, batch, rnd)
