@@ -13,16 +13,19 @@ from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import at_batch_size, plan_methods
 from sprinter_train.bench.report import UNSUPPORTED
 from sprinter_train.bench.runs import engine_decode, groups, run_methods
+from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.registry import greedy_exact
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats
 from sprinter_train.models.tiny import build_tiny_model
 from tests.synthetic import write_synthetic_records
 
-LOSSLESS = ("sd", "sd_heuristic", "svip", "adaedl", "mtad")  # mtad is greedy-lossless
+# the methods that emit the target's greedy tokens and need no trained predictor or companion
+GREEDY_EXACT = tuple(greedy_exact(compose_config().methods, {"verifier", "table", "companion"}))
 SPEED = (
     "tokens",
     "wall_s",
@@ -62,7 +65,7 @@ def test_each_batch_size_gets_its_own_gamma(compose_cfg) -> None:
 def test_a_rows_greedy_tokens_are_the_same_at_every_batch_size(compose_cfg) -> None:
     """Five prompts of different lengths at batch 1 and 4 (a full group and a group of one):
     every lossless method emits target_only's tokens in every row, at both sizes."""
-    cfg = compose_cfg("stage=bench", f"bench.methods=[target_only,{','.join(LOSSLESS)}]")
+    cfg = compose_cfg("stage=bench", f"bench.methods=[target_only,{','.join(GREEDY_EXACT)}]")
     profile = LatencyProfile({1: 30.0, 2: 31.0, 3: 33.0}, 3.0, None, 128, "cpu", "float32")
     target = build_tiny_model({}, seed=0)
     draft = build_tiny_model({"num_hidden_layers": 1}, seed=1)
@@ -75,7 +78,7 @@ def test_a_rows_greedy_tokens_are_the_same_at_every_batch_size(compose_cfg) -> N
         Prompt(f"p{i}", "syn", "test", "", [(7 * i + k) % 120 + 3 for k in range(n)], None)
         for i, n in enumerate(lengths)
     ]
-    names = ["target_only", *LOSSLESS]
+    names = ["target_only", *GREEDY_EXACT]
     tokens = {}
     for size in (1, 4):
         decode = engine_decode(engine, at_batch_size(plan, cfg, 3).policies, 12)

@@ -1,5 +1,5 @@
 """The bench's account of sd_learned (issue 13): the verifier's prior from its sidecar, the
-first-token law distance, the bar against the best lossless method, and the numbers that say
+first-token law distance, the bar against its best rival, and the numbers that say
 why it falls short (predictor cost, calibration, chosen against oracle draft lengths)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.law_distance import drafts_first, first_token_tv
 from sprinter_train.bench.report import (
     LEARNED_BAR,
-    best_lossless,
+    best_rival,
     check_targets,
     learned_vs_best,
     write_results,
@@ -24,6 +24,7 @@ from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import LearnedLength, SpeculativeDecoding, TargetOnly
+from sprinter_train.decoding.registry import as_record
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Batch, DecodeStats, Emitted, Row
 from sprinter_train.harvest.reader import open_records
@@ -38,6 +39,8 @@ from tests.decoding_helpers import GREEDY, PROMPTS, SAMPLING, VOCAB, ATable, eng
 from tests.sd_learned_helpers import after_draw, before_draw
 from tests.synthetic import write_synthetic_records
 
+RIVALS = LearnedLength.traits.rivals
+TRAITS = {"sd_learned": as_record(LearnedLength.traits)}  # what results.json records of it
 D = TINY_DEFAULTS["hidden_size"]  # the tiny draft's hidden width: its verifier reads it
 
 
@@ -256,6 +259,7 @@ def results_with(batch_one: dict, batch_four: dict) -> dict:
         "alpha": 0.5,
         "alpha_source": "test",
         "latency_profile": {"target_ms": {"1": 30.0}, "draft_ms": 3.0, "companion_ms": None},
+        "traits": TRAITS,
         "methods": batch_one,
         "batches": {
             "1": {"methods": batch_one, "sd_gamma": 3, "groups": 4, "unsupported": {}},
@@ -282,7 +286,8 @@ def results_with(batch_one: dict, batch_four: dict) -> dict:
     }
 
 
-def test_the_bar_is_over_the_fastest_of_sd_svip_and_sd_heuristic() -> None:
+def test_the_bar_is_over_the_fastest_of_sd_learneds_rivals() -> None:
+    assert set(RIVALS) == {"sd", "svip", "sd_heuristic"}
     methods = {
         "sd": method(10.0),
         "svip": method(11.0),
@@ -290,9 +295,9 @@ def test_the_bar_is_over_the_fastest_of_sd_svip_and_sd_heuristic() -> None:
         "sv": method(30.0),  # not one of the three: not the bar's reference
         "sd_learned": method(12.0),
     }
-    assert best_lossless(methods) == "svip"
-    assert learned_vs_best(methods) == pytest.approx(12 / 11)
-    (row,) = check_targets({"methods": methods}, {LEARNED_BAR: 1.05})
+    assert best_rival(methods, RIVALS) == "svip"
+    assert learned_vs_best(methods, RIVALS) == pytest.approx(12 / 11)
+    (row,) = check_targets({"methods": methods, "traits": TRAITS}, {LEARNED_BAR: 1.05})
     assert row == {
         "name": LEARNED_BAR,
         "measured": pytest.approx(12 / 11),
@@ -301,10 +306,15 @@ def test_the_bar_is_over_the_fastest_of_sd_svip_and_sd_heuristic() -> None:
         "against": "svip",
     }
     methods["sd_learned"] = method(11.0)
-    assert check_targets({"methods": methods}, {LEARNED_BAR: 1.05})[0]["met"] is False
+    assert (
+        check_targets({"methods": methods, "traits": TRAITS}, {LEARNED_BAR: 1.05})[0]["met"]
+        is False
+    )
     del methods["svip"]
-    assert best_lossless(methods) == "sd" and learned_vs_best(methods) == pytest.approx(1.1)
-    assert check_targets({"methods": {"sd": method(10.0)}}, {LEARNED_BAR: 1.05}) == []
+    assert best_rival(methods, RIVALS) == "sd"
+    assert learned_vs_best(methods, RIVALS) == pytest.approx(1.1)
+    only_sd = {"methods": {"sd": method(10.0)}, "traits": TRAITS}
+    assert check_targets(only_sd, {LEARNED_BAR: 1.05}) == []
 
 
 def test_results_md_says_per_batch_size_why_sd_learned_falls_short(tmp_path: Path) -> None:
@@ -315,7 +325,7 @@ def test_results_md_says_per_batch_size_why_sd_learned_falls_short(tmp_path: Pat
     write_results(tmp_path, results)
     lines = (tmp_path / "results.md").read_text().splitlines()
     assert f"- {LEARNED_BAR}: 1.09 (bar >= 1.05, over svip): met" in lines
-    start = lines.index("## sd_learned against the best lossless method")
+    start = lines.index("## sd_learned against its best rival")
     section = lines[start:]
     header = next(line for line in section if line.startswith("| batch |"))
     assert "| × best, predictor free | verifier ms / draft |" in header
@@ -419,7 +429,7 @@ def test_the_bench_reports_sd_learneds_law_bar_and_draft_runs(bench) -> None:
 
 def test_the_benchs_results_md_shows_the_sd_learned_section(bench) -> None:
     text = (bench["out"] / "results.md").read_text()
-    section = text[text.index("## sd_learned against the best lossless method") :]
+    section = text[text.index("## sd_learned against its best rival") :]
     assert "| 1 |" in section and "| 4 |" in section
     assert f"Its verifier `{bench['path']}` (label accept_prob): temperature 2.000" in section
     assert "prior 0.700" in section

@@ -28,8 +28,8 @@ from sprinter_train.core.rules import (
 )
 from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, sample, warp_probs
 from sprinter_train.core.streams import RowStreams
+from sprinter_train.decoding.registry import traits_of
 from sprinter_train.decoding.state import Batch, DraftStep, Row
-from sprinter_train.evaluation.predictors import adaedl_bound, svip_score
 
 
 def random_dist(rng: np.random.Generator, n: int, zeros: int = 0) -> torch.Tensor:
@@ -191,16 +191,21 @@ def test_evaluation_score_and_policy_stop_agree(method: str) -> None:
     """stage=evaluate's score and the bench policy's stop, on the same entropies and the same
     conf/methods constants: the policy stops exactly where the score crosses its threshold."""
     node = compose_config().methods[method]
+    score = traits_of(node, method).record_score  # what stage=evaluate scores records with
+
+    def evaluation_score(H: np.ndarray) -> np.ndarray:
+        return score.score({"draft_entropy": H}, node)
+
     if method == "svip":  # stops after the token whose score falls below 1 - h
         threshold = node.h**2 / node.c
 
         def evaluation_stops(H: np.ndarray) -> np.ndarray:
-            return svip_score(H, node) < 1.0 - node.h
+            return evaluation_score(H) < 1.0 - node.h
     else:  # AdaEDL keeps its first draft, then stops before a token whose bound is below lam
         threshold = (1.0 - node.lam) ** 2 / node.gamma
 
         def evaluation_stops(H: np.ndarray) -> np.ndarray:
-            return adaedl_bound(H, node) < node.lam
+            return evaluation_score(H) < node.lam
 
     entropies = np.concatenate(
         [np.linspace(0.0, 3 * threshold, 61), np.nextafter(threshold, [-np.inf, np.inf])]

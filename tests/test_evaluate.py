@@ -5,17 +5,24 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
+from omegaconf import open_dict
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.core.classification import auc, brier, ece, eta_rates
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
 from sprinter_train.core.rules import sampled_acceptance
-from sprinter_train.evaluation.predictors import adaedl_bound, svip_score
+from sprinter_train.decoding.policies import Method, Traits, gamma_round
+from sprinter_train.decoding.policies.base import RecordScore
+from sprinter_train.decoding.policies.entropy import adaedl_records, svip_records
+from sprinter_train.decoding.registry import MethodError, greedy_exact, traits_of
+from sprinter_train.evaluation.scores import predictor_descriptions
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
 from tests.synthetic import write_synthetic_records
@@ -40,13 +47,9 @@ TINY = (
     "bench.batch_sizes=[1,2]",  # the two prompts as one batch: batched decoding, bounded time
 )
 # methods whose output is the target's own: at temperature 0 they must emit target_only's tokens
-LOSSLESS = (
-    "sd",
-    "sd_heuristic",
-    "svip",
-    "adaedl",
-    "sv",
-    "mtad",
+# (those reading a verifier are left out: the greedy bench has none trained at T = 0)
+GREEDY_EXACT = (
+    *greedy_exact(compose_config().methods, {"verifier"}),
     "hf_assisted",
     "hf_assisted_heuristic",
 )
@@ -111,10 +114,12 @@ def test_eta_rates_and_baseline_scores() -> None:
     assert eta_rates(y, s, 0.5) == {"eta_TP": pytest.approx(2 / 3), "eta_FP": pytest.approx(0.5)}
     h = np.array([0.0, 1.0, 4.0])
     methods = compose_config().methods  # the constants the bench's policies use
-    assert svip_score(h, methods.svip).tolist() == pytest.approx(
+    assert svip_records({"draft_entropy": h}, methods.svip).tolist() == pytest.approx(
         [1.0, 1 - np.sqrt(0.15), 1 - np.sqrt(0.6)]
     )
-    assert adaedl_bound(h, methods.adaedl)[2] == pytest.approx(1 - np.sqrt(2.0))  # not clipped
+    assert adaedl_records({"draft_entropy": h}, methods.adaedl)[2] == pytest.approx(
+        1 - np.sqrt(2.0)
+    )  # not clipped
     event = sampled_acceptance(np.full(100_000, 0.3), seed=1)
     assert event.mean() == pytest.approx(0.3, abs=0.006)
     assert (sampled_acceptance(np.ones(10), 0)).all() and not sampled_acceptance(
@@ -278,21 +283,21 @@ def test_greedy_lossless_methods_emit_target_onlys_tokens(chained) -> None:
         "experiment=greedy",
         "sampling.temperature=0",
         "bench.judge.enabled=false",
-        f"bench.methods=[target_only,{','.join(LOSSLESS)}]",
+        f"bench.methods=[target_only,{','.join(GREEDY_EXACT)}]",
     )
     run_stage(cfg)
     bench = read_json(experiment / "bench" / "results.json")
-    assert set(bench["methods"]) == {"target_only", *LOSSLESS} and not bench["skipped"]
+    assert set(bench["methods"]) == {"target_only", *GREEDY_EXACT} and not bench["skipped"]
     methods = bench["methods"]
     check_bench_arithmetic(methods, cfg.bench.num_prompts * cfg.bench.max_new_tokens)
     base = methods["target_only"]
-    for name in LOSSLESS:
+    for name in GREEDY_EXACT:
         row = methods[name]
         assert row["tokens"] == base["tokens"], name
         assert row["target_ppl"] == base["target_ppl"], name
         assert row["rouge_l_vs_target"] == base["rouge_l_vs_target"], name
     batched = bench["batches"]["2"]["methods"]  # the engine's methods, both prompts at once
-    for name in {"target_only", *LOSSLESS} - {"hf_assisted", "hf_assisted_heuristic"}:
+    for name in {"target_only", *GREEDY_EXACT} - {"hf_assisted", "hf_assisted_heuristic"}:
         assert batched[name]["tokens"] == base["tokens"], name
         assert batched[name]["rouge_l_vs_target"] == base["rouge_l_vs_target"], name
 
@@ -419,3 +424,83 @@ def test_ceiling_leaves_out_an_embedding_it_cannot_load(chained, monkeypatch) ->
     assert "harvest's draft" in out["embedding_skipped"]
     assert not any("embedding" in name for name in out["models"])
     assert "linear: hidden + q + H(q)" in out["models"]
+
+
+@dataclass
+class OneDraft(Method):
+    """A method that exists only in this test: one draft a row, verified (so lossless), and
+    a record score, q(x) to a power, for evaluate to rank."""
+
+    traits: ClassVar[Traits] = Traits(
+        lossless=True,
+        greedy_exact=True,
+        needs=frozenset(),
+        law_computed=False,
+        exports=False,
+        rivals=("sd",),
+        record_score=RecordScore(
+            "one_draft_q",
+            ("q",),
+            lambda columns, settings: np.asarray(columns["q"]) ** float(settings["power"]),
+            lambda settings: f"q(x)^{settings['power']}",
+        ),
+    )
+
+    power: float
+    name: str = "one_draft"
+
+    def round(self, engine, batch):
+        return gamma_round(engine, batch, 1)
+
+
+def test_a_method_from_one_class_and_one_config_runs_through_bench_and_evaluate(chained) -> None:
+    """OneDraft and its config node, added here and nowhere else: the bench runs it beside
+    target_only and records its traits, and evaluate scores its rule on the records."""
+    root = chained["root"]
+    for kind in ("artifacts", "checkpoints"):
+        shutil.copytree(root / kind / "chat", root / kind / "newmethod")
+    node = {"_target_": f"{__name__}.OneDraft", "power": 2.0}
+    for stage, extra in (
+        ("bench", ["bench.methods=[target_only,one_draft]", "bench.judge.enabled=false"]),
+        ("evaluate", []),
+    ):
+        cfg = compose_at(root, f"stage={stage}", "experiment=newmethod", *extra)
+        with open_dict(cfg):
+            cfg.methods.one_draft = node
+        run_stage(cfg)
+    bench = read_json(root / "artifacts" / "newmethod" / "bench" / "results.json")
+    row = bench["methods"]["one_draft"]
+    assert row["draft_calls"] > 0 and row["tokens"] > 0 and not bench["skipped"]
+    assert bench["traits"]["one_draft"]["rivals"] == ["sd"]
+    assert bench["settings"]["one_draft"]["power"] == 2.0
+    report = read_json(root / "artifacts" / "newmethod" / "eval" / "report.json")
+    # q(x)^2 ranks the rows as q(x) does: the same AUC
+    assert report["auc"]["one_draft_q"] == pytest.approx(report["auc"]["draft_q"])
+
+
+def test_a_method_class_without_traits_is_refused() -> None:
+    """A class that declares no traits (here: inherits Method's annotation only) cannot run."""
+    node = {"_target_": f"{__name__}.NoTraits"}
+    with pytest.raises(MethodError, match="declares no traits: give it"):
+        traits_of(node, "no_traits")
+    with pytest.raises(MethodError, match="is not a Method"):
+        traits_of({"_target_": "collections.OrderedDict"}, "odd")
+    with pytest.raises(TypeError, match="record_score"):  # every field is required
+        Traits(
+            lossless=True,
+            greedy_exact=True,
+            needs=frozenset(),
+            law_computed=False,
+            exports=False,
+            rivals=(),
+        )  # type: ignore[call-arg]
+    cfg = compose_config("stage=bench")
+    with open_dict(cfg):
+        cfg.methods.no_traits = node
+    with pytest.raises(MethodError, match="no_traits"):
+        predictor_descriptions(cfg, {})
+
+
+class NoTraits(Method):
+    def round(self, engine, batch):
+        return gamma_round(engine, batch, 0)

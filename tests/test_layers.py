@@ -93,3 +93,23 @@ def test_no_test_module_imports_another() -> None:
                 names = [a.name for a in node.names]
             found += [f"{path.name} -> {n}" for n in names if n.split(".")[-1].startswith("test_")]
     assert not found, found
+
+
+OLD_METHOD_LISTS = re.compile(
+    r"\b(LAW_METHODS|BEST_LOSSLESS|LOSSLESS|VERIFIED|PLANNED)\s*(:[^=]*)?=\s*[(\[{]"
+)
+
+
+def test_no_list_of_methods_outside_the_registry() -> None:
+    """Which methods are lossless, law-checked, exported or planned is declared once, in each
+    method's traits (decoding/registry.py reads them); a tuple of names beside would drift."""
+    roots = [PACKAGE, PACKAGE.parent / "tests", PACKAGE.parent / "benchmarks"]
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
+        for root in roots
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if OLD_METHOD_LISTS.search(line) and "OLD_METHOD_LISTS" not in line
+    ]
+    assert not found, "\n".join(found)
+    assert OLD_METHOD_LISTS.search('LAW_METHODS = ("sv", "sv_paper")')  # the check can fail

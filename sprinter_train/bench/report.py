@@ -27,7 +27,6 @@ BATCH_COLUMNS = [  # batch > 1: speed, calls and acceptance (quality is the batc
     c for c in COLUMNS if c[1] not in ("rouge_l_ref", "target_ppl")
 ]
 UNSUPPORTED = "batch > 1 unsupported"
-BEST_LOSSLESS = ("sd", "svip", "sd_heuristic")  # the lossless methods sd_learned must beat
 LEARNED_BAR = "sd_learned_vs_best_lossless"
 
 
@@ -162,27 +161,32 @@ def _ratio(methods: dict[str, Any], a: str, b: str) -> float | None:
     return None
 
 
-def best_lossless(methods: dict[str, Any]) -> str | None:
-    """The fastest of BEST_LOSSLESS that ran (tokens/s), None when none did."""
-    ran = [n for n in BEST_LOSSLESS if (methods.get(n) or {}).get("tokens_per_s")]
+def rivals_of(results: dict[str, Any], name: str) -> tuple[str, ...]:
+    """The methods `name` is meant to beat, as its traits declared them in this run."""
+    return tuple(((results.get("traits") or {}).get(name) or {}).get("rivals") or ())
+
+
+def best_rival(methods: dict[str, Any], rivals: tuple[str, ...]) -> str | None:
+    """The fastest of `rivals` that ran (tokens/s), None when none did."""
+    ran = [n for n in rivals if (methods.get(n) or {}).get("tokens_per_s")]
     return max(ran, key=lambda n: methods[n]["tokens_per_s"]) if ran else None
 
 
-def learned_vs_best(methods: dict[str, Any]) -> float | None:
-    """sd_learned's tokens/s over the fastest of sd, svip and sd_heuristic."""
-    best = best_lossless(methods)
+def learned_vs_best(methods: dict[str, Any], rivals: tuple[str, ...]) -> float | None:
+    """sd_learned's tokens/s over the fastest of its rivals."""
+    best = best_rival(methods, rivals)
     return None if best is None else _ratio(methods, "sd_learned", best)
 
 
 def check_targets(results: dict[str, Any], targets: dict[str, float]) -> list[dict[str, Any]]:
     """Each bar of `bench.targets` against this run: measured value, bar, met or not."""
-    m = results["methods"]
+    m, rivals = results["methods"], rivals_of(results, "sd_learned")
     measured: dict[str, float | None] = {
         "sd_vs_target_only": _ratio(m, "sd", "target_only"),
         "sd_vs_hf_assisted": _ratio(m, "sd", "hf_assisted"),
         "sprinter_vs_sd": _ratio(m, "sprinter", "sd"),
         "svip_vs_sd": _ratio(m, "svip", "sd"),
-        LEARNED_BAR: learned_vs_best(m),
+        LEARNED_BAR: learned_vs_best(m, rivals),
         "sprinter_rouge_l_ref_gap": None,
     }
     if "sprinter" in m and "sd" in m and m["sd"].get("rouge_l_ref") is not None:
@@ -195,7 +199,7 @@ def check_targets(results: dict[str, Any], targets: dict[str, float]) -> list[di
         met = value <= bar if name.endswith("_gap") else value >= bar
         row = {"name": name, "measured": value, "bar": bar, "met": met}
         if name == LEARNED_BAR:
-            row["against"] = best_lossless(m)
+            row["against"] = best_rival(m, rivals)
         rows.append(row)
     return rows
 
@@ -213,10 +217,12 @@ LEARNED_COLUMNS = [  # (header, where in a method's row, format)
 ]
 
 
-def learned_row(size: str, methods: dict[str, Any], bar: float | None) -> str:
+def learned_row(
+    size: str, methods: dict[str, Any], bar: float | None, rivals: tuple[str, ...]
+) -> str:
     """One batch size's row of the sd_learned table."""
-    row, best = methods["sd_learned"], best_lossless(methods)
-    ratio = learned_vs_best(methods)
+    row, best = methods["sd_learned"], best_rival(methods, rivals)
+    ratio = learned_vs_best(methods, rivals)
     short = ratio is not None and bar is not None and ratio < bar
     parts = row.get("time_breakdown_s") or {}
     predictor = parts.get("verifier", 0.0) + parts.get("companion", 0.0)
@@ -269,12 +275,13 @@ def learned_section(results: dict[str, Any]) -> list[str]:
     if not sizes:
         return []
     bar = next((t["bar"] for t in results.get("targets") or [] if t["name"] == LEARNED_BAR), None)
-    header = ["batch", "sd_learned tokens/s", "best lossless tokens/s", "× best"]
+    rivals = rivals_of(results, "sd_learned")
+    header = ["batch", "sd_learned tokens/s", "best rival tokens/s", "× best"]
     header += ["× best, predictor free"] + [c[0] for c in LEARNED_COLUMNS]
     lines = [
-        "## sd_learned against the best lossless method",
+        "## sd_learned against its best rival",
         "",
-        f"At each batch size, sd_learned's tokens/s over the fastest of {', '.join(BEST_LOSSLESS)}"
+        f"At each batch size, sd_learned's tokens/s over the fastest of {', '.join(rivals)}"
         + (f" (bar {bar:g}; below it in bold)" if bar is not None else "")
         + ", and why: `× best, predictor free` is the ratio had its verifier and companion "
         "cost nothing (their forwards' time taken off its wall time); per drafted token, the "
@@ -288,7 +295,7 @@ def learned_section(results: dict[str, Any]) -> list[str]:
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
-    lines += [learned_row(size, batches[size]["methods"], bar) for size in sizes]
+    lines += [learned_row(size, batches[size]["methods"], bar, rivals) for size in sizes]
     settings = (results.get("settings") or {}).get("sd_learned")
     lines += ["", verifier_line(settings), ""] if settings else [""]
     return lines

@@ -73,6 +73,17 @@ def with_trait(
     return found
 
 
+def greedy_exact(methods: Mapping[str, Any], without: Iterable[str] = ()) -> list[str]:
+    """The methods other than target_only that emit the target's greedy tokens at T = 0 and
+    need none of `without` (e.g. no trained verifier): what a greedy bench compares."""
+    barred = set(without)
+    return [
+        name
+        for name, traits in all_traits(methods).items()
+        if name != "target_only" and traits.greedy_exact and not traits.needs & barred
+    ]
+
+
 def _matches(trait: Any, value: Any) -> bool:
     if isinstance(trait, frozenset | tuple) and not isinstance(value, frozenset | tuple):
         return value in trait

@@ -1,7 +1,8 @@
 """Every acceptance predictor's P(accept) estimate on the same rows, and what each one is.
 
 SPRINTER's verifiers (one per λ) score the records' hidden states; SV's table looks up
-(S, A); SVIP, AdaEDL and q(x) need no training.
+(S, A); q(x) and every method whose traits carry a `record_score` (SVIP's and AdaEDL's
+entropy rules) need no training.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 from omegaconf import DictConfig
 
+from sprinter_train.decoding.policies.base import RecordScore
+from sprinter_train.decoding.registry import all_traits
 from sprinter_train.evaluation.calibration import probabilities
-from sprinter_train.evaluation.predictors import adaedl_bound, draft_q, svip_score
 from sprinter_train.harvest.reader import RecordSet
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint
@@ -59,11 +61,20 @@ def predictor_scores(
     scores = {name: probabilities(value) for name, value in logits.items()}
     if table is not None:
         scores["sv_table"] = np.asarray(table.lookup(frame["S"].to_numpy(), frame["A"].to_numpy()))
-    entropy = frame["draft_entropy"].to_numpy()
-    scores["svip_entropy"] = svip_score(entropy, cfg.methods.svip)
-    scores["adaedl_bound"] = adaedl_bound(entropy, cfg.methods.adaedl)
-    scores["draft_q"] = draft_q(frame["q"].to_numpy())
+    for name, score in record_scores(cfg).items():
+        columns = {column: frame[column].to_numpy() for column in score.columns}
+        scores[score.name] = score.score(columns, cfg.methods[name])
+    scores["draft_q"] = np.asarray(frame["q"].to_numpy(), dtype=np.float64)
     return scores
+
+
+def record_scores(cfg: DictConfig) -> dict[str, RecordScore]:
+    """The configured methods whose rule scores records, by method name."""
+    return {
+        name: traits.record_score
+        for name, traits in all_traits(cfg.methods).items()
+        if traits.record_score is not None
+    }
 
 
 def predictor_descriptions(
@@ -74,10 +85,7 @@ def predictor_descriptions(
     return {
         **{n: verifier_description(c) for n, c in verifiers.items()},
         "sv_table": "SV P(accept | S, A), default binning of tables/sv_table.json",
-        "svip_entropy": f"SVIP 1 - sqrt({cfg.methods.svip.c} H_q)"
-        + entropy_note(cfg.methods.svip, "svip"),
-        "adaedl_bound": f"AdaEDL 1 - sqrt({cfg.methods.adaedl.gamma} H_q)"
-        + entropy_note(cfg.methods.adaedl, "adaedl"),
+        **{s.name: s.describe(cfg.methods[n]) for n, s in record_scores(cfg).items()},
         "draft_q": "q(x), the draft's probability of its token",
     }
 
@@ -87,15 +95,3 @@ def verifier_description(checkpoint: VerifierCheckpoint) -> str:
     if checkpoint.label == "accept_prob":
         return "SPRINTER verifier trained on the soft label min(1, p/q) (SpecDec++'s target)"
     return f"SPRINTER verifier trained at λ={checkpoint.lam:g}"
-
-
-def entropy_note(method: DictConfig, name: str) -> str:
-    """Which H_q the score used: always the records' draft_entropy (warped q); when the bench's
-    rule reads the raw softmax entropy, say that the two differ instead of hiding it."""
-    used = ", H_q = the records' draft_entropy (of the warped draft distribution)"
-    if method.get("warped_entropy", False):
-        return used + ", as the bench's rule"
-    return (
-        used + f"; the bench's rule reads the raw softmax entropy (methods.{name}.warped_entropy="
-        "false), which the records do not hold, so this AUC describes the warped-H rule"
-    )

@@ -14,7 +14,7 @@ the Pareto plot is redrawn from every results.json of the experiment.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding
+from sprinter_train.decoding.registry import as_record, traits_of, with_trait
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats
 from sprinter_train.harvest.manifest import model_identity
@@ -48,7 +49,6 @@ from sprinter_train.harvest.reader import open_records, verify_hashes
 from sprinter_train.models.forward import HarvestModels, load_harvest_models
 
 log = logging.getLogger(__name__)
-LAW_METHODS = ("sv", "sv_paper", "sd_learned")  # the rules whose first-token law is computed
 
 
 def output_dir(cfg: DictConfig) -> Path:
@@ -199,17 +199,14 @@ def sd_gamma(
 
 
 def law_distance(
-    engine: Engine, plan: MethodPlan, names: list[str], prompts: list[Prompt], count: int
+    engine: Engine, plan: MethodPlan, names: list[str], prompts: list[Prompt], cfg: DictConfig
 ) -> dict[str, list[float]]:
-    """Per SV method and sd_learned that runs: the exact TV of its first token's law from the
-    target's on the first `count` prompts (sv's and sd_learned's are 0 up to rounding,
-    sv_paper's is its loss)."""
-    ids = [p.input_ids for p in prompts[:count]]
-    return {
-        name: first_token_tv(engine, plan.policies[name], ids)
-        for name in names
-        if name in LAW_METHODS and ids
-    }
+    """Per method whose traits say its first-token law is computed (`law_computed`): the exact
+    TV of its first token's law from the target's on the first `bench.law_distance_prompts`
+    prompts (0 up to rounding for a lossless rule, the loss of a lossy one)."""
+    ids = [p.input_ids for p in prompts[: int(cfg.bench.law_distance_prompts)]]
+    computed = with_trait(cfg.methods, [n for n in names if n in plan.policies], law_computed=True)
+    return {name: first_token_tv(engine, plan.policies[name], ids) for name in computed if ids}
 
 
 def input_hashes(plan: MethodPlan) -> dict[str, dict[str, str | None]]:
@@ -223,24 +220,72 @@ def input_hashes(plan: MethodPlan) -> dict[str, dict[str, str | None]]:
     return found
 
 
+@dataclass
+class Setup:
+    """What the bench loaded and decided before decoding: models, prompts, the engine, the
+    latency profile and its check, the acceptance estimate, sd's gamma per batch size and
+    the methods' plan."""
+
+    models: HarvestModels
+    prompts: list[Prompt]
+    engine: Engine
+    device: torch.device
+    dtype: torch.dtype
+    batch_sizes: list[int]
+    profile: LatencyProfile
+    verdict: ProfileCheck
+    alpha: float
+    alpha_source: str
+    gammas: dict[int, int]
+    plan: MethodPlan
+
+    @property
+    def names(self) -> list[str]:
+        return [m for m in self.plan.settings if m not in self.plan.skipped]
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
-    b = cfg.bench
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     started = provenance.start(cfg, device, dtype)
+    setup = prepare(cfg, device, dtype)
+    runs = decode_all(cfg, setup)
+    results = summarise_runs(cfg, setup, runs)
+    results["provenance"] = provenance.finish(
+        started,
+        models=provenance.model_hashes(
+            {
+                "target": setup.models.target,
+                "draft": setup.models.draft,
+                "companion": setup.models.companion,
+            }
+        ),
+        **input_hashes(setup.plan),
+    )
+    b = cfg.bench
+    results["targets"] = check_targets(results, OmegaConf.to_container(b.get("targets") or {}))
+    out = output_dir(cfg)
+    write_results(out, results)
+    plot_results(out, Path(cfg.experiment_dir) / "bench")
+    log.info("bench: wrote %s", out / "results.md")
+    return {"results": str(out / "results.json"), "methods": results["methods"]}
+
+
+def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
+    """Load the models and prompts, build the engine, measure (or reuse and check) the
+    latency profile, estimate alpha, choose sd's gamma per batch size and plan the methods."""
+    b = cfg.bench
     models = load_harvest_models(cfg.models, device, dtype)
-    tokenizer = models.tokenizer
     data_cfg = {**OmegaConf.to_container(cfg.data, resolve=True), "num_prompts": int(b.num_prompts)}
-    prompts = load_prompts(data_cfg, tokenizer, split=b.split)
+    prompts = load_prompts(data_cfg, models.tokenizer, split=b.split)
     if not prompts:
         raise ValueError(f"no prompts in split {b.split!r} of data={cfg.data.get('name')}")
     batch_sizes = sorted({1, *(int(size) for size in b.batch_sizes)})  # batch 1 always runs
-    sampling = SamplingConfig.from_cfg(cfg.sampling)
     vocab = models.vocab_size
     engine = Engine(
         ModelRunner(models.target.model, vocab),
-        sampling,
+        SamplingConfig.from_cfg(cfg.sampling),
         draft=ModelRunner(models.draft.model, vocab, hidden_layer=verifier_hidden_layer(cfg)),
         companion=ModelRunner(models.companion.model, vocab)
         if models.companion is not None
@@ -265,47 +310,65 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     )
     for name, reason in plan.skipped.items():
         log.warning("bench: skipping %s: %s", name, reason)
-    names = [m for m in b.methods if m not in plan.skipped]
+    return Setup(
+        models, prompts, engine, device, dtype, batch_sizes, profile, verdict, alpha,
+        alpha_source, gammas, plan,
+    )  # fmt: skip
+
+
+def decode_all(cfg: DictConfig, setup: Setup) -> dict[int, dict[str, list[GroupRun]]]:
+    """Every method on every group of prompts at every batch size, side by side (HF's peers
+    at batch 1 only: they decode one sequence)."""
+    b, plan, models = cfg.bench, setup.plan, setup.models
 
     def decode_peer(name: str, group: list[Prompt], seeds: list[int]) -> Decoded:
-        (prompt,), (seed,) = group, seeds  # HF's assisted generation decodes one sequence
+        (prompt,), (seed,) = group, seeds
         peer = run_hf_assisted(
             models.target.model,
             models.draft.model,
             prompt.input_ids,
-            sampling=sampling,
+            sampling=setup.engine.sampling,
             max_new_tokens=int(b.max_new_tokens),
             seed=seed,
             eos_token_id=models.eos_token_id,
-            device=device,
+            device=setup.device,
             **plan.peers[name],
         )
         stats = DecodeStats(target_calls=peer.target_calls, draft_calls=peer.draft_calls)
         return [peer.tokens], peer.wall_s, stats
 
     runs: dict[int, dict[str, list[GroupRun]]] = {}
-    for size in batch_sizes:
-        sized = at_batch_size(plan, cfg, gammas[size])
-        on_engine = engine_decode(engine, sized.policies, int(b.max_new_tokens))
+    for size in setup.batch_sizes:
+        sized = at_batch_size(plan, cfg, setup.gammas[size])
+        on_engine = engine_decode(setup.engine, sized.policies, int(b.max_new_tokens))
 
         def decode(name: str, group: list[Prompt], seeds: list[int], on_engine=on_engine):
             return (decode_peer if name in plan.peers else on_engine)(name, group, seeds)
 
         runs[size] = run_methods(
             decode,
-            [n for n in names if size == 1 or n not in plan.peers],
-            prompts,
+            [n for n in setup.names if size == 1 or n not in plan.peers],
+            setup.prompts,
             size,
             int(b.seed),
             int(b.warmup_runs),
-            device if b.energy and size == 1 else None,
+            setup.device if b.energy and size == 1 else None,
             int(b.min_timed_runs),
         )
+    return runs
 
+
+def summarise_runs(
+    cfg: DictConfig, setup: Setup, runs: dict[int, dict[str, list[GroupRun]]]
+) -> dict[str, Any]:
+    """results.json's figures: the batch-1 run with quality and law distances, one section
+    per batch size, and what the run was measured with (profile, alpha, settings, traits)."""
+    b, models, plan, names = cfg.bench, setup.models, setup.plan, setup.names
+    tokenizer, greedy = models.tokenizer, setup.engine.sampling.greedy
     results = summarise(runs[1], models, tokenizer, cfg)
-    for name, count in greedy_differences(runs[1], sampling.greedy).items():
+    for name, count in greedy_differences(runs[1], greedy).items():
         results["methods"][name]["outputs_differing_from_target_only"] = count
-    distances = law_distance(engine, plan, names, prompts, int(b.law_distance_prompts))
+    distances = law_distance(setup.engine, plan, names, setup.prompts, cfg)
     for name, tvs in distances.items():
         results["methods"][name]["tv_first_token"] = sum(tvs) / len(tvs)
         results["methods"][name]["tv_first_token_per_prompt"] = tvs
@@ -313,36 +376,38 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     results["batches"] = {
         str(size): {
             "methods": summarise_batch(runs[size], tokenizer),
-            "sd_gamma": gammas[size],
-            "groups": len(groups(len(prompts), size)),
+            "sd_gamma": setup.gammas[size],
+            "groups": len(groups(len(setup.prompts), size)),
             "unsupported": {n: f"{UNSUPPORTED}: HF decodes one sequence" for n in peers}
             if size > 1
             else {},
         }
-        for size in batch_sizes
+        for size in setup.batch_sizes
     }
+    profile = setup.profile
     results.update(
         {
             "experiment": cfg.experiment,
-            "device": str(device),
-            "dtype": str(dtype).removeprefix("torch."),
+            "device": str(setup.device),
+            "dtype": str(setup.dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(),
             "sampling": OmegaConf.to_container(cfg.sampling),
-            "num_prompts": len(prompts),
+            "num_prompts": len(setup.prompts),
             "max_new_tokens": int(b.max_new_tokens),
-            "batch_sizes": batch_sizes,
-            "alpha": alpha,
-            "alpha_source": alpha_source,
-            "sd_gamma": gammas[1],
-            "law_distance_prompts": min(int(b.law_distance_prompts), len(prompts)),
+            "batch_sizes": setup.batch_sizes,
+            "alpha": setup.alpha,
+            "alpha_source": setup.alpha_source,
+            "sd_gamma": setup.gammas[1],
+            "law_distance_prompts": min(int(b.law_distance_prompts), len(setup.prompts)),
             "latency_profile": {
                 "target_ms": profile.target_ms,
                 "draft_ms": profile.draft_ms,
                 "companion_ms": profile.companion_ms,
-                "by_batch": profile.by_batch(batch_sizes, int(b.gamma_max) + 1),
-                "check": verdict.as_dict(),
+                "by_batch": profile.by_batch(setup.batch_sizes, int(b.gamma_max) + 1),
+                "check": setup.verdict.as_dict(),
             },
             "settings": plan.settings,
+            "traits": {n: as_record(traits_of(cfg.methods[n], n)) for n in plan.policies},
             "skipped": plan.skipped,
             "models": {
                 "target": models.target.name,
@@ -351,16 +416,4 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             },
         }
     )
-    results["provenance"] = provenance.finish(
-        started,
-        models=provenance.model_hashes(
-            {"target": models.target, "draft": models.draft, "companion": models.companion}
-        ),
-        **input_hashes(plan),
-    )
-    results["targets"] = check_targets(results, OmegaConf.to_container(b.get("targets") or {}))
-    out = output_dir(cfg)
-    write_results(out, results)
-    plot_results(out, Path(cfg.experiment_dir) / "bench")
-    log.info("bench: wrote %s", out / "results.md")
-    return {"results": str(out / "results.json"), "methods": results["methods"]}
+    return results
