@@ -6,7 +6,7 @@ draft's own weights (same dtype, same threads, no modules, masks or cache) is th
 Whatever the Hugging Face forward (a dynamic cache, masks rebuilt every step) and the engine
 (the RowCache's bookkeeping, the head scattered to the full vocabulary, warping and sampling
 there) add above it is overhead that can be removed; the floor itself only drops with fewer
-bytes (issue 11, lever 1). The four steps are timed in interleaved rounds, like the bench's
+bytes (a smaller or quantised draft). The four steps are timed in interleaved rounds, like the bench's
 latency profile, so machine noise hits all of them alike (in rotating order: see
 `interleaved_medians`). The engine step of a draft the engine runs through
 `models.lean.LeanDraft` goes through it; its lean model-only step can be timed in the same

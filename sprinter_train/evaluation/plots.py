@@ -138,7 +138,7 @@ def plot_sv_calibration(
 
 def plot_learning_curves(curves: dict[str, dict[str, Any]], path: Path, target: float) -> Path:
     """Test (solid) and val (dashed) AUC against train records, log2 axis, one colour per
-    verifier; the dotted line is the AUC the issue asks for."""
+    verifier; the dotted line is the target AUC (`evaluate.target_auc`)."""
     fig, ax = subplots(figsize=(6, 4.5))
     for index, (name, entry) in enumerate(curves.items()):
         points = entry["points"]
