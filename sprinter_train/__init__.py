@@ -3,13 +3,14 @@
 Layers, lowest first. A module imports only from its own package or from a lower layer
 (tests/test_layers.py reads this list and every module's imports):
 
-    core, hf: sampling, acceptance rules, metrics, I/O, plots; Hugging Face `generate` for
-        exported methods (hf is copied into export folders, so it imports no other unit)
+    core: sampling, acceptance rules, metrics, I/O, plots
     models, data: loading and the model forward; prompts and splits
     decoding: the engine, its KV caches and one policy per method
     harvest, distill: records written and read; the distilled draft
     verifier, sv: SPRINTER's verifier and SV's table, fitted on records
     evaluation, bench: reports on records and predictors; end-to-end decoding runs
+    hf: Hugging Face `generate` running the engine with an exported method's policy, and the
+        export folder that carries those modules with it
     stages: one run(cfg) per stage and the registry
     __main__: the Hydra entry point
 

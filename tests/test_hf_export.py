@@ -17,6 +17,7 @@ import base64
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -26,7 +27,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from transformers import DynamicCache, GenerationConfig
+from hydra.utils import get_class
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 import sprinter_train.hf as hf
 from sprinter_train.__main__ import run_stage
@@ -34,8 +36,7 @@ from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import VerifierMismatchError
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import write_json
-from sprinter_train.core.rules import residual_rows
-from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
+from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (
     SVIP,
@@ -45,17 +46,13 @@ from sprinter_train.decoding.policies import (
     TargetOnly,
 )
 from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.state import DraftStep
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.hf.bundle import Bundle
+from sprinter_train.hf.folder import ENTRY
 from sprinter_train.hf.identity import ModelMismatchError
-from sprinter_train.hf.predictors import Latency, Table, Verifier
-from sprinter_train.hf.prepare import CACHE_KWARGS, check_inputs, run
-from sprinter_train.hf.rules import LearnedRule, SVIPRule, SVRule
-from sprinter_train.hf.sampling import Sampling
-from sprinter_train.hf.sampling import inverse_cdf as hf_inverse_cdf
-from sprinter_train.hf.sampling import residual as hf_residual
-from sprinter_train.hf.sampling import warp_probs as hf_warp_probs
+from sprinter_train.hf.methods import SPECS
+from sprinter_train.hf.prepare import CACHE_KWARGS, check_inputs
+from sprinter_train.hf.vendor import VendorError, closure, flat_name
 from sprinter_train.models.cache import returned_cache, with_cache
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 from sprinter_train.sv.fit import fit_binning
@@ -220,8 +217,7 @@ STATS += ("target_calls", "draft_calls", "companion_calls")  # forwards, as the 
 def test_the_export_stage_writes_every_file(setup, method: str) -> None:
     out = folder(setup, method)
     written = set(setup["results"][method]["files"])
-    code = {f"custom_generate/{p.name}" for p in Path(hf.__file__).parent.glob("*.py")}
-    code -= {"custom_generate/__init__.py"}
+    code = {f"custom_generate/{module.name}" for module in closure([ENTRY]).values()}
     code |= {
         f"custom_generate/{n}" for n in ("generate.py", "exported_files.py", "requirements.txt")
     }
@@ -384,31 +380,22 @@ def test_the_lossless_methods_keep_the_target_law(setup, method: str) -> None:
     models, sampling = setup["models"], SamplingConfig(0.9, 4, 0.95)
     draft = noisy_copy(models["target"], 0.02, 4)
     arguments = Bundle.from_folder(folder(setup, method)).arguments()
-    settings = {
-        k: arguments.pop(k) for k in ("h", "c", "max_gamma", "warped_entropy") if k in arguments
-    }
-    if method == "svip":
-        rule: Any = SVIPRule(**settings)
-    elif method == "sv":
-        rule = SVRule(arguments["table"], arguments["latency"], **settings)
-    else:
-        embedding = draft.get_input_embeddings()
-        rule = LearnedRule(**arguments, **settings, embedding=embedding)
+    if "table" in arguments:
+        arguments["companion_model"] = models["companion"]
     config = GenerationConfig(do_sample=True, temperature=0.9, top_k=4, top_p=0.95)
     config.max_new_tokens, config.eos_token_id = 3, None
     config.return_dict_in_generate = True
+    prepared = {"logits_processor": LogitsProcessorList(), "stopping_criteria": None}
+    prepared["stopping_criteria"] = StoppingCriteriaList()
     prompt, counts, accepted = PROMPTS[0], Counter(), 0
-    for _ in range(1500):
-        out = run(
+    for _ in range(1500):  # the callable as transformers calls it, with the folder's predictors
+        out = hf.METHODS[method](
             models["target"],
             torch.tensor([prompt]),
-            config,
-            None,
-            {},
-            draft,
-            rule,
-            companion=models["companion"],
-            hidden_layer=-1,
+            generation_config=config,
+            draft_model=draft,
+            **prepared,
+            **arguments,
         )
         counts[tuple(out.sequences[0, len(prompt) :].tolist())] += 1
         accepted += out.stats["accepted"]
@@ -527,52 +514,57 @@ print(sorted(m for m in sys.modules if m.startswith("sprinter_train")))
     assert list(modules.rglob("exported_files.py"))  # loaded from the folder it copied
 
 
-def test_the_hf_copies_agree_with_the_package(setup) -> None:
-    """sampling, the verifier's features and score, the table and the latency profile, as
-    sprinter_train/hf copies them, give the package's numbers."""
-    generator = torch.Generator().manual_seed(0)
-    logits = 3 * torch.randn(6, VOCAB, generator=generator)
-    logits[:, :5] = float("-inf")  # q = 0 tokens, as a restricted head gives
-    for t, k, p in ((0, 0, 1.0), (1.0, 0, 1.0), (0.7, 8, 1.0), (0.9, 0, 0.8), (1.3, 20, 0.6)):
-        ours, theirs = SamplingConfig(t, k, p), Sampling(t, k, p)
-        assert torch.equal(warp_probs(logits, ours), hf_warp_probs(logits, theirs))
-    probs = warp_probs(logits, SamplingConfig(1.0, 0, 0.9))
-    u = torch.rand(6, generator=generator, dtype=torch.float64)
-    assert torch.equal(inverse_cdf(probs, u), hf_inverse_cdf(probs, u))
-    assert torch.equal(residual_rows(probs, probs.roll(1, 0)), hf_residual(probs, probs.roll(1, 0)))
-    draft = setup["models"]["draft"]
-    tmp = setup["root"] / "copies"
-    path = write_verifier(tmp / "verifier-lam1.safetensors", ALL_FEATURES, 5, None)
-    scorer = CheckpointVerifier(load_verifier(path), draft)
-    verifier = Verifier(path.read_bytes(), json.loads(path.with_suffix(".json").read_text()))
-    hidden = 30 * torch.randn(6, D, generator=generator)  # some past float16's range
-    step = DraftStep(probs.argmax(-1), probs, hidden, logits, torch.ones(6, dtype=torch.bool))
-    rows = torch.cat(
-        [
-            verifier.features(
-                hidden[r], probs[r], int(step.tokens[r]), draft.get_input_embeddings()
-            )
-            for r in range(6)
-        ]
-    )
-    assert torch.equal(rows, scorer.features(step))
-    table_path = Path(setup["cfg"].experiment_dir) / "tables" / "sv_table.json"
-    device_table = SVTable.load(table_path).on("cpu")
-    table = Table(json.loads(table_path.read_text()))
-    S, A = torch.rand(50, generator=generator), torch.rand(50, generator=generator)
-    assert [table.lookup(s, a) for s, a in zip(S, A, strict=True)] == device_table.lookup(
-        S, A
-    ).tolist()
-    assert [table.lookup_s(s) for s in S] == device_table.lookup_s(S).tolist()
-    assert table.prior == device_table.prior
-    latency_path = Path(setup["cfg"].experiment_dir) / "bench" / "latency.json"
-    profile = LatencyProfile.load(latency_path)
-    latency = Latency(json.loads(latency_path.read_text()))
-    assert [latency.target_s(n) for n in range(1, 14)] == [
-        profile.target_batch_s(1, n) for n in range(1, 14)
-    ]
-    assert latency.step_s(True) == profile.draft_step_s(1)
-    assert latency.step_s(False) == profile.draft_batch_ms(1) / 1e3
+def absolute(module: str, is_package: bool, target: str) -> str:
+    """The module a `from <target> import` of `module` names (relative targets resolved)."""
+    if not target.startswith("."):
+        return target
+    level = len(target) - len(target.lstrip("."))
+    parts = module.split(".") if is_package else module.split(".")[:-1]
+    rest = target.lstrip(".")
+    return ".".join(parts[: len(parts) - level + 1] + ([rest] if rest else []))
+
+
+IMPORT = r"^(\s*from )(sprinter_train\.[\w.]+|\.+[\w.]*)( import .*)$"
+
+
+@pytest.mark.parametrize("method", list(hf.METHODS))
+def test_the_folder_holds_only_the_package_own_modules(setup, method: str) -> None:
+    """Every module of custom_generate/ but the two the stage writes is a module of the
+    package, equal to its source but for `sprinter_train` imports made relative to the flat
+    folder; they are what the methods import, and hf's among them are the adapter alone."""
+    code = folder(setup, method) / "custom_generate"
+    names = {p.name for p in code.glob("*.py")} - {"generate.py", "exported_files.py"}
+    modules = closure([ENTRY])
+    assert names == {module.name for module in modules.values()}
+    adapter = {m.rsplit(".", 1)[1] for m in modules if m.startswith("sprinter_train.hf.")}
+    assert adapter == {"methods", "prepare", "bundle", "identity"}
+    for module in modules.values():
+        copied = (code / module.name).read_text().splitlines()
+        source = module.source.read_text().splitlines()
+        assert len(copied) == len(source), module.name
+        for ours, theirs in zip(source, copied, strict=True):
+            if ours == theirs:
+                continue
+            match = re.match(IMPORT, ours)
+            assert match, (module.name, ours, theirs)
+            target = absolute(module.module, module.source.name == "__init__.py", match[2])
+            assert theirs == match[1] + "." + flat_name(target) + match[3]
+    assert {p.name for p in Path(hf.__file__).parent.glob("*.py")} == {
+        "__init__.py",
+        "methods.py",
+        "prepare.py",
+        "bundle.py",
+        "identity.py",
+        "folder.py",
+        "vendor.py",
+    }
+
+
+def test_the_exported_policies_are_the_benchs(compose_cfg) -> None:
+    """Each callable builds the policy class conf/methods/<name>.yaml names for the bench."""
+    cfg = compose_cfg("stage=export")
+    for spec in SPECS:
+        assert spec.policy is get_class(cfg.methods[spec.name]._target_), spec.name
 
 
 def test_the_callables_defaults_are_conf_methods(compose_cfg) -> None:
@@ -584,10 +576,67 @@ def test_the_callables_defaults_are_conf_methods(compose_cfg) -> None:
                 assert params[key].default == value, (name, key)
 
 
-def test_hf_imports_nothing_from_sprinter_train() -> None:
-    for module in Path(hf.__file__).parent.glob("*.py"):
-        for node in ast.walk(ast.parse(module.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0:
-                assert not (node.module or "").startswith("sprinter_train"), module
-            if isinstance(node, ast.Import):
-                assert not any(a.name.startswith("sprinter_train") for a in node.names), module
+def write_package(root: Path, modules: dict[str, str]) -> None:
+    for name, text in modules.items():
+        path = root / "sprinter_train" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_the_vendor_follows_imports_and_refuses_what_the_folder_cannot_run(
+    tmp_path, monkeypatch
+) -> None:
+    """A module's top-level imports make the closure (relative ones too, package __init__s
+    as files of their own); a function's imports are rewritten only into the closure (a
+    relative one outside it made absolute); a heavy third-party import at import time,
+    `import sprinter_train.x` and a module imported by name are refused, naming the chain
+    that reached them."""
+    from sprinter_train.hf import vendor
+
+    monkeypatch.setattr(vendor, "ROOT", tmp_path / "sprinter_train")
+    write_package(
+        tmp_path,
+        {
+            "a/__init__.py": "",
+            "a/entry.py": "from sprinter_train.a.pkg import x\nfrom .near import y\n\n\n"
+            "def f():\n    import pandas\n    from sprinter_train.a.near import y\n"
+            "    from sprinter_train.b.far import z\n    from ..b.far import z\n",
+            "a/pkg/__init__.py": "from sprinter_train.a.pkg.inner import x\n",
+            "a/pkg/inner.py": "import torch\n\nx = 1\n",
+            "a/near.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+            "    from sprinter_train.b.far import z\ny = 2\n",
+            "b/far.py": "import pandas\n\nz = 3\n",
+            "b/bad.py": "import sprinter_train.a.near\n",
+            "b/named.py": "from sprinter_train.a import near\n",
+            "b/heavy.py": "from sprinter_train.b.far import z\n",
+        },
+    )
+    found = vendor.closure(["sprinter_train.a.entry"])
+    assert set(found) == {
+        "sprinter_train.a.entry",
+        "sprinter_train.a.near",
+        "sprinter_train.a.pkg",
+        "sprinter_train.a.pkg.inner",
+    }
+    entry = found["sprinter_train.a.entry"].text
+    assert entry.startswith("from .a__pkg import x\nfrom .a__near import y\n")
+    assert entry.endswith(
+        "    from .a__near import y\n    from sprinter_train.b.far import z\n"
+        "    from sprinter_train.b.far import z\n"
+    )
+    assert found["sprinter_train.a.pkg"].name == "a__pkg.py"
+    assert "from .a__pkg__inner import x" in found["sprinter_train.a.pkg"].text
+    assert "    from sprinter_train.b.far import z" in found["sprinter_train.a.near"].text
+    with pytest.raises(
+        VendorError, match=r"imports pandas .* sprinter_train.b.heavy -> sprinter_train.b.far"
+    ):
+        vendor.closure(["sprinter_train.b.heavy"])
+    with pytest.raises(VendorError, match="as a module"):
+        vendor.closure(["sprinter_train.b.bad"])
+    with pytest.raises(VendorError, match="a module by name"):
+        vendor.closure(["sprinter_train.b.named"])
+
+
+def test_the_package_own_heavy_modules_are_refused() -> None:
+    with pytest.raises(VendorError, match="harvest/reader.py:[0-9]+ imports pandas"):
+        closure(["sprinter_train.harvest.reader"])

@@ -13,7 +13,8 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import DynamicCache
 
-from sprinter_train.models.forward import body, head_logits, load_harvest_models
+from sprinter_train.models.body import body, head_logits
+from sprinter_train.models.forward import load_harvest_models
 from sprinter_train.models.lean import packs
 from sprinter_train.models.packed import PackedLinear, pack_linears
 from sprinter_train.models.tiny import build_tiny_model

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from sprinter_train.core.finite import FLOAT16_MAX
 from sprinter_train.core.io import write_json
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.prompts import Prompt
@@ -23,7 +24,7 @@ from sprinter_train.decoding.state import DecodeStats, DraftStep
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import MIXES
 from sprinter_train.harvest.reader import open_records
-from sprinter_train.harvest.records import FLOAT16_MAX, RecordBatch, token_statistics
+from sprinter_train.harvest.records import RecordBatch, token_statistics
 from sprinter_train.harvest.shards import ShardPlan, write_shard
 from sprinter_train.models.loading import load_model
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path

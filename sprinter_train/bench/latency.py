@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from sprinter_train.bench.provenance import busy_cores, load_average, ran_under_load
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.runtime import synchronize
@@ -68,6 +67,8 @@ class LatencyProfile:
     def measured_under_load(self) -> bool:
         """Taken beside other work (load above the core count), or with no load recorded:
         such timings pick the wrong gamma on a quiet machine, so they are never reused."""
+        from sprinter_train.bench.provenance import ran_under_load  # see `profile_models`
+
         if not self.load_average:
             return True
         load = self.load_average
@@ -164,7 +165,12 @@ class LatencyProfile:
     @classmethod
     def load(cls, path: Path) -> LatencyProfile:
         """A saved profile; one written before batch sizes were profiled loads as batch 1 only."""
-        data = read_json(path)
+        return cls.from_json(read_json(path))
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> LatencyProfile:
+        """The profile a latency.json holds (its JSON object, keys as strings)."""
+        data = dict(payload)
         data["target_ms"] = {int(k): float(v) for k, v in data["target_ms"].items()}
         data["batch_target_ms"] = {
             int(b): {int(k): float(v) for k, v in per.items()}
@@ -231,7 +237,13 @@ def profile_models(
     device: torch.device,
     batch_sizes: Sequence[int] = (1,),
 ) -> LatencyProfile:
-    """Measure the profile at batch 1 and at every one of `batch_sizes`."""
+    """Measure the profile at batch 1 and at every one of `batch_sizes`.
+
+    Provenance's machine readings are imported here, not at the top: an export folder copies
+    this module to read a profile (stage=export), and provenance's imports (omegaconf, the
+    harvest's) are not among the folder's requirements."""
+    from sprinter_train.bench.provenance import busy_cores, load_average
+
     sizes_b = sorted({1, *(int(b) for b in batch_sizes)})
     models: dict[str, Any] = {"target": target, "draft": draft}
     sizes = {"target": list(range(1, gamma_max + 2)), "draft": [1]}

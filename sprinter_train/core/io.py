@@ -59,6 +59,10 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+class MissingInputError(FileNotFoundError):
+    """A stage's input does not exist; the message names the stage that makes it."""
+
+
 class CorruptInputError(ValueError):
     """An input file exists but is not what it should be; the message names the file and the
     stage that rewrites it."""

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from sprinter_train.core.finite import broken_rows, nonfinite_error
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.decoding.cache import RowCache
-from sprinter_train.models.forward import body, head_logits
+from sprinter_train.models.body import body, head_logits
 from sprinter_train.models.lean import LeanDraft, StaticKV, supports_lean
 
 NO_POSITION = 2**62  # the watch's "no broken logits seen"

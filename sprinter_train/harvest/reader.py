@@ -19,17 +19,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sprinter_train.core.io import corrupt_input, read_json_input
+from sprinter_train.core.io import MissingInputError, corrupt_input, read_json_input
 from sprinter_train.harvest.schema import HIDDEN_DTYPE
 from sprinter_train.harvest.shards import REDO, file_sha256, read_records, shard_files
 
 log = logging.getLogger(__name__)
 
 HARVEST_HINT = "make them with `python -m sprinter_train stage=harvest experiment={exp}`"
-
-
-class MissingInputError(FileNotFoundError):
-    """A stage's input does not exist; the message names the stage that makes it."""
 
 
 @dataclass

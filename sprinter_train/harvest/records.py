@@ -19,14 +19,13 @@ import numpy as np
 import torch
 
 from sprinter_train.core.distributions import acceptance_alpha, entropy
-from sprinter_train.core.finite import check_logits
+from sprinter_train.core.finite import as_record_half, check_logits
 from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.harvest.schema import NUMPY_DTYPES
-from sprinter_train.models.forward import HarvestModels, body, head_logits
-
-FLOAT16_MAX = float(np.finfo(np.float16).max)
+from sprinter_train.models.body import body, head_logits
+from sprinter_train.models.forward import HarvestModels
 
 
 def make_generator(seed: int, device: torch.device) -> torch.Generator:
@@ -34,11 +33,6 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     return generator
-
-
-def as_record_half(values: torch.Tensor) -> torch.Tensor:
-    """float16 as records store hidden states: clamped to float16's range first (no inf)."""
-    return values.float().clamp(-FLOAT16_MAX, FLOAT16_MAX).to(torch.float16)
 
 
 @dataclass

@@ -4,7 +4,8 @@ data travel inside custom_generate/exported_files.py as base64).
 
 export.json names the method, its settings, the files of its predictors and the models the
 export was made for; the predictors are stage=train's, stage=tables' and stage=bench's files,
-byte for byte.
+byte for byte, read by the package's own readers (the verifier's checkpoint, SV's table, the
+latency profile) as the bench reads them.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .predictors import Latency, Table, Verifier
+from safetensors.torch import load as load_safetensors
+
+from sprinter_train.bench.latency import LatencyProfile
+from sprinter_train.sv.table import SVTable
+from sprinter_train.verifier.checkpoint import VerifierCheckpoint, checkpoint_of
 
 MANIFEST = "export.json"
 FORMAT_VERSION = 1
+REMEDY = "export the folder again with `python -m sprinter_train stage=export`"
 
 
 @dataclass
@@ -51,21 +57,22 @@ class Bundle:
         name = self.manifest["files"].get(key)
         return None if not name else self.files[name]
 
-    def verifier(self) -> Verifier | None:
+    def verifier(self) -> VerifierCheckpoint | None:
         weights, sidecar = self._file("verifier"), self._file("verifier_sidecar")
         if weights is None or sidecar is None:
             return None
-        return Verifier(weights, json.loads(sidecar))
+        path = Path(self.manifest["files"]["verifier"])
+        return checkpoint_of(load_safetensors(weights), json.loads(sidecar), path, REMEDY)
 
-    def table(self) -> Table | None:
+    def table(self) -> SVTable | None:
         payload = self._file("table")
         if payload is None:
             return None
-        return Table(json.loads(payload), self.manifest.get("table_binning"))
+        return SVTable.from_json(json.loads(payload), self.manifest.get("table_binning"))
 
-    def latency(self) -> Latency | None:
+    def latency(self) -> LatencyProfile | None:
         profile = self._file("latency")
-        return None if profile is None else Latency(json.loads(profile))
+        return None if profile is None else LatencyProfile.from_json(json.loads(profile))
 
     def arguments(self) -> dict[str, Any]:
         """The method's keyword arguments: its predictors and its settings."""
@@ -76,17 +83,3 @@ class Bundle:
         }
         found = {key: value for key, value in predictors.items() if value is not None}
         return {**found, **self.manifest["settings"]}
-
-
-def embedded_source(files: Mapping[str, bytes]) -> str:
-    """custom_generate/exported_files.py for these files (export.json among them)."""
-    lines = [
-        '"""The export folder\'s files, base64: transformers copies only Python files into its',
-        'module cache, so generate.py reads its predictors from here (written by stage=export)."""',
-        "",
-        "FILES = {",
-    ]
-    for name in sorted(files):
-        lines.append(f"    {name!r}: {base64.b64encode(files[name]).decode('ascii')!r},")
-    lines.append("}")
-    return "\n".join(lines) + "\n"

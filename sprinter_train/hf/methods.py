@@ -1,7 +1,12 @@
 """The exported methods as transformers `custom_generate` callables, and the entry of an
 export folder's custom_generate/generate.py.
 
-Each callable works three ways:
+Each callable is made by `make` from a `Spec`: the engine policy the bench runs for the method
+(conf/methods/<name>.yaml's `_target_`), its settings with their defaults (the yaml's; a test
+checks they agree) and the predictors it reads. A call loads the predictors with the
+package's own readers, builds the policy as the bench does (the verifier's scorer, SV's table
+on the device, the latency profile's target forward and drafting step) and has the engine
+decode the one sequence (prepare.py). Each callable works three ways:
 
 - `target.generate(**inputs, custom_generate=sprinter_train.hf.sv, draft_model=draft, ...)`:
   transformers prepares the call and hands the callable the predictors by name. It does not
@@ -14,28 +19,34 @@ Each callable works three ways:
   the draft (and companion) are the ones the export was made for and calls the callable with
   the folder's predictors and settings.
 
-Predictors may be given as objects (predictors.py) or paths: a verifier's .safetensors (its
-.json sidecar beside it), SV's sv_table.json, bench/latency.json. Defaults of the settings
-are conf/methods/<name>.yaml's (tests/test_hf_export.py checks they agree).
+Predictors may be given as objects (`VerifierCheckpoint`, `SVTable`, `LatencyProfile`) or
+paths: a verifier's .safetensors (its .json sidecar beside it), SV's sv_table.json,
+bench/latency.json. The profile is planned with as measured, so a call's drafting does not
+depend on its own timings (the bench corrects it by the run's forwards).
 """
 
 from __future__ import annotations
 
-import json
+import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import GenerationMixin
 
-from .bundle import Bundle
-from .identity import check_model
-from .predictors import Latency, Table, Verifier
-from .prepare import SpeculativeOutput, run
-from .rules import LearnedRule, SprinterRule, SVIPRule, SVRule
+from sprinter_train.bench.latency import LatencyProfile
+from sprinter_train.decoding.policies import SVIP, LearnedLength, SpecVerification, Sprinter
+from sprinter_train.hf.bundle import Bundle
+from sprinter_train.hf.identity import check_model
+from sprinter_train.hf.prepare import SpeculativeOutput, run
+from sprinter_train.sv.table import SVTable
+from sprinter_train.verifier.checkpoint import VerifierCheckpoint, load_verifier
+from sprinter_train.verifier.scorer import CheckpointVerifier
 
 Output = torch.Tensor | SpeculativeOutput
+PREPARED = ("input_ids", "logits_processor", "stopping_criteria", "generation_config")
 UNSUPPORTED_ARGUMENTS = (  # generate() arguments a callable custom_generate never receives
     "streamer",
     "prefix_allowed_tokens_fn",
@@ -44,268 +55,208 @@ UNSUPPORTED_ARGUMENTS = (  # generate() arguments a callable custom_generate nev
 )
 
 
-def load_verifier(verifier: Verifier | str | Path | None) -> Verifier:
-    if verifier is None:
-        raise ValueError("this method needs a verifier: pass verifier=<verifier-*.safetensors>")
-    if isinstance(verifier, Verifier):
-        return verifier
-    path = Path(verifier)
-    return Verifier(path.read_bytes(), json.loads(path.with_suffix(".json").read_text()))
+@dataclass(frozen=True)
+class Spec:
+    """One exported method: the policy class, the settings its callable takes (name ->
+    default), and what it reads besides the draft."""
+
+    name: str
+    policy: Callable[..., Any]
+    settings: dict[str, Any]
+    about: str
+    verifier: bool = False  # the verifier's calibrated score (and its hidden layer)
+    table: str | None = None  # SV's table with its companion: "required" or "optional"
+    latency: bool = False  # the latency profile's target forward and drafting step
+
+    def parameters(self) -> dict[str, Any]:
+        """The callable's keyword-only arguments and their defaults."""
+        own: dict[str, Any] = {"draft_model": None}
+        if self.verifier:
+            own["verifier"] = None
+        if self.table:
+            own |= {"companion_model": None, "table": None, "binning": None}
+        if self.latency:
+            own["latency"] = None
+        return own | self.settings
 
 
-def load_table(table: Table | str | Path | None, binning: str | None = None) -> Table:
-    if table is None:
-        raise ValueError("this method needs SV's table: pass table=<tables/sv_table.json>")
-    return (
-        table if isinstance(table, Table) else Table(json.loads(Path(table).read_text()), binning)
+SPECS = (
+    Spec(
+        "sprinter",
+        Sprinter,
+        {"tau": 0.5, "max_run": 16},
+        "SPRINTER Alg. 2 (lossy by design): the draft runs while the verifier's score is >= "
+        "tau; the target checks only the token the verifier rejects (kept with min(1, p/q), "
+        "else redrawn from norm(max(0, p - q))), so a run the verifier accepts costs no target "
+        "call.",
+        verifier=True,
+    ),
+    Spec(
+        "sd_learned",
+        LearnedLength,
+        {"max_gamma": 8},
+        "speculative sampling (lossless) whose drafting length the verifier chooses: the next "
+        "draft is drawn while the goodput estimated from its calibrated P(accept) and the "
+        "latency profile rises; every drawn draft is verified. With SV's table (and its "
+        "companion) the two acceptance estimates are averaged.",
+        verifier=True,
+        table="optional",
+        latency=True,
+    ),
+    Spec(
+        "svip",
+        SVIP,
+        {"h": 0.5, "c": 0.15, "max_gamma": 8, "warped_entropy": False},
+        "SVIP (lossless): draft until sqrt(c H_q) > h, H_q the draft's entropy; every drawn "
+        "draft is verified. Nothing learned: the folder holds only its settings.",
+    ),
+    Spec(
+        "sv",
+        SpecVerification,
+        {"max_gamma": 8},
+        "SV §5, exact (lossless): before each draft, its gain P(accept | S) times the product "
+        "of the refined acceptances P(accept | S, A) of the drafts before it, from SV's table; "
+        "draw while the goodput estimated with the latency profile rises. Needs the companion "
+        "model the table was fitted with.",
+        table="required",
+        latency=True,
+    ),
+)
+
+
+def make(spec: Spec) -> Callable[..., Output]:
+    """The `custom_generate` callable of a method (its signature names its own arguments,
+    which is how transformers knows what to hand it)."""
+    own_defaults = spec.parameters()
+
+    def method(
+        model: torch.nn.Module,
+        input_ids: torch.Tensor | None = None,
+        logits_processor: Any = None,
+        stopping_criteria: Any = None,
+        generation_config: Any = None,
+        **kwargs: Any,
+    ) -> Output:
+        own = {key: kwargs.pop(key, default) for key, default in own_defaults.items()}
+        if any(v is None for v in (logits_processor, stopping_criteria, generation_config)):
+            # called by the user (transformers always passes these three): let transformers
+            # prepare the call (config, lengths, stopping criteria); the draft may come as
+            # `assistant_model=` here
+            assistant = kwargs.pop("assistant_model", None)
+            if own["draft_model"] is None:
+                own["draft_model"] = assistant
+            return GenerationMixin.generate(
+                model,
+                input_ids,
+                custom_generate=method,
+                generation_config=generation_config,
+                logits_processor=logits_processor,
+                stopping_criteria=stopping_criteria,
+                **own,
+                **kwargs,
+            )
+        return speculate(spec, model, input_ids, generation_config, stopping_criteria, own, kwargs)
+
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    method.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("model", positional)]
+        + [inspect.Parameter(name, positional, default=None) for name in PREPARED]
+        + [inspect.Parameter(k, keyword, default=v) for k, v in own_defaults.items()]
+        + [inspect.Parameter("model_kwargs", inspect.Parameter.VAR_KEYWORD)]
     )
+    method.__name__ = method.__qualname__ = spec.name
+    method.__doc__ = spec.about
+    return method
 
 
-def load_latency(latency: Latency | str | Path | Mapping[str, Any] | None) -> Latency:
-    if latency is None:
-        raise ValueError("this method plans with a latency profile: pass latency=<latency.json>")
-    if isinstance(latency, Latency):
-        return latency
-    if isinstance(latency, Mapping):
-        return Latency(dict(latency))
-    return Latency(json.loads(Path(latency).read_text()))
-
-
-def _direct(*prepared: Any) -> bool:
-    """Called by the user rather than by transformers (which always passes these three)."""
-    return any(value is None for value in prepared)
-
-
-def _through_transformers(
-    method: Callable[..., Output],
+def speculate(
+    spec: Spec,
     model: torch.nn.Module,
-    input_ids: torch.Tensor | None,
+    input_ids: torch.Tensor,
+    config: Any,
+    stopping_criteria: Any,
     own: dict[str, Any],
     model_kwargs: dict[str, Any],
-    **prepared: Any,
 ) -> Output:
-    """Let transformers prepare the call (config, lengths, stopping criteria), then run; the
-    draft may come as `assistant_model=` here."""
-    assistant = model_kwargs.pop("assistant_model", None)
-    if own.get("draft_model") is None:
-        own["draft_model"] = assistant
-    return GenerationMixin.generate(
-        model, input_ids, custom_generate=method, **prepared, **own, **model_kwargs
-    )
-
-
-def _draft(draft_model: torch.nn.Module | None, name: str) -> torch.nn.Module:
-    if draft_model is None:
+    """Load the predictors, build the method's policy and run it on the engine."""
+    draft = own.pop("draft_model")
+    if draft is None:
         raise ValueError(
-            f"{name} needs the draft model: pass draft_model=<draft> (transformers does not "
+            f"{spec.name} needs the draft model: pass draft_model=<draft> (transformers does not "
             "hand assistant_model to a callable custom_generate; an export folder's "
             "generate.py takes assistant_model=)"
         )
-    return draft_model
-
-
-def sprinter(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor | None = None,
-    logits_processor: Any = None,
-    stopping_criteria: Any = None,
-    generation_config: Any = None,
-    *,
-    draft_model: torch.nn.Module | None = None,
-    verifier: Verifier | str | Path | None = None,
-    tau: float = 0.5,
-    max_run: int = 16,
-    **model_kwargs: Any,
-) -> Output:
-    """SPRINTER Alg. 2 (lossy by design): draft while the verifier's score >= tau, the target
-    checks only the token the verifier rejects."""
-    own = {"draft_model": draft_model, "verifier": verifier, "tau": tau, "max_run": max_run}
-    if _direct(logits_processor, stopping_criteria, generation_config):
-        return _through_transformers(
-            sprinter,
-            model,
-            input_ids,
-            own,
-            model_kwargs,
-            generation_config=generation_config,
-            logits_processor=logits_processor,
-            stopping_criteria=stopping_criteria,
-        )
-    draft = _draft(draft_model, "sprinter")
-    checked = load_verifier(verifier)
-    rule = SprinterRule(checked, float(tau), int(max_run), draft.get_input_embeddings())
+    inputs: dict[str, Any] = {}
+    fitted: dict[str, Any] = {}
+    if spec.verifier:
+        checkpoint = as_checkpoint(own.pop("verifier"))
+        inputs["verifier"] = CheckpointVerifier(checkpoint, draft)
+        fitted["hidden_layer"] = int(checkpoint.meta.get("hidden_layer", -1))
+        fitted["fitted_sampling"] = checkpoint.meta.get("sampling")
+    companion = None
+    if spec.table:
+        table, binning = own.pop("table"), own.pop("binning")
+        companion = own.pop("companion_model")
+        if table is None and spec.table == "required":
+            raise ValueError(f"{spec.name} needs SV's table: pass table=<tables/sv_table.json>")
+        if table is not None and companion is None:
+            raise ValueError(
+                f"{spec.name} with SV's table needs the companion model it was fitted with: "
+                "companion_model=<companion>"
+            )
+        device = next(model.parameters()).device
+        inputs["table"] = None if table is None else as_table(table, binning).on(device)
+        companion = None if table is None else companion
+    if spec.latency:
+        profile = as_profile(own.pop("latency"))
+        inputs["latency"] = profile.target_batch_s
+        # a step runs the companion too where the policy reads it (the bench's step cost)
+        inputs["step_cost"] = profile.draft_step_s if companion is not None else draft_step(profile)
+    settings = {key: type(default)(own.pop(key)) for key, default in spec.settings.items()}
+    policy = spec.policy(**inputs, **settings)
     return run(
         model,
-        input_ids,  # type: ignore[arg-type]
-        generation_config,
+        input_ids,
+        config,
         stopping_criteria,
         model_kwargs,
+        policy,
         draft,
-        rule,
-        hidden_layer=checked.hidden_layer,
-        fitted_sampling=checked.meta.get("sampling"),
+        companion,
+        **fitted,
     )
 
 
-def svip(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor | None = None,
-    logits_processor: Any = None,
-    stopping_criteria: Any = None,
-    generation_config: Any = None,
-    *,
-    draft_model: torch.nn.Module | None = None,
-    h: float = 0.5,
-    c: float = 0.15,
-    max_gamma: int = 8,
-    warped_entropy: bool = False,
-    **model_kwargs: Any,
-) -> Output:
-    """SVIP (lossless): draft until sqrt(c H_q) > h; nothing learned."""
-    own = {
-        "draft_model": draft_model,
-        "h": h,
-        "c": c,
-        "max_gamma": max_gamma,
-        "warped_entropy": warped_entropy,
-    }
-    if _direct(logits_processor, stopping_criteria, generation_config):
-        return _through_transformers(
-            svip,
-            model,
-            input_ids,
-            own,
-            model_kwargs,
-            generation_config=generation_config,
-            logits_processor=logits_processor,
-            stopping_criteria=stopping_criteria,
-        )
-    rule = SVIPRule(float(h), float(c), int(max_gamma), bool(warped_entropy))
-    draft = _draft(draft_model, "svip")
-    return run(model, input_ids, generation_config, stopping_criteria, model_kwargs, draft, rule)  # type: ignore[arg-type]
+def draft_step(profile: LatencyProfile) -> Callable[[int], float]:
+    """Seconds of a drafting step by batch size, the draft's forward alone."""
+    return lambda rows: profile.draft_batch_ms(rows) / 1e3
 
 
-def sv(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor | None = None,
-    logits_processor: Any = None,
-    stopping_criteria: Any = None,
-    generation_config: Any = None,
-    *,
-    draft_model: torch.nn.Module | None = None,
-    companion_model: torch.nn.Module | None = None,
-    table: Table | str | Path | None = None,
-    binning: str | None = None,
-    latency: Latency | str | Path | Mapping[str, Any] | None = None,
-    max_gamma: int = 8,
-    **model_kwargs: Any,
-) -> Output:
-    """SV §5 exact (lossless): draw while the table's estimated goodput rises; needs the
-    companion model the table was fitted with."""
-    own = {
-        "draft_model": draft_model,
-        "companion_model": companion_model,
-        "table": table,
-        "binning": binning,
-        "latency": latency,
-        "max_gamma": max_gamma,
-    }
-    if _direct(logits_processor, stopping_criteria, generation_config):
-        return _through_transformers(
-            sv,
-            model,
-            input_ids,
-            own,
-            model_kwargs,
-            generation_config=generation_config,
-            logits_processor=logits_processor,
-            stopping_criteria=stopping_criteria,
-        )
-    if companion_model is None:
-        raise ValueError("sv needs the companion model its table was fitted with: companion_model=")
-    rule = SVRule(load_table(table, binning), load_latency(latency), int(max_gamma))
-    draft = _draft(draft_model, "sv")
-    return run(
-        model,
-        input_ids,  # type: ignore[arg-type]
-        generation_config,
-        stopping_criteria,
-        model_kwargs,
-        draft,
-        rule,
-        companion=companion_model,
-    )
+def as_checkpoint(verifier: VerifierCheckpoint | str | Path | None) -> VerifierCheckpoint:
+    if verifier is None:
+        raise ValueError("this method needs a verifier: pass verifier=<verifier-*.safetensors>")
+    return verifier if isinstance(verifier, VerifierCheckpoint) else load_verifier(verifier)
 
 
-def sd_learned(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor | None = None,
-    logits_processor: Any = None,
-    stopping_criteria: Any = None,
-    generation_config: Any = None,
-    *,
-    draft_model: torch.nn.Module | None = None,
-    verifier: Verifier | str | Path | None = None,
-    latency: Latency | str | Path | Mapping[str, Any] | None = None,
-    table: Table | str | Path | None = None,
-    binning: str | None = None,
-    companion_model: torch.nn.Module | None = None,
-    max_gamma: int = 8,
-    **model_kwargs: Any,
-) -> Output:
-    """sd_learned (lossless): draft while the goodput estimated from the verifier's calibrated
-    P(accept) rises; with a table (and its companion) the two estimates are averaged."""
-    own = {
-        "draft_model": draft_model,
-        "verifier": verifier,
-        "latency": latency,
-        "table": table,
-        "binning": binning,
-        "companion_model": companion_model,
-        "max_gamma": max_gamma,
-    }
-    if _direct(logits_processor, stopping_criteria, generation_config):
-        return _through_transformers(
-            sd_learned,
-            model,
-            input_ids,
-            own,
-            model_kwargs,
-            generation_config=generation_config,
-            logits_processor=logits_processor,
-            stopping_criteria=stopping_criteria,
-        )
-    if table is not None and companion_model is None:
-        raise ValueError("sd_learned with a table needs its companion model: companion_model=")
-    draft = _draft(draft_model, "sd_learned")
-    checked = load_verifier(verifier)
-    rule = LearnedRule(
-        checked,
-        load_latency(latency),
-        int(max_gamma),
-        None if table is None else load_table(table, binning),
-        draft.get_input_embeddings(),
-    )
-    return run(
-        model,
-        input_ids,  # type: ignore[arg-type]
-        generation_config,
-        stopping_criteria,
-        model_kwargs,
-        draft,
-        rule,
-        companion=companion_model if table is not None else None,
-        hidden_layer=checked.hidden_layer,
-        fitted_sampling=checked.meta.get("sampling"),
-    )
+def as_table(table: SVTable | str | Path, binning: str | None) -> SVTable:
+    return table if isinstance(table, SVTable) else SVTable.load(table, binning)
 
 
-METHODS: dict[str, Callable[..., Output]] = {
-    "sprinter": sprinter,
-    "sd_learned": sd_learned,
-    "svip": svip,
-    "sv": sv,
-}
+def as_profile(latency: LatencyProfile | str | Path | Mapping[str, Any] | None) -> LatencyProfile:
+    if latency is None:
+        raise ValueError("this method plans with a latency profile: pass latency=<latency.json>")
+    if isinstance(latency, LatencyProfile):
+        return latency
+    if isinstance(latency, Mapping):
+        return LatencyProfile.from_json(dict(latency))
+    return LatencyProfile.load(Path(latency))
+
+
+METHODS: dict[str, Callable[..., Output]] = {spec.name: make(spec) for spec in SPECS}
+sprinter, sd_learned, svip, sv = (
+    METHODS[name] for name in ("sprinter", "sd_learned", "svip", "sv")
+)
 
 
 def exported_generate(model: torch.nn.Module, files: Mapping[str, str], **kwargs: Any) -> Output:

@@ -1,10 +1,13 @@
-"""From what transformers' `generate` prepared to one run of the loop, and back to its output.
+"""From what transformers' `generate` prepared to one run of the engine, and back to its output.
 
 `generate(custom_generate=<callable>)` validates the arguments, merges them into a
 GenerationConfig (max_new_tokens -> max_length, EOS from the model's config, sampling) and
 builds the stopping criteria; the exported methods take those and refuse what their exactness
-or batch-1 loop cannot honour: more than one sequence, padding, logits processors other than
-temperature / top-k / top-p (they would change p and q unequally), beams, scores.
+or one-row run cannot honour: more than one sequence, padding, logits processors other than
+temperature / top-k / top-p (they would change p and q unequally), beams, scores. Then the
+engine (decoding/engine.py) decodes the one row with the method's policy, as the bench runs it,
+and transformers' stopping criteria are asked after each committed token, so a stop string
+ends the output where HF's own loop would.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import torch
 from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
-from .loop import Method, Pair, decode
-from .sampling import Sampling
-from .side import Side
+from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.state import DecodeStats, Policy
 
-NEUTRAL: dict[str, tuple[Any, ...]] = {  # settings the loop cannot honour, at their no-op values
+NEUTRAL: dict[str, tuple[Any, ...]] = {  # settings the engine cannot honour, at their no-op values
     "num_beams": (None, 1),
     "num_return_sequences": (None, 1),
     "min_length": (None, 0),
@@ -55,23 +59,25 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {  # settings the loop cannot honour, at t
 }
 IGNORED_MODEL_KWARGS = {"position_ids", "use_cache", "logits_to_keep", "cache_position"}
 # where generate hands over the KV cache it prepared: `cache` from transformers 5.24 on,
-# `past_key_values` before; the loop keeps its own caches, so an empty one changes nothing
+# `past_key_values` before; the engine keeps its own caches, so an empty one changes nothing
 CACHE_KWARGS = ("cache", "past_key_values")
+STATS = ("rounds", "drafted", "accepted", "verifier_accepted")  # what the output reports
+STATS += ("target_calls", "draft_calls", "companion_calls")  # forwards, as the engine counts
 
 
 @dataclass
 class SpeculativeOutput(ModelOutput):
-    """`return_dict_in_generate=True`: the sequences and the bench's counts of the run."""
+    """`return_dict_in_generate=True`: the sequences and the engine's counts of the run."""
 
     sequences: torch.LongTensor | None = None
     stats: dict[str, int] | None = None
 
 
-def sampling_of(config: GenerationConfig) -> Sampling:
+def sampling_of(config: GenerationConfig) -> SamplingConfig:
     """Greedy unless do_sample; else the config's temperature, top-k and top-p."""
     if not config.do_sample:
-        return Sampling(temperature=0.0)
-    return Sampling(
+        return SamplingConfig(temperature=0.0)
+    return SamplingConfig(
         float(config.temperature if config.temperature is not None else 1.0),
         int(config.top_k or 0),
         float(config.top_p if config.top_p is not None else 1.0),
@@ -79,7 +85,7 @@ def sampling_of(config: GenerationConfig) -> Sampling:
 
 
 def check_config(config: GenerationConfig) -> None:
-    """Refuse, by name, every setting the loop would otherwise ignore."""
+    """Refuse, by name, every setting the engine would otherwise ignore."""
     bad = [
         f"{name}={getattr(config, name, None)!r}"
         for name, neutral in NEUTRAL.items()
@@ -100,7 +106,7 @@ def eos_ids(config: GenerationConfig) -> set[int]:
 
 
 def check_inputs(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
-    """One unpadded sequence, a fresh cache, nothing the loop would silently drop."""
+    """One unpadded sequence, a fresh cache, nothing the engine would silently drop."""
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"the speculative methods decode one sequence at a time (batch size 1); got "
@@ -122,7 +128,7 @@ def check_inputs(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
         raise ValueError(f"unsupported generate arguments for the speculative methods: {unknown}")
 
 
-def warn_on_sampling(fitted: dict[str, Any] | None, sampling: Sampling) -> None:
+def warn_on_sampling(fitted: dict[str, Any] | None, sampling: SamplingConfig) -> None:
     """A predictor fitted under other sampling estimates the wrong acceptances: say so."""
     if fitted is None:
         return
@@ -143,13 +149,15 @@ def run(
     config: GenerationConfig,
     stopping_criteria: Callable[..., Any] | None,
     model_kwargs: dict[str, Any],
+    policy: Policy,
     draft: torch.nn.Module,
-    rule: Method,
     companion: torch.nn.Module | None = None,
     hidden_layer: int = -1,
     fitted_sampling: dict[str, Any] | None = None,
 ) -> torch.Tensor | SpeculativeOutput:
-    """Decode `input_ids` with `rule` and return what transformers' generate returns."""
+    """Decode `input_ids` with `policy` on the engine and return what transformers' generate
+    returns. The row's random stream is seeded from torch's generator, so `torch.manual_seed`
+    fixes a sampled output as it fixes HF's own."""
     check_inputs(input_ids, model_kwargs)
     check_config(config)
     sampling = sampling_of(config)
@@ -160,23 +168,50 @@ def run(
     else:
         budget = int(config.max_length) - len(prompt)
     models = [m for m in (model, draft, companion) if m is not None]
-    vocab = min(int(m.config.vocab_size) for m in models)
-    device = next(model.parameters()).device
-    pair = Pair(
-        Side(model, vocab, device),
-        Side(draft, vocab, device, hidden_layer),
-        None if companion is None else Side(companion, vocab, device),
+    vocab = min(int(m.config.vocab_size) for m in models)  # ids past it are padding
+    engine = Engine(
+        ModelRunner(model, vocab),
         sampling,
-        list(prompt),
-        budget,
+        draft=ModelRunner(draft, vocab, hidden_layer),
+        companion=None if companion is None else ModelRunner(companion, vocab),
     )
+    eos = eos_ids(config)
 
-    def stop(sequence: list[int]) -> bool:
-        ids = torch.tensor([sequence], device=input_ids.device)
+    def stop(tokens: list[int]) -> bool:
+        if tokens[-1] in eos:
+            return True
+        if stopping_criteria is None:
+            return False
+        ids = torch.tensor([tokens], device=input_ids.device)
         return bool(torch.as_tensor(stopping_criteria(ids, None)).all())
 
-    stats = decode(pair, rule, eos_ids(config), None if stopping_criteria is None else stop)
-    sequences = torch.tensor([pair.sequence], dtype=input_ids.dtype, device=input_ids.device)
+    seed = int(torch.randint(0, 2**62, ()))
+    tokens, stats = decode(engine, policy, prompt, budget, seed, stop)
+    sequences = torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)
     if config.return_dict_in_generate:
-        return SpeculativeOutput(sequences=sequences, stats=asdict(stats))
+        return SpeculativeOutput(sequences=sequences, stats={k: getattr(stats, k) for k in STATS})
     return sequences
+
+
+def decode(
+    engine: Engine,
+    policy: Policy,
+    prompt: list[int],
+    budget: int,
+    seed: int,
+    stop: Callable[[list[int]], bool],
+) -> tuple[list[int], DecodeStats]:
+    """One row through the engine's rounds (`Engine.generate`'s loop), its committed tokens cut
+    after the first at which `stop(tokens so far)` holds; the prompt and what it generated,
+    and the engine's counts."""
+    batch = engine.new_batch([prompt], budget, [seed])
+    row = batch.rows[0]
+    while not row.finished:
+        start = len(row.tokens)
+        engine.commit(batch, policy.round(engine, batch), policy)
+        for end in range(start + 1, len(row.tokens) + 1):
+            if stop(row.tokens[:end]):
+                del row.tokens[end:]
+                row.finished = True
+                break
+    return row.tokens, batch.stats

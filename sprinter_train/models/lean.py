@@ -257,7 +257,7 @@ class LeanDraft:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the block ids (rows, width) at `positions` to `kv`, whose slots `held`
         (rows, slots) marks; return the final normed hidden states and those of
-        `hidden_layer` (as `models.forward.body`: -1 the final, k >= 0 `hidden_states[k]`),
+        `hidden_layer` (as `models.body.body`: -1 the final, k >= 0 `hidden_states[k]`),
         both (rows, width, d)."""
         layers = self._weights()
         width = ids.shape[1]

@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sprinter_train.core.io import corrupt_input, read_json_input
-from sprinter_train.harvest.reader import MissingInputError
+from sprinter_train.core.io import MissingInputError, corrupt_input, read_json_input
 
 
 @dataclass(frozen=True)

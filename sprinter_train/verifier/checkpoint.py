@@ -19,8 +19,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from sprinter_train.core.io import atomic_write, corrupt_input, read_json_input, write_json
-from sprinter_train.harvest.reader import MissingInputError
+from sprinter_train.core.io import (
+    MissingInputError,
+    atomic_write,
+    corrupt_input,
+    read_json_input,
+    write_json,
+)
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.labels import ACCEPT_NAME, LABELS, Label
 from sprinter_train.verifier.labels import lam_name as lam_name  # the stages import it from here
@@ -138,11 +143,26 @@ def load_verifier(path: str | Path, experiment: str | None = None) -> VerifierCh
             f"{command}"
         )
     remedy = f"rewrite the verifier with {command}"
-    meta = read_json_input(sidecar, remedy, keys=("lam",))
+    meta = read_json_input(sidecar, remedy)
     try:
         tensors = load_file(str(path))
+    except (OSError, SafetensorError) as error:
+        raise corrupt_input(path, f"{type(error).__name__}: {error}", remedy) from error
+    return checkpoint_of(tensors, meta, path, remedy)
+
+
+def checkpoint_of(
+    tensors: dict[str, torch.Tensor], meta: dict[str, Any], path: Path, remedy: str
+) -> VerifierCheckpoint:
+    """The checkpoint of a verifier's tensors and sidecar, checked as `load_verifier` checks
+    a file's (an export folder reads them from the bytes it embeds); `path` and `remedy` name
+    the file and its fix in errors."""
+    sidecar = sidecar_path(path)
+    if "lam" not in meta:
+        raise corrupt_input(sidecar, "no lam", remedy)
+    try:
         weight, bias = tensors["weight"], tensors["bias"]
-    except (OSError, KeyError, SafetensorError) as error:
+    except KeyError as error:
         raise corrupt_input(path, f"{type(error).__name__}: {error}", remedy) from error
     features = meta.get("features", {"names": []})
     if not isinstance(features, dict) or "names" not in features:
