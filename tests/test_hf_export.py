@@ -45,6 +45,7 @@ from sprinter_train.decoding.policies import (
     Sprinter,
     TargetOnly,
 )
+from sprinter_train.decoding.registry import with_trait
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.hf.bundle import Bundle
@@ -372,7 +373,7 @@ def test_sampling_respects_max_new_tokens_and_eos(setup, method: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["svip", "sv", "sd_learned"])
+@pytest.mark.parametrize("method", ["svip", "sv", "sd_learned"])  # each lossless, exported
 def test_the_lossless_methods_keep_the_target_law(setup, method: str) -> None:
     """The first three tokens of 1,500 sampled runs of the loop generate calls, against the
     target's exact law (chi-square); the test has power: the counts reject the mixture halfway
@@ -561,10 +562,12 @@ def test_the_folder_holds_only_the_package_own_modules(setup, method: str) -> No
 
 
 def test_the_exported_policies_are_the_benchs(compose_cfg) -> None:
-    """Each callable builds the policy class conf/methods/<name>.yaml names for the bench."""
+    """Each callable builds the policy class conf/methods/<name>.yaml names for the bench,
+    and the methods with a callable are exactly those whose traits say they export."""
     cfg = compose_cfg("stage=export")
     for spec in SPECS:
         assert spec.policy is get_class(cfg.methods[spec.name]._target_), spec.name
+    assert set(hf.METHODS) == set(with_trait(cfg.methods, exports=True))
 
 
 def test_the_callables_defaults_are_conf_methods(compose_cfg) -> None:

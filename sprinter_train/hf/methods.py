@@ -37,7 +37,13 @@ import torch
 from transformers import GenerationMixin
 
 from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.decoding.policies import SVIP, LearnedLength, SpecVerification, Sprinter
+from sprinter_train.decoding.policies import (
+    SVIP,
+    LearnedLength,
+    Method,
+    SpecVerification,
+    Sprinter,
+)
 from sprinter_train.hf.bundle import Bundle
 from sprinter_train.hf.identity import check_model
 from sprinter_train.hf.prepare import SpeculativeOutput, run
@@ -58,15 +64,29 @@ UNSUPPORTED_ARGUMENTS = (  # generate() arguments a callable custom_generate nev
 @dataclass(frozen=True)
 class Spec:
     """One exported method: the policy class, the settings its callable takes (name ->
-    default), and what it reads besides the draft."""
+    default), and a line about it. What it reads besides the draft is what the class's
+    traits need (decoding/registry.py): a verifier, SV's table (required with a companion,
+    else optional) and the latency profile."""
 
     name: str
-    policy: Callable[..., Any]
+    policy: type[Method]
     settings: dict[str, Any]
     about: str
-    verifier: bool = False  # the verifier's calibrated score (and its hidden layer)
-    table: str | None = None  # SV's table with its companion: "required" or "optional"
-    latency: bool = False  # the latency profile's target forward and drafting step
+
+    @property
+    def verifier(self) -> bool:
+        return "verifier" in self.policy.traits.needs
+
+    @property
+    def table(self) -> str | None:
+        needs = self.policy.traits.needs
+        if "table" not in needs:
+            return None
+        return "required" if "companion" in needs else "optional"
+
+    @property
+    def latency(self) -> bool:
+        return "latency" in self.policy.traits.needs
 
     def parameters(self) -> dict[str, Any]:
         """The callable's keyword-only arguments and their defaults."""
@@ -89,7 +109,6 @@ SPECS = (
         "tau; the target checks only the token the verifier rejects (kept with min(1, p/q), "
         "else redrawn from norm(max(0, p - q))), so a run the verifier accepts costs no target "
         "call.",
-        verifier=True,
     ),
     Spec(
         "sd_learned",
@@ -99,9 +118,6 @@ SPECS = (
         "draft is drawn while the goodput estimated from its calibrated P(accept) and the "
         "latency profile rises; every drawn draft is verified. With SV's table (and its "
         "companion) the two acceptance estimates are averaged.",
-        verifier=True,
-        table="optional",
-        latency=True,
     ),
     Spec(
         "svip",
@@ -118,8 +134,6 @@ SPECS = (
         "of the refined acceptances P(accept | S, A) of the drafts before it, from SV's table; "
         "draw while the goodput estimated with the latency profile rises. Needs the companion "
         "model the table was fitted with.",
-        table="required",
-        latency=True,
     ),
 )
 

@@ -33,6 +33,7 @@ from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import VerifierMismatchError, method_verifier_path
 from sprinter_train.core.io import MissingInputError
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.registry import traits_of
 from sprinter_train.harvest.manifest import code_version, model_identity
 from sprinter_train.hf.bundle import FORMAT_VERSION, MANIFEST
 from sprinter_train.hf.folder import write_folder
@@ -44,8 +45,6 @@ from sprinter_train.verifier.checkpoint import load_verifier, sidecar_path
 log = logging.getLogger(__name__)
 
 PREDICTOR_ENTRIES = ("verifier", "table", "latency", "step_cost")  # not settings
-VERIFIED = ("sprinter", "sd_learned")
-PLANNED = ("sv", "sd_learned")  # plan with the latency profile
 
 
 @dataclass
@@ -73,17 +72,18 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if method not in cfg.methods:
         raise ValueError(f"export.method={method} has no conf/methods/{method}.yaml")
     node = cfg.methods[method]
+    needs = traits_of(node, method).needs
     out = Path(cfg.export.out_dir or Path(cfg.checkpoint_dir) / f"export-{method}")
     specs: dict[str, Any] = OmegaConf.to_container(cfg.models, resolve=True)  # type: ignore[assignment]
     draft = load_role(specs, "draft")
     contents, extra = Contents(), {}
-    if method in VERIFIED:
+    if "verifier" in needs:
         path = verifier_file(cfg, node)
         check_verifier_draft(path, cfg, draft)
         contents.add("verifier", path)
         contents.add("verifier_sidecar", sidecar_path(path))
     companion = None
-    if uses_table(cfg, method, node):
+    if uses_table(cfg, needs, node):
         if not specs.get("companion"):
             raise ValueError(f"{method} reads SV's table, which needs models.companion")
         path = Path(cfg.experiment_dir) / "tables" / "sv_table.json"
@@ -91,7 +91,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         extra["table_binning"] = table.binning.name
         contents.add("table", path)
         companion = load_role(specs, "companion")
-    if method in PLANNED:
+    if "latency" in needs:
         path = Path(cfg.experiment_dir) / "bench" / "latency.json"
         if not path.exists():
             raise MissingInputError(
@@ -156,12 +156,13 @@ def check_verifier_draft(path: Path, cfg: DictConfig, draft: LoadedModel) -> Non
         )
 
 
-def uses_table(cfg: DictConfig, method: str, node: DictConfig) -> bool:
-    """sv always; sd_learned when its config has a table and a companion is configured."""
-    if method == "sv":
+def uses_table(cfg: DictConfig, needs: frozenset[str], node: DictConfig) -> bool:
+    """A method that needs a companion always reads SV's table; one that may read a table
+    (sd_learned) when its config has one and a companion is configured."""
+    if "companion" in needs:
         return True
     table = node.get("table") if "table" in node else None
-    return method == "sd_learned" and table is not None and bool(cfg.models.get("companion"))
+    return "table" in needs and table is not None and bool(cfg.models.get("companion"))
 
 
 def settings_of(method: str, node: DictConfig) -> dict[str, Any]:

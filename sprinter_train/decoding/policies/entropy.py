@@ -9,8 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from sprinter_train.core import rules
-from sprinter_train.core.rules import adaedl_should_stop, svip_should_stop
+from sprinter_train.core.rules import adaedl_score, adaedl_should_stop, svip_score, svip_should_stop
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.base import Method, RecordScore, Traits, draft_round, verify
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted
@@ -34,7 +33,7 @@ def entropy_note(settings: Mapping[str, Any]) -> str:
 def svip_records(columns: Mapping[str, np.ndarray], settings: Mapping[str, Any]) -> np.ndarray:
     """SVIP's 1 - sqrt(c H_q): the svip policy stops when this falls below 1 - h."""
     entropy = np.asarray(columns["draft_entropy"], dtype=np.float64)
-    return rules.svip_score(entropy, float(settings["c"]))
+    return svip_score(entropy, float(settings["c"]))
 
 
 def svip_text(settings: Mapping[str, Any]) -> str:
@@ -44,7 +43,7 @@ def svip_text(settings: Mapping[str, Any]) -> str:
 def adaedl_records(columns: Mapping[str, np.ndarray], settings: Mapping[str, Any]) -> np.ndarray:
     """AdaEDL's 1 - sqrt(gamma H_q), the bound the adaedl policy stops on."""
     entropy = np.asarray(columns["draft_entropy"], dtype=np.float64)
-    return rules.adaedl_score(entropy, float(settings["gamma"]))
+    return adaedl_score(entropy, float(settings["gamma"]))
 
 
 def adaedl_text(settings: Mapping[str, Any]) -> str:
