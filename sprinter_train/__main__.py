@@ -17,8 +17,8 @@ import hydra
 from omegaconf import DictConfig
 
 from sprinter_train.core.interrupt import StageInterrupted, interruptible
-from sprinter_train.core.validation import validate_config
 from sprinter_train.stages import STAGES
+from sprinter_train.stages.settings import validate_config
 
 log = logging.getLogger("sprinter_train")
 

@@ -25,7 +25,7 @@ from sprinter_train.core.interrupt import StageInterrupted, note_completed
 from sprinter_train.core.io import CorruptInputError, write_json
 from sprinter_train.core.processes import pid_alive, start_time
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.core.validation import ConfigError, config_problems
+from sprinter_train.core.validation import ConfigError
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
@@ -38,6 +38,7 @@ from sprinter_train.models.forward import HarvestModels
 from sprinter_train.models.loading import VocabularyError, load_model
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.stages import train as train_stage
+from sprinter_train.stages.settings import config_problems
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from tests.decoding_helpers import FixedLogits

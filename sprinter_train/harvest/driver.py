@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from sprinter_train.core.io import write_json
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.core.validation import prompt_room
+from sprinter_train.core.validation import check, prompt_room, whole
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.harvest.continuations import HarvestSequence, build_sequences
 from sprinter_train.harvest.manifest import build_manifest, count_records, harvest_fingerprint
@@ -140,6 +140,21 @@ def harvest_prompts(
     joined = concat_batches(batches, hidden_dim(models))
     index = np.concatenate([rows_of[i] for i in range(len(prompts))] or [np.zeros(0, int)])
     return joined.take(index), [sequences[i] for i in range(len(prompts))]
+
+
+def harvest_problems(harvest: dict[str, Any]) -> list[str]:
+    """The `harvest` section's out-of-range batch sizes, one line each."""
+    problems: list[str] = []
+    for key in ("batch_size", "generation_batch_size", "statistics_rows"):
+        if key in harvest:
+            check(
+                problems,
+                f"harvest.{key}",
+                harvest[key],
+                lambda n: whole(n) and n >= 1,
+                "a whole number >= 1",
+            )
+    return problems
 
 
 def shared_rows_of(hcfg: dict[str, Any]) -> int:
