@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from sprinter_train.core.finite import broken_rows, nonfinite_error
+from sprinter_train.core.broken_logits import broken_rows, nonfinite_error
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.decoding.cache import RowCache
 from sprinter_train.models.forward import body, head_logits

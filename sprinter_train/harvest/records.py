@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sprinter_train.core.broken_logits import check_logits
 from sprinter_train.core.distributions import acceptance_alpha, entropy
-from sprinter_train.core.finite import check_logits
 from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import prompt_seed
