@@ -2,7 +2,7 @@
 
 The `draft` mix is the draft's law, the `target` and `interleaved` mixes the target's (the
 interleaved one by lossless speculative decoding, with tokens proposed by both models), also
-when a few target and interleaved rows share one call (harvest/shared_call.py).
+when a few target and interleaved rows share one call (decoding/shared_call.py).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import pytest
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
+from sprinter_train.decoding.shared_call import SharedTargetRounds
 from sprinter_train.harvest.continuations import (
     build_sequences,
     continuation_engine,
     generation_calls,
 )
-from sprinter_train.harvest.shared_call import SharedTargetRounds
 from sprinter_train.models.forward import HarvestModels
 from tests.decoding_helpers import chi_square_pvalue, exact_joint
 from tests.harvest_helpers import generating_models

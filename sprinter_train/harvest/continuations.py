@@ -7,7 +7,7 @@ target accepted with min(1, p/q) and target corrections drawn from norm(max(0, p
 
 The three generated mixes come from the batched decoding engine (the same loop the bench
 measures): target-only decoding of the draft or the target model, and speculative decoding
-with block size gamma; a few target and interleaved rows share one call (shared_call.py).
+with block size gamma; a few target and interleaved rows share one call (decoding/shared_call.py).
 Each row draws from its own stream keyed by its prompt's seed, so a sequence never depends
 on the batch or shard it was built in.
 """
@@ -24,9 +24,9 @@ from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.shared_call import SharedTargetRounds
 from sprinter_train.decoding.state import Policy
 from sprinter_train.harvest.mixes import prompt_seed
-from sprinter_train.harvest.shared_call import SharedTargetRounds
 from sprinter_train.models.forward import HarvestModels
 
 GENERATED_MIXES = ("draft", "target", "interleaved")
