@@ -34,8 +34,8 @@ from sprinter_train.distill.trainer import DistillState, load_checkpoint, save_c
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.harvest.records import harvest_batch
-from sprinter_train.models.forward import HarvestModels
 from sprinter_train.models.loading import VocabularyError, load_model
+from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.stages import train as train_stage
 from sprinter_train.stages.settings import config_problems
@@ -341,7 +341,7 @@ def test_a_harvest_batch_stops_on_nan_logits_naming_the_model_and_prompt() -> No
     target = load_model({"path": "tiny_random", "seed": 1}, "target", cpu, torch.float32)
     draft = load_model({"path": "tiny_random", "seed": 2}, "draft", cpu, torch.float32)
     draft.model.lm_head.weight.data[5] = NAN
-    models = HarvestModels(draft, target, None, 128, 2)
+    models = Roles(draft, target, None, 128, 2)
     prompt = Prompt("p-7", "tiny", "train", "abc", [1, 5, 6, 7], None)
     sequence = HarvestSequence(prompt, "original", [1, 5, 6, 7, 8, 9], 4, 6)
     with pytest.raises(FloatingPointError, match="draft model.*prompt p-7's token at position 4"):

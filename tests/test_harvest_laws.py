@@ -20,7 +20,7 @@ from sprinter_train.harvest.continuations import (
     continuation_engine,
     generation_calls,
 )
-from sprinter_train.models.forward import HarvestModels
+from sprinter_train.models.roles import Roles
 from tests.decoding_helpers import chi_square_pvalue, exact_joint
 from tests.harvest_helpers import generating_models
 
@@ -32,12 +32,12 @@ TOKENS = 3  # first tokens whose joint law is compared
 
 
 @pytest.fixture(scope="module")
-def models() -> HarvestModels:
+def models() -> Roles:
     """A tiny target and a draft that disagree often enough for the laws to tell apart."""
     return generating_models("llama", None)
 
 
-def first_tokens(models: HarvestModels, shared_rows: int) -> dict[str, Counter]:
+def first_tokens(models: Roles, shared_rows: int) -> dict[str, Counter]:
     """Counts of each mix's first TOKENS generated tokens over RUNS rows of PROMPT (rows
     differ by prompt id, hence by seed), built as the harvest builds them."""
     mixes = [("draft", "target", "interleaved")[i % 3] for i in range(3 * RUNS)]

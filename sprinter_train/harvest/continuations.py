@@ -27,7 +27,7 @@ from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.shared_call import SharedTargetRounds
 from sprinter_train.decoding.state import Policy
 from sprinter_train.harvest.mixes import prompt_seed
-from sprinter_train.models.forward import HarvestModels
+from sprinter_train.models.roles import Roles
 
 GENERATED_MIXES = ("draft", "target", "interleaved")
 
@@ -56,7 +56,7 @@ def original_sequence(
 
 
 def continuation_engine(
-    models: HarvestModels, mixes: Sequence[str], gamma: int, sampling: SamplingConfig
+    models: Roles, mixes: Sequence[str], gamma: int, sampling: SamplingConfig
 ) -> tuple[Engine, Policy]:
     """The engine and policy that generate rows of these mixes (one per row) in one call:
     target-only decoding of the mix's model, draft + target speculative decoding, or both
@@ -84,7 +84,7 @@ def continuation_engine(
 
 
 def generate_continuations(
-    models: HarvestModels,
+    models: Roles,
     prompts: Sequence[Prompt],
     mixes: Sequence[str],
     length: int,
@@ -114,7 +114,7 @@ def generation_calls(mixes: Sequence[str], shared_rows: int) -> list[list[int]]:
 
 
 def build_sequences(
-    models: HarvestModels,
+    models: Roles,
     prompts: Sequence[Prompt],
     mixes: Sequence[str],
     length: int,

@@ -38,7 +38,7 @@ from sprinter_train.harvest.shards import (
     shard_is_complete,
     write_shard,
 )
-from sprinter_train.models.forward import HarvestModels, load_harvest_models
+from sprinter_train.models.roles import Roles, load_roles
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class HarvestOptions:
 
 
 def harvest_prompts(
-    models: HarvestModels,
+    models: Roles,
     prompts: Sequence[Prompt],
     mixes: Sequence[str],
     options: HarvestOptions,
@@ -168,7 +168,7 @@ def shared_rows_of(hcfg: dict[str, Any]) -> int:
     return value
 
 
-def max_context(models: HarvestModels, reserve: int) -> int | None:
+def max_context(models: Roles, reserve: int) -> int | None:
     """Longest prompt that leaves `reserve` positions for the region in every model; a model
     too short for even that stops the harvest before any work."""
     contexts = {
@@ -216,7 +216,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
 
     # 1. models, tokenizer check (inside the loader), prompts, mixes, shard plan
     with fabric.rank_zero_first():  # a first GGUF load writes its cache once
-        models = load_harvest_models(cfg.models, device, dtype)
+        models = load_roles(cfg.models, device, dtype)
     prompts = load_prompts(
         data_cfg,
         models.tokenizer,
@@ -315,7 +315,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
 
 
 def _write_shards(
-    models: HarvestModels,
+    models: Roles,
     plans: list[ShardPlan],
     options: HarvestOptions,
     batch_sizes: tuple[int, int, int, int],

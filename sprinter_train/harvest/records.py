@@ -24,7 +24,8 @@ from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.harvest.schema import NUMPY_DTYPES
-from sprinter_train.models.forward import HarvestModels, body, head_logits
+from sprinter_train.models.forward import body, head_logits
+from sprinter_train.models.roles import Roles
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
@@ -125,7 +126,7 @@ def _warped(
 
 @torch.no_grad()
 def harvest_batch(
-    models: HarvestModels,
+    models: Roles,
     sequences: Sequence[HarvestSequence],
     sampling: SamplingConfig,
     hidden_layer: int,
@@ -227,12 +228,12 @@ def _groups(sequences: Sequence[HarvestSequence], rows: int) -> list[slice]:
     return groups
 
 
-def hidden_dim(models: HarvestModels) -> int:
+def hidden_dim(models: Roles) -> int:
     """Width of the recorded draft hidden state (every layer of a transformer has the same)."""
     return int(models.draft.model.config.hidden_size)
 
 
-def empty_batch(models: HarvestModels) -> RecordBatch:
+def empty_batch(models: Roles) -> RecordBatch:
     return concat_batches([], hidden_dim(models))
 
 

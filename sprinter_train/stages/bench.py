@@ -45,7 +45,8 @@ from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats
 from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.harvest.reader import open_records, verify_hashes
-from sprinter_train.models.forward import HarvestModels, load_harvest_models
+from sprinter_train.models.roles import Roles as HarvestModels
+from sprinter_train.models.roles import load_roles
 
 log = logging.getLogger(__name__)
 LAW_METHODS = ("sv", "sv_paper", "sd_learned")  # the rules whose first-token law is computed
@@ -229,7 +230,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     started = provenance.start(cfg, device, dtype)
-    models = load_harvest_models(cfg.models, device, dtype)
+    models = load_roles(cfg.models, device, dtype)
     tokenizer = models.tokenizer
     data_cfg = {**OmegaConf.to_container(cfg.data, resolve=True), "num_prompts": int(b.num_prompts)}
     prompts = load_prompts(data_cfg, tokenizer, split=b.split)
