@@ -270,6 +270,7 @@ def test_a_lock_outlives_its_holder_only_while_a_helper_runs(tmp_path, sleeper) 
         ("data.max_prompt_tokens=-5", "data.max_prompt_tokens", ">= 0"),
         ("harvest.statistics_rows=0", "harvest.statistics_rows", ">= 1"),
         ("harvest.generation_batch_size=2.5", "harvest.generation_batch_size", "whole"),
+        ("decoding.pack_every=0", "decoding.pack_every", ">= 1"),
     ],
 )
 def test_a_bad_setting_is_one_error_naming_it_and_nothing_is_written(

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from sprinter_train.core.validation import check, whole
+from sprinter_train.core.validation import check, check_whole
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,7 @@ def sampling_problems(sampling: dict[str, Any]) -> list[str]:
     if "top_p" in sampling:
         check(problems, "sampling.top_p", sampling["top_p"], lambda p: 0 < p <= 1, "0 < top_p <= 1")
     if sampling.get("top_k") is not None:
-        check(
-            problems,
-            "sampling.top_k",
-            sampling["top_k"],
-            lambda k: whole(k) and k >= 0,
-            "a whole number >= 0 (0: no top-k)",
-        )
+        check_whole(problems, "sampling.top_k", sampling["top_k"], 0, " (0: no top-k)")
     return problems
 
 

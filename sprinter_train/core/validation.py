@@ -41,6 +41,12 @@ def check(
         problems.append(f"{key}={value!r} is out of range: {allowed}")
 
 
+def check_whole(problems: list[str], key: str, value: Any, low: int, note: str = "") -> None:
+    """Add a line to `problems` unless `value` is a whole number >= `low` (`note` follows the
+    range in the line)."""
+    check(problems, key, value, lambda n: whole(n) and n >= low, f"a whole number >= {low}{note}")
+
+
 def positive_finite(x: float) -> bool:
     return math.isfinite(x) and x > 0
 

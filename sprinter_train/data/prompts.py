@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
-from sprinter_train.core.validation import check, whole
+from sprinter_train.core.validation import check_whole
 from sprinter_train.data.chat import chat_ids
 from sprinter_train.data.online import (
     OFFLINE_HINT,
@@ -184,13 +184,8 @@ def data_problems(data: dict[str, Any]) -> list[str]:
     """The `data` section's out-of-range settings, one line each."""
     problems: list[str] = []
     if data.get("max_prompt_tokens") is not None:
-        check(
-            problems,
-            "data.max_prompt_tokens",
-            data["max_prompt_tokens"],
-            lambda n: whole(n) and n >= 0,
-            "a whole number >= 0 (0 or null: no limit)",
-        )
+        value = data["max_prompt_tokens"]
+        check_whole(problems, "data.max_prompt_tokens", value, 0, " (0 or null: no limit)")
     return problems
 
 

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from sprinter_train.core.sampling import sampling_problems
 from sprinter_train.core.validation import SectionCheck, problems_in, raise_problems
 from sprinter_train.data.prompts import data_problems
+from sprinter_train.decoding.engine import decoding_problems
 from sprinter_train.harvest.driver import harvest_problems
 from sprinter_train.verifier.labels import train_problems
 
@@ -22,6 +23,7 @@ CHECKS: dict[str, SectionCheck] = {
     "train": train_problems,
     "data": data_problems,
     "harvest": harvest_problems,
+    "decoding": decoding_problems,
 }
 
 
