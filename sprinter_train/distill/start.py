@@ -29,19 +29,36 @@ log = logging.getLogger(__name__)
 CORPUS_KINDS = ("replies", "generated", "mix")
 
 
+def reply_shards(
+    cfg: DictConfig,
+    ccfg: dict,
+    teacher: LoadedModel,
+    folder: Path,
+    shard_sequences: int,
+    sequences: int | None = None,
+    split: str = "train",
+) -> list[Path]:
+    """Shards of `split`'s chat exchanges (`distill.corpus`'s shape): `sequences` of them, or
+    corpus.max_tokens' worth."""
+    seq_len = ccfg["seq_len"]
+    max_tokens = ccfg["max_tokens"] if sequences is None else seq_len * sequences
+    return build_corpus(
+        teacher.tokenizer,
+        folder,
+        seq_len,
+        shard_sequences,
+        max_tokens,
+        split_cfg=cfg.data,
+        split=split,
+        max_user_chars=ccfg["max_user_chars"],
+    )
+
+
 def training_text(cfg: DictConfig, dcfg: dict, teacher: LoadedModel, work: Path) -> list[Path]:
     """The shards training walks: ShareGPT's replies, the target's own sampled replies at the
     experiment's sampling (on-policy), or both in equal parts (`distill.corpus.source`)."""
     ccfg = dcfg["corpus"]
-    replies = build_corpus(
-        teacher.tokenizer,
-        work / "corpus",
-        ccfg["seq_len"],
-        ccfg["shard_sequences"],
-        ccfg["max_tokens"],
-        split_cfg=cfg.data,
-        max_user_chars=ccfg["max_user_chars"],
-    )
+    replies = reply_shards(cfg, ccfg, teacher, work / "corpus", ccfg["shard_sequences"])
     source = ccfg.get("source", "replies")
     if source not in CORPUS_KINDS:
         raise ValueError(f"distill.corpus.source={source!r}: expected one of {CORPUS_KINDS}")
@@ -69,17 +86,8 @@ def heldout_tokens(
     cfg: DictConfig, dcfg: dict, teacher: LoadedModel, work: Path, device: torch.device
 ) -> torch.Tensor:
     """(eval_sequences, seq_len) token ids of the test split's exchanges: held-out alpha."""
-    ccfg = dcfg["corpus"]
-    paths = build_corpus(
-        teacher.tokenizer,
-        work / "heldout",
-        ccfg["seq_len"],
-        dcfg["eval_sequences"],
-        ccfg["seq_len"] * dcfg["eval_sequences"],
-        split_cfg=cfg.data,
-        split="test",
-        max_user_chars=ccfg["max_user_chars"],
-    )
+    ccfg, sequences = dcfg["corpus"], dcfg["eval_sequences"]
+    paths = reply_shards(cfg, ccfg, teacher, work / "heldout", sequences, sequences, "test")
     return torch.from_numpy(load_npz(paths[0])["tokens"].astype(np.int64)).to(device)
 
 
