@@ -31,7 +31,7 @@ import transformers
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import set_threads
 from sprinter_train.data.prompts import load_prompts
-from sprinter_train.models.forward import load_harvest_models
+from sprinter_train.models.roles import load_roles
 
 
 def flat_verify(profile: dict) -> dict:
@@ -58,7 +58,7 @@ def main() -> int:
     cfg = compose_config("device=cpu", "dtype=float32", *args.overrides)
     threads = set_threads(cfg.get("num_threads"))
     export = json.loads((Path(args.folder) / "export.json").read_text())
-    models = load_harvest_models(cfg.models, torch.device("cpu"), torch.float32)
+    models = load_roles(cfg.models, torch.device("cpu"), torch.float32)
     target, draft = models.target.model, models.draft.model
     extra: dict = {}
     if args.flat_verify:

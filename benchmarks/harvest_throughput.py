@@ -41,12 +41,13 @@ from sprinter_train.harvest.driver import (
 from sprinter_train.harvest.mixes import assign_mixes
 from sprinter_train.harvest.records import pad_right
 from sprinter_train.harvest.shards import plan_shards, write_shard
-from sprinter_train.models.forward import HarvestModels, body, head_logits, load_harvest_models
+from sprinter_train.models.body import body, head_logits
+from sprinter_train.models.roles import Roles, load_roles
 
 
 @torch.no_grad()
 def target_teacher_forced(
-    models: HarvestModels,
+    models: Roles,
     sequences: list[HarvestSequence],
     batch_size: int,
     device: torch.device,
@@ -137,7 +138,7 @@ def main() -> None:
     dtype = resolve_dtype(cfg.dtype, device)
     hcfg = OmegaConf.to_container(cfg.harvest, resolve=True)
     options = HarvestOptions.from_cfg(hcfg, SamplingConfig.from_cfg(cfg.sampling))
-    models = load_harvest_models(cfg.models, device, dtype)
+    models = load_roles(cfg.models, device, dtype)
     prompts = load_prompts(
         cfg.data, models.tokenizer, options.split, max_context(models, options.positions_per_prompt)
     )

@@ -18,8 +18,8 @@ from omegaconf import DictConfig
 
 from sprinter_train.core.config import register_methods
 from sprinter_train.core.interrupt import StageInterrupted, interruptible
-from sprinter_train.core.validation import validate_config
 from sprinter_train.stages import STAGES
+from sprinter_train.stages.settings import validate_config
 
 log = logging.getLogger("sprinter_train")
 register_methods()  # before Hydra composes: cfg.methods holds every conf/methods/*.yaml

@@ -8,8 +8,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from sprinter_train.core.config import compose_config
-from sprinter_train.models.forward import HarvestModels
 from sprinter_train.models.loading import LoadedModel
+from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 
@@ -20,7 +20,7 @@ def tiny_gpt2() -> torch.nn.Module:
     return GPT2LMHeadModel(config).eval()
 
 
-def generating_models(family: str, eos_token_id: int | None) -> HarvestModels:
+def generating_models(family: str, eos_token_id: int | None) -> Roles:
     """A tiny draft and a target of `family` that disagree often (interleaved rows reject)."""
     if family == "llama":
         target = build_tiny_model({"num_hidden_layers": 2, "initializer_range": 0.2}, seed=5)
@@ -28,7 +28,7 @@ def generating_models(family: str, eos_token_id: int | None) -> HarvestModels:
         target = tiny_gpt2()
     draft = build_tiny_model({"num_hidden_layers": 1, "initializer_range": 0.2}, seed=6)
     tokenizer = build_tiny_tokenizer()
-    return HarvestModels(
+    return Roles(
         LoadedModel("draft", draft, tokenizer),
         LoadedModel("target", target, tokenizer),
         None,

@@ -122,17 +122,15 @@ def test_a_profile_saved_before_batch_sizes_loads_as_batch_one(tmp_path: Path) -
 def test_the_bench_reuses_a_profile_only_when_it_covers_the_run(compose_cfg, monkeypatch) -> None:
     import torch
 
-    from sprinter_train.models.forward import HarvestModels
     from sprinter_train.models.loading import LoadedModel
+    from sprinter_train.models.roles import Roles
     from sprinter_train.models.tiny import build_tiny_tokenizer
     from sprinter_train.stages import bench as stage
 
     tokenizer, cpu = build_tiny_tokenizer(), torch.device("cpu")
     model = build_tiny_model({"num_hidden_layers": 1}, seed=0)
     loaded = LoadedModel("tiny", model, tokenizer)
-    models = HarvestModels(
-        draft=loaded, target=loaded, companion=None, vocab_size=128, eos_token_id=None
-    )
+    models = Roles(draft=loaded, target=loaded, companion=None, vocab_size=128, eos_token_id=None)
     settings = ("bench.gamma_max=2", "bench.latency.reps=1", "bench.latency.context_tokens=8")
     cfg = compose_cfg("stage=bench", "experiment=lat", *settings)
     first = stage.latency_profile(cfg, models, cpu, [1, 2])
@@ -170,8 +168,8 @@ def test_a_profile_measured_under_load_is_measured_again(
 ) -> None:
     import torch
 
-    from sprinter_train.models.forward import HarvestModels
     from sprinter_train.models.loading import LoadedModel
+    from sprinter_train.models.roles import Roles
     from sprinter_train.stages import bench as bench_stage
 
     cfg = compose_cfg("bench.gamma_max=3")
@@ -183,7 +181,7 @@ def test_a_profile_measured_under_load_is_measured_again(
     monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
     model = build_tiny_model({}, seed=0)
     loaded = LoadedModel("tiny", model, None)
-    models = HarvestModels(loaded, loaded, None, 128, None)
+    models = Roles(loaded, loaded, None, 128, None)
     got = bench_stage.latency_profile(cfg, models, torch.device("cpu"), [1])
     assert (got is not fresh) == reused
     assert got.load_average == load if reused else got is fresh

@@ -19,8 +19,8 @@ from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.models.forward import HarvestModels
 from sprinter_train.models.loading import LoadedModel
+from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.stages import bench as stage
 
@@ -63,7 +63,7 @@ def test_no_batch_one_forward_is_no_agreement() -> None:
 def tiny():
     model = build_tiny_model({"num_hidden_layers": 1}, seed=0)
     loaded = LoadedModel("tiny", model, None)
-    models = HarvestModels(loaded, loaded, None, 128, None)
+    models = Roles(loaded, loaded, None, 128, None)
     engine = Engine(
         ModelRunner(model, 128), SamplingConfig(temperature=0), draft=ModelRunner(model, 128)
     )

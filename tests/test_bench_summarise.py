@@ -13,8 +13,8 @@ from sprinter_train.bench.runs import GroupRun
 from sprinter_train.bench.summary import summarise
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.state import DecodeStats
-from sprinter_train.models.forward import HarvestModels
 from sprinter_train.models.loading import LoadedModel
+from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 TOKENIZER = build_tiny_tokenizer()
@@ -31,9 +31,9 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def models() -> HarvestModels:
+def models() -> Roles:
     target = build_tiny_model({}, seed=0)
-    return HarvestModels(
+    return Roles(
         draft=LoadedModel("draft", target, TOKENIZER),
         target=LoadedModel("target", target, TOKENIZER),
         companion=None,

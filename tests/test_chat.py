@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from sprinter_train.bench.draft_exchanges import heldout_exchanges
 from sprinter_train.data.chat import chat_ids, reply_ids
 from sprinter_train.data.sharegpt import first_exchanges
 from sprinter_train.data.split import split_settings
 from sprinter_train.models.tiny import build_tiny_tokenizer
-from sprinter_train.stages.draft_eval import heldout_exchanges
 
 DATA = {"seed": 0, "val_fraction": 0.1, "test_fraction": 0.1}
 EVAL = {

@@ -338,3 +338,19 @@ def test_sv_drops_a_companion_that_does_not_pay_and_stays_exact(models) -> None:
     assert plan.rounds["3-4"]["prior"] > 4 * plan.rounds["3-4"]["companion"] > 0
     stats = results[0].stats
     assert stats.drafted > 0 and stats.companion_calls < stats.draft_calls / 4
+
+
+@pytest.mark.parametrize("pack_every", [1, 3])
+def test_the_tokens_do_not_depend_on_how_often_the_caches_are_packed(models, pack_every) -> None:
+    """decoding.pack_every sets the speed only: packing more or less often (here: every
+    round, every third, never within the run) moves no sampled token."""
+    rows = ragged_rows(6)
+    seeds = list(range(len(rows)))
+
+    def tokens(every: int) -> list[list[int]]:
+        engine = engine_for(models, SAMPLING)
+        engine.pack_every = every
+        results = engine.generate(rows, SpeculativeDecoding(gamma=3), 20, seeds)
+        return [r.tokens for r in results]
+
+    assert tokens(pack_every) == tokens(10**6)

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from sprinter_train.__main__ import run_stage
+from sprinter_train.bench.draft_exchanges import check_sources, heldout_exchanges, target_exchanges
 from sprinter_train.data.chat import chat_ids, reply_ids
 from sprinter_train.data.prompts import humaneval_json_path
 from sprinter_train.data.sharegpt import first_exchanges
 from sprinter_train.data.split import split_settings
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
-from sprinter_train.stages.draft_eval import check_sources, heldout_exchanges, target_exchanges
 
 DATA = {"seed": 0, "val_fraction": 0.1, "test_fraction": 0.1}
 EVAL = {

@@ -25,7 +25,7 @@ from sprinter_train.core.interrupt import StageInterrupted, note_completed
 from sprinter_train.core.io import CorruptInputError, write_json
 from sprinter_train.core.processes import pid_alive, start_time
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.core.validation import ConfigError, config_problems
+from sprinter_train.core.validation import ConfigError
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
@@ -34,10 +34,11 @@ from sprinter_train.distill.trainer import DistillState, load_checkpoint, save_c
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.harvest.records import harvest_batch
-from sprinter_train.models.forward import HarvestModels
 from sprinter_train.models.loading import VocabularyError, load_model
+from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.stages import train as train_stage
+from sprinter_train.stages.settings import config_problems
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from tests.decoding_helpers import FixedLogits
@@ -269,6 +270,7 @@ def test_a_lock_outlives_its_holder_only_while_a_helper_runs(tmp_path, sleeper) 
         ("data.max_prompt_tokens=-5", "data.max_prompt_tokens", ">= 0"),
         ("harvest.statistics_rows=0", "harvest.statistics_rows", ">= 1"),
         ("harvest.generation_batch_size=2.5", "harvest.generation_batch_size", "whole"),
+        ("decoding.pack_every=0", "decoding.pack_every", ">= 1"),
     ],
 )
 def test_a_bad_setting_is_one_error_naming_it_and_nothing_is_written(
@@ -340,7 +342,7 @@ def test_a_harvest_batch_stops_on_nan_logits_naming_the_model_and_prompt() -> No
     target = load_model({"path": "tiny_random", "seed": 1}, "target", cpu, torch.float32)
     draft = load_model({"path": "tiny_random", "seed": 2}, "draft", cpu, torch.float32)
     draft.model.lm_head.weight.data[5] = NAN
-    models = HarvestModels(draft, target, None, 128, 2)
+    models = Roles(draft, target, None, 128, 2)
     prompt = Prompt("p-7", "tiny", "train", "abc", [1, 5, 6, 7], None)
     sequence = HarvestSequence(prompt, "original", [1, 5, 6, 7, 8, 9], 4, 6)
     with pytest.raises(FloatingPointError, match="draft model.*prompt p-7's token at position 4"):

@@ -23,13 +23,13 @@ from sprinter_train.harvest.reader import open_records
 from sprinter_train.harvest.records import token_statistics
 from sprinter_train.harvest.schema import RECORD_SCHEMA, SEQUENCE_SCHEMA
 from sprinter_train.harvest.shards import ShardPlan, shard_is_complete
-from sprinter_train.models.forward import HarvestModels, load_harvest_models
 from sprinter_train.models.loading import (
     ModelLoadError,
     TokenizerMismatchError,
     load_model,
     looks_local,
 )
+from sprinter_train.models.roles import Roles, load_roles
 from tests.harvest_helpers import compose_at, generating_models
 
 
@@ -138,7 +138,7 @@ def test_mix_assignment_stays_within_one_prompt_of_its_quota(n: int) -> None:
 def test_random_rows_equal_a_one_sequence_recomputation(baseline) -> None:
     """q, p, S, A, beta, entropies and the hidden row, recomputed with plain model calls."""
     cfg, records, hidden, seqs = (baseline[k] for k in ("cfg", "records", "hidden", "seqs"))
-    models = load_harvest_models(cfg.models, torch.device("cpu"), torch.float32)
+    models = load_roles(cfg.models, torch.device("cpu"), torch.float32)
     sampling = SamplingConfig.from_cfg(cfg.sampling)
     rows = np.random.default_rng(0).choice(len(records), size=12, replace=False)
     for row in rows:
@@ -177,7 +177,7 @@ def test_hidden_layer_option_records_that_layer(tmp_path) -> None:
     cfg = compose_at(tmp_path, "data.num_prompts=2", "harvest.hidden_layer=0")
     run_stage(cfg)
     records, hidden, seqs = load_record_set(cfg)
-    models = load_harvest_models(cfg.models, torch.device("cpu"), torch.float32)
+    models = load_roles(cfg.models, torch.device("cpu"), torch.float32)
     rec = records.iloc[len(records) - 1]
     seq = seqs[seqs.prompt_id == rec.prompt_id].iloc[0]
     with torch.no_grad():
@@ -318,7 +318,7 @@ SEQ_SAMPLING = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95)
 
 
 def continuations(
-    models: HarvestModels, prompts, mixes, n: int = 8, shared_rows: int = 8
+    models: Roles, prompts, mixes, n: int = 8, shared_rows: int = 8
 ) -> list[list[int]]:
     built = build_sequences(models, prompts, mixes, n, n, 3, SEQ_SAMPLING, 0, shared_rows)
     return [seq.input_ids[seq.region_start : seq.region_end] for seq in built]

@@ -2,7 +2,7 @@
 
 The `draft` mix is the draft's law, the `target` and `interleaved` mixes the target's (the
 interleaved one by lossless speculative decoding, with tokens proposed by both models), also
-when a few target and interleaved rows share one call (harvest/shared_call.py).
+when a few target and interleaved rows share one call (decoding/shared_call.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import pytest
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
+from sprinter_train.decoding.shared_call import SharedTargetRounds
 from sprinter_train.harvest.continuations import (
     build_sequences,
     continuation_engine,
     generation_calls,
 )
-from sprinter_train.harvest.shared_call import SharedTargetRounds
-from sprinter_train.models.forward import HarvestModels
+from sprinter_train.models.roles import Roles
 from tests.decoding_helpers import chi_square_pvalue, exact_joint
 from tests.harvest_helpers import generating_models
 
@@ -32,12 +32,12 @@ TOKENS = 3  # first tokens whose joint law is compared
 
 
 @pytest.fixture(scope="module")
-def models() -> HarvestModels:
+def models() -> Roles:
     """A tiny target and a draft that disagree often enough for the laws to tell apart."""
     return generating_models("llama", None)
 
 
-def first_tokens(models: HarvestModels, shared_rows: int) -> dict[str, Counter]:
+def first_tokens(models: Roles, shared_rows: int) -> dict[str, Counter]:
     """Counts of each mix's first TOKENS generated tokens over RUNS rows of PROMPT (rows
     differ by prompt id, hence by seed), built as the harvest builds them."""
     mixes = [("draft", "target", "interleaved")[i % 3] for i in range(3 * RUNS)]

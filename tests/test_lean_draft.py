@@ -26,6 +26,7 @@ from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Round
 from sprinter_train.models import lean as lean_module
 from sprinter_train.models.lean import KVLayer, LeanDraft, StaticKV, packs, supports_lean
+from sprinter_train.models.roles import load_role
 from sprinter_train.models.student import SprinterDraftConfig, SprinterDraftForCausalLM
 from sprinter_train.models.tiny import TINY_DEFAULTS, build_tiny_model
 from tests.decoding_helpers import MemoRunner, chi_square_pvalue, exact_joint, feed_rows
@@ -85,6 +86,15 @@ def test_only_the_distilled_draft_runs_lean(draft) -> None:
     assert not supports_lean(plain) and ModelRunner(plain, VOCAB).lean is None
     with pytest.raises(ValueError, match="sprinter_draft"):
         LeanDraft(plain)
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_models_lean_draft_decides_whether_a_loaded_draft_runs_lean(allowed: bool) -> None:
+    spec = {"draft": {"path": "tiny_random", "config": {"head_vocab_size": HEAD}}}
+    loaded = load_role({**spec, "lean_draft": allowed}, "draft").model
+    assert supports_lean(loaded)
+    assert (ModelRunner(loaded, VOCAB).lean is not None) == allowed
+    assert ModelRunner(loaded, VOCAB, lean=True).lean is not None  # an explicit choice wins
 
 
 @pytest.mark.parametrize("hidden_layer", [-1, 0, 1, 2])

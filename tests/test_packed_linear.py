@@ -14,9 +14,9 @@ from torch.nn import functional as F
 from transformers import DynamicCache
 
 from sprinter_train.models.body import body, head_logits
-from sprinter_train.models.forward import load_harvest_models
 from sprinter_train.models.lean import packs
 from sprinter_train.models.packed import PackedLinear, pack_linears
+from sprinter_train.models.roles import load_roles
 from sprinter_train.models.tiny import build_tiny_model
 
 native_bf16 = pytest.mark.skipif(
@@ -200,7 +200,7 @@ def test_float32_and_linear_subclasses_stay_plain() -> None:
 @pytest.mark.parametrize("switch", [True, False])
 def test_harvest_models_follow_the_config_switch(compose_cfg, switch: bool) -> None:
     cfg = compose_cfg("models=tiny_random", f"models.pack_linear={switch}")
-    models = load_harvest_models(cfg.models, torch.device("cpu"), torch.bfloat16)
+    models = load_roles(cfg.models, torch.device("cpu"), torch.bfloat16)
     for loaded in models.all():
         kinds = {type(m) for m in loaded.model.modules() if isinstance(m, nn.Linear)}
         assert kinds == ({PackedLinear} if switch else {nn.Linear})

@@ -12,9 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.core.distributions import implied_speedup
+from sprinter_train.distill.output import model_card
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 from sprinter_train.stages import train as train_stage
-from sprinter_train.stages.distill import model_card
 from tests.distill_helpers import TINY_DISTILL
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from sprinter_train.core.finite import FLOAT16_MAX
+from sprinter_train.core.half import FLOAT16_MAX
 from sprinter_train.core.io import write_json
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.prompts import Prompt

@@ -19,7 +19,7 @@ from sprinter_train.bench.quality import rouge_l, target_perplexity
 from sprinter_train.bench.runs import GroupRun
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.state import DecodeStats
-from sprinter_train.models.forward import HarvestModels
+from sprinter_train.models.roles import Roles
 
 Runs = dict[str, list[GroupRun]]  # method -> its groups, in prompt order
 
@@ -155,7 +155,7 @@ def summarise_batch(runs: Runs, tokenizer) -> dict[str, dict[str, Any]]:
     return methods
 
 
-def make_judge(jcfg: Any, models: HarvestModels) -> Judge | None:
+def make_judge(jcfg: Any, models: Roles) -> Judge | None:
     """The win-tie judge only when asked for: `endpoint` set, or `local` naming the loaded
     model that judges (target or draft); a small local model calls nearly every pair a tie
     and costs a forward per pair and order, so it is never a default."""
@@ -170,7 +170,7 @@ def make_judge(jcfg: Any, models: HarvestModels) -> Judge | None:
     return build_judge(dict(jcfg), loaded.model, loaded.tokenizer)
 
 
-def summarise(runs: Runs, models: HarvestModels, tokenizer, cfg: DictConfig) -> dict[str, Any]:
+def summarise(runs: Runs, models: Roles, tokenizer, cfg: DictConfig) -> dict[str, Any]:
     """Per method on the batch-1 run: speed, calls, acceptance, and quality (ROUGE-L, target
     perplexity, energy, win-tie)."""
     text = texts(runs, tokenizer)

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
 from sprinter_train.core.streams import RowStreams
+from sprinter_train.core.validation import check_whole
 from sprinter_train.decoding.runner import ModelRunner, RowOutput
 from sprinter_train.decoding.state import (
     Batch,
@@ -37,11 +39,21 @@ from sprinter_train.decoding.state import (
 )
 
 ROLES = ("target", "draft", "companion")
-PACK_EVERY = 8  # rounds between squeezing empty slots out of the caches
+PACK_EVERY = 8  # decoding.pack_every's default: rounds between squeezing empty cache slots out
+
+
+def decoding_problems(decoding: dict[str, Any]) -> list[str]:
+    """The `decoding` section's out-of-range settings, one line each."""
+    problems: list[str] = []
+    if "pack_every" in decoding:
+        check_whole(problems, "decoding.pack_every", decoding["pack_every"], 1)
+    return problems
 
 
 class Engine:
-    """Target, optional draft and companion, one sampling for all of them."""
+    """Target, optional draft and companion, one sampling for all of them. Every
+    `pack_every` rounds the caches squeeze out the empty slots that rejected drafts and
+    finished rows leave (the tokens do not depend on it)."""
 
     def __init__(
         self,
@@ -50,11 +62,13 @@ class Engine:
         draft: ModelRunner | None = None,
         companion: ModelRunner | None = None,
         eos_token_id: int | None = None,
+        pack_every: int = PACK_EVERY,
     ) -> None:
         self.runners = {"target": target, "draft": draft, "companion": companion}
         self.target, self.draft, self.companion = target, draft, companion
         self.sampling = sampling
         self.eos_token_id = eos_token_id
+        self.pack_every = pack_every
         self.device = target.device
         self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None  # see `any`
         self._shared_head: bool | None = None  # see `_companion_on_draft_head`
@@ -295,7 +309,7 @@ class Engine:
             batch.streams = batch.streams.select(index)
             batch.rows = [batch.rows[r] for r in live]
             batch.held = {role: [h[r] for r in live] for role, h in batch.held.items()}
-        if batch.stats.rounds % PACK_EVERY == 0:
+        if batch.stats.rounds % self.pack_every == 0:
             for role, cache in batch.caches.items():
                 cache.pack(max(batch.held[role]), min(batch.held[role]))
 

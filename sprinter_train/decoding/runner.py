@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from sprinter_train.core.finite import broken_rows, nonfinite_error
+from sprinter_train.core.broken_logits import broken_rows, nonfinite_error
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.decoding.cache import RowCache
 from sprinter_train.models.body import body, head_logits
-from sprinter_train.models.lean import LeanDraft, StaticKV, supports_lean
+from sprinter_train.models.lean import LeanDraft, StaticKV, uses_lean
 
 NO_POSITION = 2**62  # the watch's "no broken logits seen"
 
@@ -46,8 +46,9 @@ class ModelRunner:
     breakdown; on CUDA they are measured with events, read when the caller asks (no sync).
     Broken logits (NaN, +inf, no finite value) are watched on the device and reported by the
     engine once a round (`nonfinite_position`), so no step waits for the device.
-    `lean` (default: whenever `supports_lean`) runs the distilled draft's forwards through
-    `LeanDraft` over a `StaticKV`; prefills still go through the model's own forward.
+    `lean` (default: `uses_lean`, i.e. a model that supports it, unless loaded with
+    `models.lean_draft=false`) runs the distilled draft's forwards through `LeanDraft` over a
+    `StaticKV`; prefills still go through the model's own forward.
     """
 
     def __init__(
@@ -61,7 +62,7 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.hidden_layer = hidden_layer
         self.device = next(model.parameters()).device
-        use_lean = supports_lean(model) if lean is None else lean
+        use_lean = uses_lean(model) if lean is None else lean
         self.lean = LeanDraft(model) if use_lean else None
         self.support: torch.Tensor | None = None  # the head's ids on the shared vocabulary
         if self.lean is not None and self.lean.head_ids is not None:

@@ -7,7 +7,7 @@ target accepted with min(1, p/q) and target corrections drawn from norm(max(0, p
 
 The three generated mixes come from the batched decoding engine (the same loop the bench
 measures): target-only decoding of the draft or the target model, and speculative decoding
-with block size gamma; a few target and interleaved rows share one call (shared_call.py).
+with block size gamma; a few target and interleaved rows share one call (decoding/shared_call.py).
 Each row draws from its own stream keyed by its prompt's seed, so a sequence never depends
 on the batch or shard it was built in.
 """
@@ -21,13 +21,13 @@ from transformers import PreTrainedTokenizerBase
 
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.engine import PACK_EVERY, Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.shared_call import SharedTargetRounds
 from sprinter_train.decoding.state import Policy
 from sprinter_train.harvest.mixes import prompt_seed
-from sprinter_train.harvest.shared_call import SharedTargetRounds
-from sprinter_train.models.forward import HarvestModels
+from sprinter_train.models.roles import Roles
 
 GENERATED_MIXES = ("draft", "target", "interleaved")
 
@@ -56,7 +56,11 @@ def original_sequence(
 
 
 def continuation_engine(
-    models: HarvestModels, mixes: Sequence[str], gamma: int, sampling: SamplingConfig
+    models: Roles,
+    mixes: Sequence[str],
+    gamma: int,
+    sampling: SamplingConfig,
+    pack_every: int = PACK_EVERY,
 ) -> tuple[Engine, Policy]:
     """The engine and policy that generate rows of these mixes (one per row) in one call:
     target-only decoding of the mix's model, draft + target speculative decoding, or both
@@ -69,6 +73,7 @@ def continuation_engine(
             sampling,
             draft=ModelRunner(models.draft.model, vocab),
             eos_token_id=eos,
+            pack_every=pack_every,
         )
         if kinds == {"interleaved"}:
             return engine, SpeculativeDecoding(gamma)
@@ -80,23 +85,25 @@ def continuation_engine(
             "or target and interleaved together"
         )
     model = models.draft.model if kinds == {"draft"} else models.target.model
-    return Engine(ModelRunner(model, vocab), sampling, eos_token_id=eos), TargetOnly()
+    engine = Engine(ModelRunner(model, vocab), sampling, eos_token_id=eos, pack_every=pack_every)
+    return engine, TargetOnly()
 
 
 def generate_continuations(
-    models: HarvestModels,
+    models: Roles,
     prompts: Sequence[Prompt],
     mixes: Sequence[str],
     length: int,
     gamma: int,
     sampling: SamplingConfig,
     seed: int,
+    pack_every: int = PACK_EVERY,
 ) -> list[list[int]]:
     """At most `length` tokens after each prompt (row i of mix mixes[i]), ending at the first
     EOS: one batched `generate` call, row i seeded by its prompt
     (`prompt_seed(seed, id, "continuation")`, 63 bits: a non-negative int64 key of
     `RowStreams`)."""
-    engine, policy = continuation_engine(models, mixes, gamma, sampling)
+    engine, policy = continuation_engine(models, mixes, gamma, sampling, pack_every)
     seeds = [prompt_seed(seed, p.prompt_id, "continuation") for p in prompts]
     results = engine.generate([p.input_ids for p in prompts], policy, length, seeds)
     return [result.tokens for result in results]
@@ -114,7 +121,7 @@ def generation_calls(mixes: Sequence[str], shared_rows: int) -> list[list[int]]:
 
 
 def build_sequences(
-    models: HarvestModels,
+    models: Roles,
     prompts: Sequence[Prompt],
     mixes: Sequence[str],
     length: int,
@@ -123,10 +130,12 @@ def build_sequences(
     sampling: SamplingConfig,
     seed: int,
     shared_rows: int = 8,
+    pack_every: int = PACK_EVERY,
 ) -> list[HarvestSequence]:
     """The sequence of every prompt of one batch: `length` generated tokens, or the first
     `original_length` reference tokens. Each generated mix's rows are one engine call, or
-    the target and interleaved rows share one (`generation_calls`)."""
+    the target and interleaved rows share one (`generation_calls`); `pack_every`: the
+    engine's (speed only)."""
     continuations: dict[int, list[int]] = {}
     for rows in generation_calls(mixes, shared_rows):
         generated = generate_continuations(
@@ -137,6 +146,7 @@ def build_sequences(
             gamma,
             sampling,
             seed,
+            pack_every,
         )
         continuations.update(zip(rows, generated, strict=True))
     sequences = []

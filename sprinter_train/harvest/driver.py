@@ -25,8 +25,9 @@ from tqdm.auto import tqdm
 from sprinter_train.core.io import write_json
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.core.validation import prompt_room
+from sprinter_train.core.validation import check_whole, prompt_room
 from sprinter_train.data.prompts import Prompt, load_prompts
+from sprinter_train.decoding.engine import PACK_EVERY
 from sprinter_train.harvest.continuations import HarvestSequence, build_sequences
 from sprinter_train.harvest.manifest import build_manifest, count_records, harvest_fingerprint
 from sprinter_train.harvest.mixes import assign_mixes
@@ -38,7 +39,7 @@ from sprinter_train.harvest.shards import (
     shard_is_complete,
     write_shard,
 )
-from sprinter_train.models.forward import HarvestModels, load_harvest_models
+from sprinter_train.models.roles import Roles, load_roles
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class HarvestOptions:
 
 
 def harvest_prompts(
-    models: HarvestModels,
+    models: Roles,
     prompts: Sequence[Prompt],
     mixes: Sequence[str],
     options: HarvestOptions,
@@ -90,6 +91,7 @@ def harvest_prompts(
     generation_batch_size: int = 64,
     statistics_rows: int = 32,
     shared_generation_rows: int = 8,
+    pack_every: int = PACK_EVERY,
 ) -> tuple[RecordBatch, list[HarvestSequence]]:
     """Records of `prompts` in order: build the sequences, then one forward per model a batch.
 
@@ -98,7 +100,7 @@ def harvest_prompts(
     time (each mix one batched engine call: a decode step costs about the same for 2 rows as
     for 30 on a CPU; up to `shared_generation_rows` target and interleaved rows share one),
     then teacher-forced `batch_size` sequences at a time; per-prompt random streams keep the
-    records independent of all three.
+    records independent of all three (and of the engine's `pack_every`).
     """
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i].input_ids), i))
     built_of: dict[int, HarvestSequence] = {}
@@ -114,6 +116,7 @@ def harvest_prompts(
             options.sampling,
             options.seed,
             shared_generation_rows,
+            pack_every,
         )
         built_of.update(zip(chunk, built, strict=True))
     batches, sequences, rows_of, offset = [], {}, {}, 0
@@ -142,6 +145,15 @@ def harvest_prompts(
     return joined.take(index), [sequences[i] for i in range(len(prompts))]
 
 
+def harvest_problems(harvest: dict[str, Any]) -> list[str]:
+    """The `harvest` section's out-of-range batch sizes, one line each."""
+    problems: list[str] = []
+    for key in ("batch_size", "generation_batch_size", "statistics_rows"):
+        if key in harvest:
+            check_whole(problems, f"harvest.{key}", harvest[key], 1)
+    return problems
+
+
 def shared_rows_of(hcfg: dict[str, Any]) -> int:
     """harvest.shared_generation_rows, a whole number >= 0 (0: target and interleaved rows
     never share a generation call)."""
@@ -153,7 +165,7 @@ def shared_rows_of(hcfg: dict[str, Any]) -> int:
     return value
 
 
-def max_context(models: HarvestModels, reserve: int) -> int | None:
+def max_context(models: Roles, reserve: int) -> int | None:
     """Longest prompt that leaves `reserve` positions for the region in every model; a model
     too short for even that stops the harvest before any work."""
     contexts = {
@@ -201,7 +213,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
 
     # 1. models, tokenizer check (inside the loader), prompts, mixes, shard plan
     with fabric.rank_zero_first():  # a first GGUF load writes its cache once
-        models = load_harvest_models(cfg.models, device, dtype)
+        models = load_roles(cfg.models, device, dtype)
     prompts = load_prompts(
         data_cfg,
         models.tokenizer,
@@ -232,16 +244,18 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
         sum(len(p.prompts) for p in todo),
         len(mine) - len(todo),
     )
+    pace = {  # how fast, not what: none of these changes a record
+        "batch_size": int(hcfg["batch_size"]),
+        "generation_batch_size": int(hcfg["generation_batch_size"]),
+        "statistics_rows": int(hcfg["statistics_rows"]),
+        "shared_generation_rows": shared_rows_of(hcfg),
+        "pack_every": int(cfg.decoding.pack_every),
+    }
     rows = _write_shards(
         models,
         todo,
         options,
-        (
-            int(hcfg["batch_size"]),
-            int(hcfg["generation_batch_size"]),
-            int(hcfg["statistics_rows"]),
-            shared_rows_of(hcfg),
-        ),
+        pace,
         device,
         records_dir,
         fingerprint,
@@ -300,18 +314,17 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
 
 
 def _write_shards(
-    models: HarvestModels,
+    models: Roles,
     plans: list[ShardPlan],
     options: HarvestOptions,
-    batch_sizes: tuple[int, int, int, int],
+    pace: dict[str, int],
     device: torch.device,
     records_dir: Path,
     fingerprint: str,
     show: bool,
 ) -> int:
     """Harvest and write the given shards with a progress bar of prompts and records/s;
-    batch_sizes: (teacher-forced sequences, prompts generated together, records whose
-    statistics are computed together, target and interleaved rows sharing a call at most)."""
+    `pace`: harvest_prompts' batch sizes and the engine's pack_every."""
     progress = tqdm(
         total=sum(len(p.prompts) for p in plans), unit="prompt", desc="harvest", disable=not show
     )
@@ -328,16 +341,7 @@ def _write_shards(
     try:
         for plan in plans:
             batch, sequences = harvest_prompts(
-                models,
-                plan.prompts,
-                plan.mixes,
-                options,
-                batch_sizes[0],
-                device,
-                on_batch,
-                batch_sizes[1],
-                batch_sizes[2],
-                batch_sizes[3],
+                models, plan.prompts, plan.mixes, options, device=device, on_batch=on_batch, **pace
             )
             write_shard(records_dir, plan, batch, sequences, fingerprint)
     finally:

@@ -16,8 +16,8 @@ import torch
 import sprinter_train
 from sprinter_train.harvest.schema import HIDDEN_DTYPE, RECORD_SCHEMA, SCHEMA_VERSION
 from sprinter_train.harvest.shards import ShardPlan, read_records, shard_hashes
-from sprinter_train.models.forward import HarvestModels
 from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_path, tokenizer_hash
+from sprinter_train.models.roles import Roles
 
 
 def code_version() -> str:
@@ -75,7 +75,7 @@ def model_identity(loaded: LoadedModel) -> dict[str, Any]:
 
 
 def harvest_fingerprint(
-    models: HarvestModels,
+    models: Roles,
     settings: dict[str, Any],
     data_cfg: dict[str, Any],
     dtype: torch.dtype,
@@ -122,7 +122,7 @@ def count_records(records_dir: Path, plans: list[ShardPlan]) -> dict[str, Any]:
 def build_manifest(
     *,
     experiment: str,
-    models: HarvestModels,
+    models: Roles,
     settings: dict[str, Any],
     config: dict[str, Any],
     sampling: dict[str, Any],

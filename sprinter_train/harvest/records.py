@@ -18,14 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sprinter_train.core.broken_logits import check_logits
 from sprinter_train.core.distributions import acceptance_alpha, entropy
-from sprinter_train.core.finite import as_record_half, check_logits
+from sprinter_train.core.half import as_record_half
 from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.harvest.schema import NUMPY_DTYPES
 from sprinter_train.models.body import body, head_logits
-from sprinter_train.models.forward import HarvestModels
+from sprinter_train.models.roles import Roles
 
 
 def make_generator(seed: int, device: torch.device) -> torch.Generator:
@@ -119,7 +120,7 @@ def _warped(
 
 @torch.no_grad()
 def harvest_batch(
-    models: HarvestModels,
+    models: Roles,
     sequences: Sequence[HarvestSequence],
     sampling: SamplingConfig,
     hidden_layer: int,
@@ -221,12 +222,12 @@ def _groups(sequences: Sequence[HarvestSequence], rows: int) -> list[slice]:
     return groups
 
 
-def hidden_dim(models: HarvestModels) -> int:
+def hidden_dim(models: Roles) -> int:
     """Width of the recorded draft hidden state (every layer of a transformer has the same)."""
     return int(models.draft.model.config.hidden_size)
 
 
-def empty_batch(models: HarvestModels) -> RecordBatch:
+def empty_batch(models: Roles) -> RecordBatch:
     return concat_batches([], hidden_dim(models))
 
 

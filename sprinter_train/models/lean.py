@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 MIN_CAPACITY = 256  # slots a fresh buffer holds; it doubles when a block does not fit
+LEAN_ALLOWED = "sprinter_lean_allowed"  # the attribute `allow_lean` sets on a model
 
 
 def packs(weight: torch.Tensor) -> bool:
@@ -166,6 +167,18 @@ def supports_lean(model: nn.Module) -> bool:
         and getattr(config, "_attn_implementation", None) in (None, "sdpa", "eager")
         and getattr(model.get_output_embeddings(), "weight", None) is not None
     )
+
+
+def allow_lean(model: nn.Module, allowed: bool) -> None:
+    """Record `models.lean_draft` on a loaded model: False keeps its decoding forwards on its
+    own forward even where `supports_lean` holds."""
+    setattr(model, LEAN_ALLOWED, allowed)
+
+
+def uses_lean(model: nn.Module) -> bool:
+    """Whether a runner left to choose decodes this model through `LeanDraft`: it supports the
+    lean forward and its loader allowed it (models never marked are allowed)."""
+    return bool(getattr(model, LEAN_ALLOWED, True)) and supports_lean(model)
 
 
 @dataclass

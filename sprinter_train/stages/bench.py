@@ -46,7 +46,7 @@ from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats
 from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.harvest.reader import open_records, verify_hashes
-from sprinter_train.models.forward import HarvestModels, load_harvest_models
+from sprinter_train.models.roles import Roles, load_roles
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def output_dir(cfg: DictConfig) -> Path:
 
 
 def latency_profile(
-    cfg: DictConfig, models: HarvestModels, device: torch.device, batch_sizes: list[int]
+    cfg: DictConfig, models: Roles, device: torch.device, batch_sizes: list[int]
 ) -> LatencyProfile:
     """bench/latency.json when it was measured on this device and dtype, covers every batch
     size with 1..gamma_max + 1 tokens a row and was not measured under load (and
@@ -92,7 +92,7 @@ def latency_profile(
 
 
 def measure_profile(
-    cfg: DictConfig, models: HarvestModels, device: torch.device, batch_sizes: list[int]
+    cfg: DictConfig, models: Roles, device: torch.device, batch_sizes: list[int]
 ) -> LatencyProfile:
     """A new latency profile, saved as bench/latency.json."""
     lat = cfg.bench.latency
@@ -114,7 +114,7 @@ def measure_profile(
 def checked_profile(
     cfg: DictConfig,
     engine: Engine,
-    models: HarvestModels,
+    models: Roles,
     device: torch.device,
     batch_sizes: list[int],
     profile: LatencyProfile,
@@ -226,7 +226,7 @@ class Setup:
     latency profile and its check, the acceptance estimate, sd's gamma per batch size and
     the methods' plan."""
 
-    models: HarvestModels
+    models: Roles
     prompts: list[Prompt]
     engine: Engine
     device: torch.device
@@ -276,7 +276,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     """Load the models and prompts, build the engine, measure (or reuse and check) the
     latency profile, estimate alpha, choose sd's gamma per batch size and plan the methods."""
     b = cfg.bench
-    models = load_harvest_models(cfg.models, device, dtype)
+    models = load_roles(cfg.models, device, dtype)
     data_cfg = {**OmegaConf.to_container(cfg.data, resolve=True), "num_prompts": int(b.num_prompts)}
     prompts = load_prompts(data_cfg, models.tokenizer, split=b.split)
     if not prompts:
@@ -291,6 +291,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         if models.companion is not None
         else None,
         eos_token_id=models.eos_token_id,
+        pack_every=int(cfg.decoding.pack_every),
     )
     profile = latency_profile(cfg, models, device, batch_sizes)
     alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg)

@@ -26,7 +26,6 @@ from sprinter_train.evaluation.calibration import calibration_report
 from sprinter_train.evaluation.ceiling_report import ceiling_report
 from sprinter_train.evaluation.entropy_table import entropy_table
 from sprinter_train.evaluation.figures import make_plots
-from sprinter_train.evaluation.finite import finite
 from sprinter_train.evaluation.inputs import input_provenance, load_inputs, stale_input_notes
 from sprinter_train.evaluation.learning import summarise as summarise_learning
 from sprinter_train.evaluation.metrics import score_metrics
@@ -36,6 +35,7 @@ from sprinter_train.evaluation.scores import (
     predictor_scores,
     verifier_logits,
 )
+from sprinter_train.evaluation.strict_json import strict_json
 from sprinter_train.evaluation.sv_report import NO_TABLE_NOTE, information_report
 from sprinter_train.evaluation.theory_checks import check_verifiers
 from sprinter_train.evaluation.transfer import transfer_report
@@ -115,7 +115,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "code_version": code_version(),
     }
     notes.extend(stale_input_notes(report["inputs"]))
-    report = finite(report)
+    report = strict_json(report)
     write_json(out_dir / "report.json", report)
     (out_dir / "report.md").write_text(render_markdown(report))
     log.info("evaluate: AUC against q/p <= 1: %s", report["auc"])

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
@@ -38,7 +37,8 @@ from sprinter_train.harvest.manifest import code_version, model_identity
 from sprinter_train.hf.bundle import FORMAT_VERSION, MANIFEST
 from sprinter_train.hf.folder import write_folder
 from sprinter_train.hf.identity import model_identity as hf_identity
-from sprinter_train.models.loading import LoadedModel, describe_spec, load_model, resolve_path
+from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_path
+from sprinter_train.models.roles import load_role
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import load_verifier, sidecar_path
 
@@ -75,7 +75,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     needs = traits_of(node, method).needs
     out = Path(cfg.export.out_dir or Path(cfg.checkpoint_dir) / f"export-{method}")
     specs: dict[str, Any] = OmegaConf.to_container(cfg.models, resolve=True)  # type: ignore[assignment]
-    draft = load_role(specs, "draft")
+    draft = load_role(specs, "draft", pack_linear=False)  # float32 on the CPU: identity read
     contents, extra = Contents(), {}
     if "verifier" in needs:
         path = verifier_file(cfg, node)
@@ -90,7 +90,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         table = SVTable.load(path, OmegaConf.select(node, "table.binning"))  # names stage=tables
         extra["table_binning"] = table.binning.name
         contents.add("table", path)
-        companion = load_role(specs, "companion")
+        companion = load_role(specs, "companion", pack_linear=False)
     if "latency" in needs:
         path = Path(cfg.experiment_dir) / "bench" / "latency.json"
         if not path.exists():
@@ -122,11 +122,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     written = write_folder(out, files, manifest)
     log.info("export %s -> %s (%d files)", method, out, len(written))
     return {"export_dir": str(out), "method": method, "files": written}
-
-
-def load_role(specs: dict[str, Any], role: str) -> LoadedModel:
-    """The draft or companion of `models`, in float32 on the CPU (its identity is read)."""
-    return load_model(specs[role], role, torch.device("cpu"), torch.float32, specs.get("cache_dir"))
 
 
 def verifier_file(cfg: DictConfig, node: DictConfig) -> Path:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sprinter_train.core.finite import as_record_half
+from sprinter_train.core.half import as_record_half
 
 FEATURE_ORDER = ("hidden", "token_embedding", "q", "draft_entropy")
 DENSE = ("hidden", "token_embedding")  # float16 blocks, kept half precision in memory

@@ -9,8 +9,11 @@ length policy multiplies along a draft run. It has no λ. The records hold both 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from sprinter_train.core.validation import check, positive_finite
 
 LABELS = ("ratio", "accept_prob")
 ACCEPT_NAME = "accept"  # verifier-accept.safetensors, train/accept/, "verifier_accept"
@@ -74,3 +77,26 @@ class Label:
     def describe(self) -> str:
         """The target in words, for logs and errors."""
         return f"q/p <= {lam_name(self.threshold)}" if self.kind == "ratio" else "min(1, p/q)"
+
+
+def train_problems(train: dict[str, Any]) -> list[str]:
+    """The `train` section's out-of-range λ and label settings, one line each."""
+    problems: list[str] = []
+    if train.get("lam") is not None:
+        check(problems, "train.lam", train["lam"], positive_finite, "a finite number > 0")
+    elif "lams" in train:
+        lams = train["lams"]
+        if not isinstance(lams, list | tuple) or not lams:
+            problems.append(
+                f"train.lams={lams!r} is out of range: a non-empty list of finite numbers > 0 "
+                "(or set train.lam)"
+            )
+        else:
+            for i, lam in enumerate(lams):
+                check(problems, f"train.lams[{i}]", lam, positive_finite, "a finite number > 0")
+    if (train.get("label") or "ratio") not in LABELS:  # null: ratio, as before labels
+        problems.append(
+            f"train.label={train['label']!r} is out of range: ratio (q/p <= λ) or accept_prob "
+            "(soft min(1, p/q), no λ)"
+        )
+    return problems

@@ -1,12 +1,10 @@
 """Non-finite logits stop the run, naming the model and the position.
 
 A model that outputs NaN or +inf (a broken checkpoint, an fp16 overflow) used to decode
-garbage silently: greedy's argmax emitted token 0 every time, sampling died in an IndexError
+garbage silently: greedy's argmax emits token 0 every time, sampling dies in an IndexError
 far away. -inf alone is legitimate (a restricted head gives q = 0 outside its token set),
 so a distribution is broken when its largest logit is not finite: NaN and +inf propagate to
-the max, and an all--inf row has no token to emit. Values stored in float16 (the records'
-hidden states, the verifier's dense features) are clamped to its range first, so a large one
-stays finite (`as_record_half`).
+the max, and an all--inf row has no token to emit.
 """
 
 from __future__ import annotations
@@ -14,13 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-FLOAT16_MAX = float(torch.finfo(torch.float16).max)
-
-
-def as_record_half(values: torch.Tensor) -> torch.Tensor:
-    """float16 as records store hidden states: clamped to float16's range first (no inf)."""
-    return values.float().clamp(-FLOAT16_MAX, FLOAT16_MAX).to(torch.float16)
 
 
 class NonFiniteLogitsError(FloatingPointError):

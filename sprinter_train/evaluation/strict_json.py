@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 
 
-def finite(value: Any) -> Any:
+def strict_json(value: Any) -> Any:
     """NaN and infinities become None, recursively through dicts, lists and tuples."""
     if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
+        return {k: strict_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
+        return [strict_json(v) for v in value]
     if isinstance(value, (float, np.floating)):
         return float(value) if math.isfinite(value) else None
     if isinstance(value, np.integer):

@@ -5,7 +5,7 @@ for one (it streams the weights either way), so the target mix's 32 sequential f
 verify the interleaved rows' drafts too instead of the interleaved rows paying for their own.
 With many rows the forward is compute-bound and the target rows' padding to the drafts' width
 costs more than it saves, so the harvest shares a call only up to
-`harvest.shared_generation_rows` rows (continuations.build_sequences).
+`harvest.shared_generation_rows` rows (harvest.continuations.build_sequences).
 
 Each row keeps its own mix's round exactly: a target row drafts nothing and draws its token
 from p with one draw of its stream (TargetOnly's round); an interleaved row drafts up to gamma
