@@ -12,7 +12,8 @@ sends (committed tokens the caches lack, per-row limits) goes through pinned mem
 waiting. Policies whose drafting length adapts ask after each step whether any row still
 drafts; on CUDA that answer is read one step late (`any`), so the GPU is never waited on
 mid-round and at most one step runs with no row drafting. Times per model come from CUDA
-events, read once per generation.
+events, read once per generation. The engine owns the run's cost model (`timings`): it hands
+it every forward its runners timed, once a round, and policies price their rounds with it.
 """
 
 from __future__ import annotations
@@ -35,13 +36,16 @@ from sprinter_train.decoding.state import (
     Round,
     Row,
 )
+from sprinter_train.decoding.timings import Timings
 
 ROLES = ("target", "draft", "companion")
 PACK_EVERY = 8  # rounds between squeezing empty slots out of the caches
 
 
 class Engine:
-    """Target, optional draft and companion, one sampling for all of them."""
+    """Target, optional draft and companion, one sampling for all of them, and the cost model
+    of their forwards (`timings`; without one, a `Timings` that learns from the run but has no
+    priors yet: the bench sets its latency profile's)."""
 
     def __init__(
         self,
@@ -50,8 +54,10 @@ class Engine:
         draft: ModelRunner | None = None,
         companion: ModelRunner | None = None,
         eos_token_id: int | None = None,
+        timings: Timings | None = None,
     ) -> None:
         self.runners = {"target": target, "draft": draft, "companion": companion}
+        self.timings = Timings() if timings is None else timings
         self.target, self.draft, self.companion = target, draft, companion
         self.sampling = sampling
         self.eos_token_id = eos_token_id
@@ -170,8 +176,8 @@ class Engine:
         over the draft's head tokens when the companion's restricted head holds the same ones,
         else (B, V). SV's S and A read c only where q > 0, so the head's K values give them
         exactly, and the companion's step skips the scatter into V values and the warp over
-        them (on the offline pair that halved the companion's step); `DraftStep.on_space_of`
-        puts q on the same tokens."""
+        them, a large share of a small companion's step; `DraftStep.on_space_of` puts q on
+        the same tokens."""
         shared = self._companion_on_draft_head()
         out = self.draft_side(batch, "companion", rnd, active, restricted=shared)
         return self.warp(out.logits[:, 0])
@@ -316,10 +322,12 @@ class Engine:
         before = {role: self.runners[role].seconds for role in roles}
         start = time.perf_counter()
         while batch.rows and not all(row.finished for row in batch.rows):
+            self.timings.feed(self.runners)  # the earlier rounds' forwards, before planning
             self.commit(batch, policy.round(self, batch), policy)
         synchronize(self.device)
         wall = time.perf_counter() - start
         for role in roles:  # CUDA events are read here, after the clock stopped
             spent = self.runners[role].seconds - before[role]
             setattr(batch.stats, f"{role}_seconds", spent)
+        self.timings.feed(self.runners)  # every forward is done: none is left for later
         return [GenerationResult(row.generated, wall, batch.stats) for row in done]
