@@ -3,11 +3,11 @@
 The profile picks sd's gamma and is where the engine's timings start. One measured while
 other jobs shared the cores (which can make a step take several times its time) picks a gamma
 that is wrong once the machine is quiet, and the load average cannot tell a burst from a
-steady load. So the bench
-compares the profile with its own forwards: it decodes the warm-up prompt with sd and takes the
-median ratio of each batch-1 target forward's time to the profile's time at that width. Beyond
-`bench.latency.check_factor` either way, the profile is measured again; if it still disagrees,
-sd's gamma is not chosen from it (`bench.latency.unchecked_gamma`) and the results say so.
+steady load. So the bench compares the profile with its own forwards: it decodes the warm-up
+prompt with sd and takes the median ratio of each batch-1 target forward's time to the
+profile's time at that width. Beyond `bench.latency.check_factor` either way, the profile is
+measured again; if it still disagrees, sd's gamma is not chosen from it
+(`bench.latency.unchecked_gamma`) and the results say so.
 """
 
 from __future__ import annotations
