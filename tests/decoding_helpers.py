@@ -15,8 +15,10 @@ import numpy as np
 import torch
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
+from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.timings import StepCost, Timings
 from sprinter_train.models.tiny import build_tiny_model
 
 # the tiny-model decoding tests' prompts, samplings and law-test sizes
@@ -28,12 +30,37 @@ RUNS = 20000  # rows of the first prompt; the other prompts ride along as batch-
 BATCH = 1000
 
 
-def engine_for(models, sampling: SamplingConfig) -> Engine:
+def latency(batch_size: int, tokens: int) -> float:
+    """The tests' target forward: the same at every batch size (many rows are many B = 1)."""
+    return 1.0 + 0.1 * tokens
+
+
+def step_cost(batch_size: int) -> float:
+    return 0.05
+
+
+def fixed_timings(target=latency, step: StepCost = step_cost) -> Timings:
+    """A cost model that learns nothing: `target` the target's forward, `step` a whole
+    drafting step (priced as the draft's; the companion's is free)."""
+    return Timings(target, draft=step, companion=lambda batch_size: 0.0, learn=False)
+
+
+SV_PLAN = {"window": 256, "margin": 0.03, "warmup": 4, "probe_every": 16, "weight": 32.0}
+
+
+def companion_plan(prior_alpha: float | None, **settings: Any) -> CompanionPlan:
+    """sv's companion plan at conf/methods/sv.yaml's settings (SV_PLAN) but for `settings`."""
+    return CompanionPlan(prior_alpha, **{**SV_PLAN, **settings})
+
+
+def engine_for(models, sampling: SamplingConfig, timings: Timings | None = None) -> Engine:
+    """The trio's engine, pricing at `timings` (default: `fixed_timings()`)."""
     return Engine(
         ModelRunner(models["target"], VOCAB),
         sampling,
         draft=ModelRunner(models["draft"], VOCAB),
         companion=ModelRunner(models["companion"], VOCAB),
+        timings=fixed_timings() if timings is None else timings,
     )
 
 
@@ -200,12 +227,16 @@ def tiny_trio() -> dict[str, torch.nn.Module]:
     }
 
 
-def smallest_case_engine(sampling: SamplingConfig) -> Engine:
+def smallest_case_engine(sampling: SamplingConfig, timings: Timings | None = None) -> Engine:
     """p = q = (1/2, 1/2) and a companion c = (1, 0), on a two-token vocabulary: the case
     where the SV paper's rule emits token 0 with probability 3/4."""
     half, sure = FixedLogits([0.0, 0.0]), FixedLogits([0.0, float("-inf")])
     return Engine(
-        ModelRunner(half, 2), sampling, draft=ModelRunner(half, 2), companion=ModelRunner(sure, 2)
+        ModelRunner(half, 2),
+        sampling,
+        draft=ModelRunner(half, 2),
+        companion=ModelRunner(sure, 2),
+        timings=fixed_timings() if timings is None else timings,
     )
 
 

@@ -1,4 +1,4 @@
-"""The sd_learned tests' verifiers and latencies: real exported linear verifiers with seeded
+"""The sd_learned tests' verifiers and costs: real exported linear verifiers with seeded
 weights on tiny drafts, and LearnedLength policies reading them before and after the draw."""
 
 from __future__ import annotations
@@ -12,15 +12,7 @@ from sprinter_train.decoding.policies import LearnedLength
 from sprinter_train.verifier.checkpoint import LinearVerifier, VerifierCheckpoint
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.scorer import CheckpointVerifier
-from tests.decoding_helpers import ATable
-
-
-def latency(batch_size: int, tokens: int) -> float:
-    return 1.0 + 0.1 * tokens
-
-
-def step_cost(batch_size: int) -> float:
-    return 0.05
+from tests.decoding_helpers import ATable, latency, step_cost  # noqa: F401  (the tests' costs)
 
 
 def linear_verifier(draft: torch.nn.Module, names: list[str], scale: float) -> CheckpointVerifier:
@@ -41,7 +33,7 @@ def linear_verifier(draft: torch.nn.Module, names: list[str], scale: float) -> C
 def before_draw(models) -> LearnedLength:
     """The paper's input, the draft hidden state that produced q_j, with SV's table."""
     verifier = linear_verifier(models["draft"], ["hidden"], scale=2.0)
-    return LearnedLength(verifier, ATable(), latency, step_cost, max_gamma=4)
+    return LearnedLength(verifier, ATable(), max_gamma=4)
 
 
 def by_token(models) -> CheckpointVerifier:
@@ -50,4 +42,4 @@ def by_token(models) -> CheckpointVerifier:
 
 
 def after_draw(models) -> LearnedLength:
-    return LearnedLength(by_token(models), None, latency, step_cost, max_gamma=4)
+    return LearnedLength(by_token(models), None, max_gamma=4)

@@ -21,6 +21,7 @@ from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.registry import greedy_exact
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats
+from sprinter_train.decoding.timings import Timings
 from sprinter_train.models.tiny import build_tiny_model
 from tests.synthetic import write_synthetic_records
 
@@ -50,15 +51,14 @@ def test_groups_are_consecutive_and_the_last_may_be_short() -> None:
 
 def test_each_batch_size_gets_its_own_gamma(compose_cfg) -> None:
     cfg = compose_cfg("stage=bench", "bench.methods=[sd,svip,hf_assisted]")
-    profile = LatencyProfile({1: 30.0, 2: 31.0}, 3.0, None, 128, "cpu", "float32")
-    plan = plan_methods(cfg, profile, 4, build_tiny_model({}, seed=0), False)
+    plan = plan_methods(cfg, 4, build_tiny_model({}, seed=0), False)
     at_8 = at_batch_size(plan, cfg, 2)
     assert plan.policies["sd"].gamma == 4 and at_8.policies["sd"].gamma == 2
     assert at_8.settings["sd"]["gamma"] == 2 and plan.settings["sd"]["gamma"] == 4
     assert at_8.peers["hf_assisted"]["num_assistant_tokens"] == 2
     assert at_8.policies["svip"] is plan.policies["svip"]  # nothing auto: shared
     fixed = compose_cfg("stage=bench", "bench.methods=[sd]", "methods.sd.gamma=5")
-    plan = plan_methods(fixed, profile, 4, build_tiny_model({}, seed=0), False)
+    plan = plan_methods(fixed, 4, build_tiny_model({}, seed=0), False)
     assert at_batch_size(plan, fixed, 2).policies["sd"].gamma == 5
 
 
@@ -69,9 +69,12 @@ def test_a_rows_greedy_tokens_are_the_same_at_every_batch_size(compose_cfg) -> N
     profile = LatencyProfile({1: 30.0, 2: 31.0, 3: 33.0}, 3.0, None, 128, "cpu", "float32")
     target = build_tiny_model({}, seed=0)
     draft = build_tiny_model({"num_hidden_layers": 1}, seed=1)
-    plan = plan_methods(cfg, profile, 3, draft, False)
+    plan = plan_methods(cfg, 3, draft, False)
     engine = Engine(
-        ModelRunner(target, 128), SamplingConfig(temperature=0), draft=ModelRunner(draft, 128)
+        ModelRunner(target, 128),
+        SamplingConfig(temperature=0),
+        draft=ModelRunner(draft, 128),
+        timings=Timings(**profile.priors()),  # as the stage primes its engine's
     )
     lengths = (4, 9, 2, 6, 3)
     prompts = [

@@ -23,6 +23,7 @@ from tests.decoding_helpers import (
     ATable,
     ByA,
     chi_square_pvalue,
+    fixed_timings,
     noisy_copy,
     smallest_case_engine,
 )
@@ -32,13 +33,10 @@ SAMPLING = SamplingConfig(temperature=0.2)  # random tiny models are flat: sharp
 PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8]]
 
 
-def latency(batch_size: int, tokens: int) -> float:
-    return 1.0 + 0.1 * tokens  # the same at every batch size: a big batch of rows is many B = 1
-
-
 def policy(paper: bool, table) -> SpecVerification | SpecVerificationPaper:
+    """The rule, pricing at the engine's timings (the tests' `fixed_timings`)."""
     kind = SpecVerificationPaper if paper else SpecVerification
-    return kind(table, latency, lambda b: 0.05, max_gamma=4)
+    return kind(table, max_gamma=4)
 
 
 def test_the_law_formula_by_hand() -> None:
@@ -68,6 +66,7 @@ def engine() -> Engine:
         draft=ModelRunner(noisy_copy(target, 0.01, 1), VOCAB),
         # near enough to the draft that S and A spread over (0, 1): the rule's A matters
         companion=ModelRunner(noisy_copy(target, 0.03, 2), VOCAB),
+        timings=fixed_timings(),
     )
 
 
@@ -87,7 +86,7 @@ def test_the_paper_rules_law_matches_the_engines_samples(engine) -> None:
     rule = policy(True, ATable())
     laws = next_token_laws(engine, PROMPTS[:1])
     p, q, c = (laws[role][0].double() for role in ("target", "draft", "companion"))
-    law = first_token_law(p, q, keeps(rule, q.float(), c.float()))
+    law = first_token_law(p, q, keeps(rule, engine.timings, q.float(), c.float()))
     runs, batch = 20000, 2000
     counts: Counter = Counter()
     for start in range(0, runs, batch):

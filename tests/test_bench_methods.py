@@ -11,6 +11,7 @@ import torch
 from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import MethodPlan, plan_methods
+from sprinter_train.decoding.timings import Timings
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
 from sprinter_train.verifier.scorer import CheckpointVerifier
@@ -22,7 +23,7 @@ DRAFT = build_tiny_model({}, seed=0)
 
 
 def plan(cfg, companion: bool = True) -> MethodPlan:
-    return plan_methods(cfg, PROFILE, SD_GAMMA, DRAFT, companion)
+    return plan_methods(cfg, SD_GAMMA, DRAFT, companion)
 
 
 def test_overrides_of_cfg_methods_reach_the_policies(compose_cfg) -> None:
@@ -86,8 +87,9 @@ def test_sprinter_and_sv_get_the_artifacts_their_configs_name(compose_cfg, tmp_p
     expected |= {"calibration": None, "prior": None}  # an old sidecar: T = 1, no class balance
     assert result.settings["sprinter"]["verifier"] == expected
     sv = result.policies["sv"]
-    assert sv.latency(4, 3) == pytest.approx(PROFILE.target_batch_s(4, 3))
-    assert sv.step_cost(4) == pytest.approx(PROFILE.draft_step_s(4))
+    latency, step_cost = sv.costs(Timings(**PROFILE.priors()))  # the bench's engine's priors
+    assert latency(4, 3) == pytest.approx(PROFILE.target_batch_s(4, 3))
+    assert step_cost(4) == pytest.approx(PROFILE.draft_step_s(4))
     half = torch.tensor([0.5])
     assert 0.0 <= float(sv.table.lookup(half, half)) <= 1.0
     assert 0.0 <= float(sv.table.lookup_s(half)) <= 1.0

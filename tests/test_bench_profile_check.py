@@ -1,8 +1,9 @@
 """bench/profile_check.py and the bench's use of it: a latency profile that disagrees with the
 run's own forwards is measured again, and if it still disagrees it chooses no gamma.
 
-The run's forward times are fixed by patching the target runner's `forward_times` (no test
-reads the wall clock); the decode itself is real, on tiny models."""
+The run's forward times are fixed by patching the target runner's `forward_times`, which the
+engine's timings read (no test reads the wall clock); the decode itself is real, on tiny
+models."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from sprinter_train.bench.report import profile_warning
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.policies import TargetOnly
+from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.loading import LoadedModel
 from sprinter_train.models.roles import Roles
@@ -70,21 +71,13 @@ def tiny():
     return models, engine
 
 
-def test_check_profile_decodes_and_reads_only_its_own_forwards(tiny, monkeypatch) -> None:
+def test_check_profile_decodes_and_reads_only_its_own_forwards(tiny) -> None:
     _, engine = tiny
-    read: list[int] = []
-    real = engine.target.forward_times
-
-    def spy():
-        got = real()
-        read.append(len(got))
-        return got
-
-    monkeypatch.setattr(engine.target, "forward_times", spy)
-    engine.generate([[5, 6, 7]], TargetOnly(), 4)  # an earlier decode's forwards
+    batch = engine.new_batch([[5, 6, 7]], 4, [0])  # a round outside any generation: its
+    engine.commit(batch, TargetOnly().round(engine, batch))  # forward waits in the runner
     check = check_profile(engine, profile(), [5, 6, 7, 8], gamma=2, max_new_tokens=8, limit=2.0)
-    assert read[0] > 0  # the earlier decode's were dropped first
-    assert check.forwards == read[1] > 0  # then every batch-1 target forward of the decode
+    again = engine.generate([[5, 6, 7, 8]], SpeculativeDecoding(2), 8, [0])[0].stats  # greedy
+    assert check.forwards == again.target_calls > 0  # every target forward of the decode, only
 
 
 @pytest.mark.parametrize(

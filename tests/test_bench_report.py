@@ -10,8 +10,8 @@ import pytest
 from sprinter_train.bench.report import UNSUPPORTED, write_results
 from sprinter_train.bench.summary import acceptance
 from sprinter_train.core.io import read_json
-from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.state import DecodeStats
+from tests.decoding_helpers import companion_plan
 
 
 def test_acceptance_rates_count_the_targets_checks_only() -> None:
@@ -59,7 +59,7 @@ def test_results_md_says_how_often_sv_read_its_companion(tmp_path: Path) -> None
     results = hand_made_results()
     write_results(tmp_path, results)
     assert "read its companion" not in (tmp_path / "results.md").read_text()  # no plan ran
-    plan = CompanionPlan(0.5, margin=0.03, warmup=4, probe_every=8).record()
+    plan = companion_plan(0.5, margin=0.03, warmup=4, probe_every=8).record()
     plan["rounds_by_rows_and_mode"].update(
         {"3-4": {"companion": 5, "prior": 20, "companion (probe)": 3}, "1": {"prior": 7}}
     )

@@ -35,17 +35,23 @@ from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
 from sprinter_train.verifier.train import class_balance
-from tests.decoding_helpers import GREEDY, PROMPTS, SAMPLING, VOCAB, ATable, engine_for, tiny_trio
+from tests.decoding_helpers import (
+    GREEDY,
+    PROMPTS,
+    SAMPLING,
+    VOCAB,
+    ATable,
+    engine_for,
+    fixed_timings,
+    latency,
+    tiny_trio,
+)
 from tests.sd_learned_helpers import after_draw, before_draw
 from tests.synthetic import write_synthetic_records
 
 RIVALS = LearnedLength.traits.rivals
 TRAITS = {"sd_learned": as_record(LearnedLength.traits)}  # what results.json records of it
 D = TINY_DEFAULTS["hidden_size"]  # the tiny draft's hidden width: its verifier reads it
-
-
-def latency(batch_size: int, tokens: int) -> float:
-    return 1.0 + 0.1 * tokens
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +92,12 @@ def test_the_prior_is_the_train_splits_mean_label_and_skips_rounds_it_would_not_
     # goodput of no draft 1 / 1.1; of one draft at acceptance a, (1 + a) / (step + 1.2)
     low = 1.1 * (1 + verifier.prior) - 1.2
     step = (low + 1.0) / 2  # pays at a = 1, not at the prior
-    policy = LearnedLength(verifier, None, latency, lambda b: step, max_gamma=4)
-    assert not policy.worth_a_draft(1)
-    engine = engine_for(models, GREEDY)
+    policy = LearnedLength(verifier, None, max_gamma=4)
+    engine = engine_for(models, GREEDY, fixed_timings(latency, lambda b: step))
+    assert not policy.worth_a_draft(engine.timings, 1)
     assert engine.generate(PROMPTS, policy, 8)[0].stats.draft_calls == 0
     verifier.prior = None  # as an old sidecar leaves it
-    assert policy.worth_a_draft(1)
+    assert policy.worth_a_draft(engine.timings, 1)
     assert engine.generate(PROMPTS, policy, 8)[0].stats.draft_calls > 0
 
 
@@ -124,7 +130,8 @@ def test_sd_learned_is_at_distance_zero_whether_it_drafts_or_not(models, kind) -
     tv = first_token_tv(engine, policy, PROMPTS)
     assert len(tv) == len(PROMPTS) and max(tv) < 1e-6
     assert any(drafts_first(engine, policy, prompt) for prompt in PROMPTS)
-    dear = LearnedLength(policy.verifier, ATable(), latency, lambda b: 10.0, max_gamma=4)
+    dear = LearnedLength(policy.verifier, ATable(), max_gamma=4)
+    engine.timings = fixed_timings(latency, lambda b: 10.0)
     assert not any(drafts_first(engine, dear, prompt) for prompt in PROMPTS)
     assert max(first_token_tv(engine, dear, PROMPTS)) < 1e-6
 

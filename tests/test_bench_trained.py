@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import (
     VerifierMismatchError,
     plan_methods,
@@ -47,8 +46,7 @@ def save(cfg, **meta) -> Path:
 
 
 def plan(cfg, draft, identity=None):
-    profile = LatencyProfile({1: 30.0, 2: 31.0, 3: 33.0}, 3.0, None, 128, "cpu", "float32")
-    return plan_methods(cfg, profile, 2, draft, False, "cpu", draft_identity=identity)
+    return plan_methods(cfg, 2, draft, False, "cpu", draft_identity=identity)
 
 
 def test_the_drafts_runner_reads_the_layer_the_verifier_was_trained_on(bench_cfg) -> None:

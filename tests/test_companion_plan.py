@@ -6,6 +6,7 @@ import pytest
 
 from sprinter_train.decoding.companion_plan import MODES, CompanionPlan, band, band_label
 from sprinter_train.decoding.state import DecodeStats
+from tests.decoding_helpers import companion_plan
 
 
 class FakeBatch:
@@ -46,7 +47,7 @@ TOKENS = {"companion": 2, "prior": 3, "target": 1}  # tokens a round: prior 2.5/
 
 def test_warms_up_every_mode_then_keeps_the_fastest_and_probes_the_others() -> None:
     clock = Clock()
-    plan = CompanionPlan(0.5, window=64, margin=0.05, warmup=3, probe_every=8, clock=clock)
+    plan = companion_plan(0.5, window=64, margin=0.05, warmup=3, probe_every=8, clock=clock)
     modes = play(plan, FakeBatch(1), clock, 60, SLOW_COMPANION, TOKENS)
     # a mode's first round in a stretch is not timed: warmup + 1 rounds each
     assert modes[:12] == ["companion"] * 4 + ["prior"] * 4 + ["target"] * 4
@@ -59,19 +60,19 @@ def test_warms_up_every_mode_then_keeps_the_fastest_and_probes_the_others() -> N
 
 def test_keeps_its_mode_within_the_margin() -> None:
     clock = Clock()
-    plan = CompanionPlan(0.5, window=24, margin=0.10, warmup=2, probe_every=2, clock=clock)
+    plan = companion_plan(0.5, window=24, margin=0.10, warmup=2, probe_every=2, clock=clock)
     batch, seconds = FakeBatch(2), {m: 1.0 for m in MODES}
     play(plan, batch, clock, 10, seconds, {"companion": 2, "prior": 1.5, "target": 1})
-    assert plan._current[2] == "companion"
+    assert plan.arms.current[2] == "companion"
     # now the prior is 5% ahead (2.1 vs 2 tokens a second): not worth a switch at 10%
     play(plan, batch, clock, 40, seconds, {"companion": 2, "prior": 2.1, "target": 1})
     assert plan.speed["2"]["prior"] == pytest.approx(2.1 / 2)  # tokens a row
-    assert plan._current[2] == "companion" and plan.rounds["2"]["prior"] == 3  # its warm-up
+    assert plan.arms.current[2] == "companion" and plan.rounds["2"]["prior"] == 3  # its warm-up
 
 
 def test_target_rounds_win_where_drafting_does_not_pay() -> None:
     clock = Clock()
-    plan = CompanionPlan(0.5, window=64, margin=0.03, warmup=2, probe_every=0, clock=clock)
+    plan = companion_plan(0.5, window=64, margin=0.03, warmup=2, probe_every=0, clock=clock)
     seconds = {"companion": 3.0, "prior": 2.5, "target": 1.0}
     modes = play(plan, FakeBatch(8), clock, 20, seconds, {"companion": 2, "prior": 2, "target": 1})
     assert modes[9:] == ["target"] * 11
@@ -79,21 +80,21 @@ def test_target_rounds_win_where_drafting_does_not_pay() -> None:
 
 def test_switches_back_when_the_companion_pays() -> None:
     clock = Clock()
-    plan = CompanionPlan(0.5, window=24, margin=0.0, warmup=2, probe_every=3, clock=clock)
+    plan = companion_plan(0.5, window=24, margin=0.0, warmup=2, probe_every=3, clock=clock)
     batch = FakeBatch(1)
     play(plan, batch, clock, 15, {m: 1.0 for m in MODES}, {"companion": 1, "prior": 3, "target": 1})
-    assert plan._current[1] == "prior"
+    assert plan.arms.current[1] == "prior"
     modes = play(
         plan, batch, clock, 40, {m: 1.0 for m in MODES}, {"companion": 4, "prior": 1, "target": 1}
     )
-    assert modes[-8:].count("companion") >= 4 and plan._current[1] == "companion"
+    assert modes[-8:].count("companion") >= 4 and plan.arms.current[1] == "companion"
 
 
 def test_bands_of_live_rows_share_their_measurements() -> None:
     assert [band(rows) for rows in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
     assert [band_label(key) for key in (1, 2, 4, 8)] == ["1", "2", "3-4", "5-8"]
     clock = Clock()
-    plan = CompanionPlan(0.5, warmup=2, clock=clock)
+    plan = companion_plan(0.5, warmup=2, clock=clock)
     play(plan, FakeBatch(4), clock, 4, {m: 1.0 for m in MODES}, TOKENS)
     modes = play(plan, FakeBatch(3), clock, 3, {m: 1.0 for m in MODES}, TOKENS)
     assert modes[0] == "prior"  # rows 3 continue rows 4's warm-up
@@ -105,7 +106,7 @@ def test_speed_is_tokens_a_row_per_target_step_so_row_counts_compare() -> None:
     target step at its row count: both count as speed 1 (the rows and the step's time cancel),
     where tokens per second would rank the 4-row rounds a third ahead."""
     clock = Clock()
-    plan = CompanionPlan(0.5, warmup=2, probe_every=0, clock=clock)
+    plan = companion_plan(0.5, warmup=2, probe_every=0, clock=clock)
     steps = {4: 0.04, 3: 0.035}  # a one-token target forward's seconds at 4 and 3 rows
     for rows, mode in ((4, "companion"), (3, "prior")):  # each a generation of its own
         batch = FakeBatch(rows)
@@ -122,7 +123,7 @@ def test_speed_is_tokens_a_row_per_target_step_so_row_counts_compare() -> None:
 def test_a_modes_first_round_after_another_is_not_timed() -> None:
     """It pays its models' catch-up (here 10 s against 1 s): timing it would sink the mode."""
     clock = Clock()
-    plan = CompanionPlan(0.5, warmup=2, probe_every=0, clock=clock)
+    plan = companion_plan(0.5, warmup=2, probe_every=0, clock=clock)
     batch = FakeBatch(1)
     for _ in range(9):  # warm-up: three rounds of each mode, the first of each 10 s long
         plan.begin(batch, 1.0)
@@ -135,7 +136,7 @@ def test_a_modes_first_round_after_another_is_not_timed() -> None:
 
 def test_rounds_are_timed_within_one_generation_only() -> None:
     clock = Clock()
-    plan = CompanionPlan(0.5, warmup=1, clock=clock)
+    plan = companion_plan(0.5, warmup=1, clock=clock)
     first = FakeBatch(1)
     play(plan, first, clock, 1, {m: 1.0 for m in MODES}, TOKENS)
     clock.now += 50.0  # the next generation's prefill
@@ -148,7 +149,7 @@ def test_rounds_are_timed_within_one_generation_only() -> None:
 
 def test_a_round_that_was_not_committed_is_not_timed() -> None:
     clock = Clock()
-    plan = CompanionPlan(0.5, warmup=1, clock=clock)
+    plan = companion_plan(0.5, warmup=1, clock=clock)
     batch = FakeBatch(1)
     plan.begin(batch, 1.0)
     clock.now += 1.0
@@ -158,7 +159,7 @@ def test_a_round_that_was_not_committed_is_not_timed() -> None:
 
 def test_only_prior_rounds_feed_the_acceptance() -> None:
     clock = Clock()
-    plan = CompanionPlan(None, warmup=2, clock=clock)
+    plan = companion_plan(None, warmup=2, clock=clock)
     batch = FakeBatch(1)
     modes = []
     for _ in range(9):
@@ -178,4 +179,4 @@ def test_only_prior_rounds_feed_the_acceptance() -> None:
 )
 def test_rejects_settings_that_cannot_work(settings) -> None:
     with pytest.raises(ValueError, match="companion plan"):
-        CompanionPlan(0.5, **settings)
+        companion_plan(0.5, **settings)

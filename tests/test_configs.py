@@ -24,8 +24,6 @@ RUNTIME_STUBS = {  # what the bench passes for the entries a config cannot hold
     "planner": object(),
     "verifier": lambda engine, batch, rnd, step: 0.5,
     "table": object(),
-    "latency": lambda batch_size, tokens: 1.0 + 0.1 * tokens,
-    "step_cost": lambda batch_size: 0.1,
     "companion_plan": object(),
 }
 

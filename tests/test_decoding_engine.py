@@ -18,7 +18,7 @@ import torch
 from scipy.stats import binomtest
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
-from sprinter_train.decoding.companion_plan import MODES, CompanionPlan
+from sprinter_train.decoding.companion_plan import MODES
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (
     MTAD,
@@ -48,10 +48,12 @@ from tests.decoding_helpers import (
     MemoRunner,
     assert_target_law_with_power,
     chi_square_pvalue,
+    companion_plan,
     engine_for,
     enumerate_joint,
     exact_joint,
     first_tokens,
+    fixed_timings,
     ragged_rows,
     smallest_case_engine,
     tiny_trio,
@@ -65,7 +67,7 @@ def models() -> dict[str, torch.nn.Module]:
 
 def sv(paper: bool = False):
     kind = SpecVerificationPaper if paper else SpecVerification
-    return kind(ATable(), latency=lambda b, n: 1.0 + 0.1 * n, step_cost=lambda b: 0.05, max_gamma=4)
+    return kind(ATable(), max_gamma=4)
 
 
 def lossless_policies() -> list:
@@ -103,8 +105,8 @@ def test_the_smallest_case_sv_exact_and_the_paper_rule(batch_size: int) -> None:
     runs = 4000
     for paper, share in ((False, 0.5), (True, 0.75)):
         kind = SpecVerificationPaper if paper else SpecVerification
-        policy = kind(ByA(), lambda b, n: 1.0 + 0.1 * n, lambda b: 0.1, max_gamma=1)
-        engine = smallest_case_engine(sampling)
+        policy = kind(ByA(), max_gamma=1)
+        engine = smallest_case_engine(sampling, fixed_timings(step=lambda b: 0.1))
         zeros = drafted = 0
         for start in range(0, runs, batch_size):
             seeds = range(start, start + batch_size)
@@ -255,8 +257,10 @@ def test_sv_skips_drafting_when_no_average_token_would_pay(models) -> None:
     class Hopeless(ATable):
         prior = 0.01
 
-    policy = SpecVerification(Hopeless(), lambda b, n: 1.0 + 0.1 * n, lambda b: 0.3, 4)
-    results = engine_for(models, GREEDY).generate(PROMPTS, policy, 8)
+    policy = SpecVerification(Hopeless(), 4)
+    results = engine_for(models, GREEDY, fixed_timings(step=lambda b: 0.3)).generate(
+        PROMPTS, policy, 8
+    )
     stats = results[0].stats
     assert stats.draft_calls == stats.companion_calls == stats.drafted == 0
     reference = engine_for(models, GREEDY).generate(PROMPTS, TargetOnly(), 8)
@@ -306,7 +310,7 @@ def test_sv_with_its_companion_plan_keeps_the_target_law_in_ragged_batches(model
     so the mode emitting most tokens a round wins and the others are probed): the target's
     law holds."""
     policy = sv()
-    policy.companion_plan = CompanionPlan(
+    policy.companion_plan = companion_plan(
         0.5, warmup=2, probe_every=3, clock=itertools.count().__next__
     )
     engine = engine_for(models, SAMPLING)
@@ -321,7 +325,7 @@ def test_sv_drops_a_companion_that_does_not_pay_and_stays_exact(models) -> None:
     after one warm-up round of each mode, sv stops reading the companion (no probes), keeps
     drafting (a prior round emits more tokens than a target round), and greedy rows equal
     target_only's."""
-    plan = CompanionPlan(0.5, warmup=1, probe_every=0)
+    plan = companion_plan(0.5, warmup=1, probe_every=0)
     now = [0.0]
 
     def clock() -> float:  # each begin ends the round opened by the one before

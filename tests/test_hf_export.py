@@ -47,6 +47,8 @@ from sprinter_train.decoding.policies import (
 )
 from sprinter_train.decoding.registry import with_trait
 from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.state import DraftStep
+from sprinter_train.decoding.timings import Timings
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.hf.bundle import Bundle
 from sprinter_train.hf.folder import ENTRY
@@ -173,7 +175,6 @@ def engine_policy(setup: dict[str, Any], method: str):
     """The policy the bench would run, built from the files the export copied."""
     cfg, models = setup["cfg"], setup["models"]
     settings = json.loads((folder(setup, method) / "export.json").read_text())["settings"]
-    profile = LatencyProfile.load(Path(cfg.experiment_dir) / "bench" / "latency.json")
     table = SVTable.load(Path(cfg.experiment_dir) / "tables" / "sv_table.json").on("cpu")
     if method == "sprinter":
         checkpoint = load_verifier(verifier_path(cfg.checkpoint_dir, 1.2))
@@ -181,20 +182,27 @@ def engine_policy(setup: dict[str, Any], method: str):
     if method == "svip":
         return SVIP(**settings)
     if method == "sv":
-        return SpecVerification(table, profile.target_batch_s, profile.draft_step_s, **settings)
+        return SpecVerification(table, **settings)
     checkpoint = load_verifier(verifier_path(cfg.checkpoint_dir, Label("accept_prob")))
     verifier = CheckpointVerifier(checkpoint, models["draft"])
-    return LearnedLength(verifier, table, profile.target_batch_s, profile.draft_step_s, **settings)
+    return LearnedLength(verifier, table, **settings)
 
 
-def engine(models: dict[str, torch.nn.Module], sampling: SamplingConfig = GREEDY) -> Engine:
+def engine(models: dict[str, torch.nn.Module], profile: LatencyProfile | None = None) -> Engine:
+    """The engine, pricing at `profile` as the folder does (fixed: the run's forwards do not
+    correct it)."""
     return Engine(
         ModelRunner(models["target"], VOCAB),
-        sampling,
+        GREEDY,
         draft=ModelRunner(models["draft"], VOCAB),
         companion=ModelRunner(models["companion"], VOCAB),
         eos_token_id=EOS,
+        timings=None if profile is None else Timings(**profile.priors(), learn=False),
     )
+
+
+def bench_profile(setup: dict[str, Any]) -> LatencyProfile:
+    return LatencyProfile.load(Path(setup["cfg"].experiment_dir) / "bench" / "latency.json")
 
 
 def through_folder(setup: dict[str, Any], method: str, prompt: list[int], **kwargs: Any):
@@ -286,7 +294,7 @@ def test_the_stage_refuses_what_it_cannot_export(setup) -> None:
 def test_greedy_generate_through_the_folder_equals_the_engine(setup, method: str) -> None:
     models, policy = setup["models"], engine_policy(setup, method)
     for prompt in PROMPTS:
-        ours = engine(models).generate([prompt], policy, NEW)[0]
+        ours = engine(models, bench_profile(setup)).generate([prompt], policy, NEW)[0]
         out = through_folder(
             setup, method, prompt, max_new_tokens=NEW, return_dict_in_generate=True
         )
@@ -323,12 +331,11 @@ def test_the_callables_equal_the_engine(setup, tmp_path, method, names, label, b
         policy: Any = Sprinter(scorer, tau=0.5, max_run=16)
         arguments: dict[str, Any] = {"verifier": path}
     else:
-        draft_only = lambda b: profile.draft_batch_ms(b) / 1e3  # noqa: E731 (the bench's, no table)
-        policy = LearnedLength(scorer, None, profile.target_batch_s, draft_only, max_gamma=8)
+        policy = LearnedLength(scorer, None, max_gamma=8)  # no table: the draft's step alone
         arguments = {"verifier": path, "latency": latency}
     function = hf.METHODS[method]
     for prompt in PROMPTS:
-        ours = engine(models).generate([prompt], policy, NEW)[0]
+        ours = engine(models, profile).generate([prompt], policy, NEW)[0]
         ids = torch.tensor([prompt])
         out = models["target"].generate(
             input_ids=ids,

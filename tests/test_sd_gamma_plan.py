@@ -14,9 +14,9 @@ from sprinter_train.bench.methods import at_batch_size, plan_methods
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.gamma_plan import AcceptanceRate, GammaPlanner, best_gamma
-from sprinter_train.decoding.latency import RunningLatency
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.timings import Seconds, StepCost, Timings
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import assert_target_law_with_power, tiny_trio
 
@@ -25,27 +25,18 @@ PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8], [60, 61, 62]]
 SAMPLING = SamplingConfig(temperature=0.9, top_k=4, top_p=0.95)
 GREEDY = SamplingConfig(temperature=0)
 ROWS = 20000  # rows in batches of 4: three of PROMPTS[0] beside one of another prompt
-
-
-class Forwards:
-    """A runner's `forward_times` as the planner reads them: what was timed since last asked."""
-
-    def __init__(self) -> None:
-        self.pending: list[tuple[int, int, float]] = []
-
-    def forward_times(self) -> list[tuple[int, int, float]]:
-        done, self.pending = self.pending, []
-        return done
+PLANNER = {"margin": 0.05, "weight": 32.0, "probe_every": 16}  # conf/methods/sd.yaml's
 
 
 class Measured:
-    """An engine's runners, reduced to the forward times the planner learns from."""
+    """An engine, reduced to the timings the planner prices with: the profile's `target`
+    forward and `draft` step, corrected by the forwards that `ran` (with `learn`)."""
 
-    def __init__(self) -> None:
-        self.runners = {"target": Forwards(), "draft": Forwards()}
+    def __init__(self, target: Seconds, draft: StepCost, learn: bool = True) -> None:
+        self.timings = Timings(target, draft=draft, learn=learn)
 
     def ran(self, role: str, rows: int, width: int, seconds: float, times: int = 8) -> None:
-        self.runners[role].pending += [(rows, width, seconds)] * times
+        self.timings.observe(role, [(rows, width, seconds)] * times)
 
 
 def brute_goodput(alpha: float, gamma: int, step_s: float, target_s: float) -> float:
@@ -73,7 +64,7 @@ def observed_rounds(planner: GammaPlanner, rows: int, rounds: list[tuple[int, in
 
 
 def test_acceptance_counts_the_drafts_the_target_judged() -> None:
-    rate = AcceptanceRate(None)
+    rate = AcceptanceRate(None, weight=32.0)
     assert rate.value is None
     rate.observe(3, 3)  # all kept: three checks
     rate.observe(3, 1)  # one kept, the second rejected, the third never judged: two checks
@@ -88,13 +79,8 @@ def test_gamma_0_when_the_measured_draft_step_costs_more_than_it_gains() -> None
     """The profile says a draft step is 1 ms and a second token a row free: drafting pays.
     The run measured the draft step at 40 ms and a two-token forward at twice a one-token
     one, at an acceptance of 1/2: no gamma pays, the brute force agrees."""
-    measured = Measured()
-    planner = GammaPlanner(
-        RunningLatency(profile_says_drafts_are_cheap),
-        RunningLatency(lambda rows, width: 0.001),
-        alpha=0.5,
-        gamma_max=6,
-    )
+    measured = Measured(profile_says_drafts_are_cheap, lambda rows: 0.001)
+    planner = GammaPlanner(alpha=0.5, gamma_max=6, **PLANNER)
     first = planner.plan(measured, 8, start=0)
     assert first > 0  # on the profile's word
     for width in range(1, 8):
@@ -110,13 +96,8 @@ def test_gamma_0_when_the_measured_draft_step_costs_more_than_it_gains() -> None
 def test_long_rounds_when_the_targets_wide_forward_is_nearly_free() -> None:
     """A measured verification nearly free in its width, a 2 ms draft step and 9 of 10 drafts
     kept: gamma above 1, the brute force's argmax."""
-    measured = Measured()
-    planner = GammaPlanner(
-        RunningLatency(lambda rows, width: 0.050 * width),  # the profile: width costs
-        RunningLatency(lambda rows, width: 0.010),
-        alpha=0.2,
-        gamma_max=6,
-    )
+    measured = Measured(lambda rows, width: 0.050 * width, lambda rows: 0.010)  # width costs
+    planner = GammaPlanner(alpha=0.2, gamma_max=6, **PLANNER)
     assert planner.plan(measured, 4, start=1) == 0
     target = {n: 0.050 + 0.0005 * n for n in range(1, 8)}
     for width, seconds in target.items():
@@ -127,18 +108,20 @@ def test_long_rounds_when_the_targets_wide_forward_is_nearly_free() -> None:
     assert alpha > 0.85
     gamma = planner.plan(measured, 4, start=1)
     assert gamma > 1 and gamma == brute_best(alpha, 6, 0.002, target.__getitem__)
-    assert gamma == best_gamma(alpha, 4, 6, planner.latency, planner.step_cost)
+    timings = measured.timings
+    assert gamma == best_gamma(alpha, 4, 6, timings.target, timings.step_cost())
 
 
 def test_hysteresis_keeps_the_gamma_unless_another_is_clearly_better() -> None:
     """Two gammas within the margin: the planner keeps the one it started from; once the
     other is clearly better, it moves."""
     target = {1: 1.0, 2: 1.0, 3: 1.0}
-    planner = GammaPlanner(lambda r, n: target[n], lambda r, n: 0.001, 0.5, 2, margin=0.05)
-    measured = Measured()
-    assert best_gamma(0.5, 1, 2, planner.latency, planner.step_cost) == 2
+    planner = GammaPlanner(0.5, 2, **{**PLANNER, "margin": 0.05})
+    measured = Measured(lambda r, n: target[n], lambda r: 0.001, learn=False)
+    timings = measured.timings
+    assert best_gamma(0.5, 1, 2, timings.target, timings.step_cost()) == 2
     target[3] = 1.14  # gamma 2: 1.75 / 1.142, gamma 1: 1.5 / 1.001 (gamma 2 by 2 %)
-    assert best_gamma(0.5, 1, 2, planner.latency, planner.step_cost) == 2
+    assert best_gamma(0.5, 1, 2, timings.target, timings.step_cost()) == 2
     assert planner.plan(measured, 1, start=1) == 1  # not worth a switch
     target[3] = 1.0
     assert planner.plan(measured, 1, start=1) == 2
@@ -149,21 +132,23 @@ LIMIT = {4: 4, 3: 1, 2: 2, 1: 3}  # rows -> widest target forward that costs a o
 
 
 def shifting_planner() -> GammaPlanner:
-    """A planner whose gamma depends on how many rows are left, so a round's gamma depends on
-    earlier rounds' outcomes (which rows finished): 3 at four rows, 0 at three, 1 at two, 2
-    at one (no hysteresis: each the argmax)."""
-    return GammaPlanner(
-        lambda rows, n: 1.0 if n <= LIMIT[rows] else 100.0,
-        lambda rows, n: 0.001,
-        alpha=0.5,
-        gamma_max=3,
-        margin=0.0,
-    )
+    """A planner whose gamma depends on how many rows are left (at SHIFTING's timings), so a
+    round's gamma depends on earlier rounds' outcomes (which rows finished): 3 at four rows, 0
+    at three, 1 at two, 2 at one (no hysteresis: each the argmax)."""
+    return GammaPlanner(alpha=0.5, gamma_max=3, **{**PLANNER, "margin": 0.0})
 
 
-def engine_for(models, sampling: SamplingConfig) -> Engine:
+SHIFTING = Timings(
+    lambda rows, n: 1.0 if n <= LIMIT[rows] else 100.0, draft=lambda rows: 0.001, learn=False
+)
+
+
+def engine_for(models, sampling: SamplingConfig, timings: Timings = SHIFTING) -> Engine:
     return Engine(
-        ModelRunner(models["target"], VOCAB), sampling, draft=ModelRunner(models["draft"], VOCAB)
+        ModelRunner(models["target"], VOCAB),
+        sampling,
+        draft=ModelRunner(models["draft"], VOCAB),
+        timings=timings,
     )
 
 
@@ -201,8 +186,10 @@ def test_greedy_rows_equal_target_only_while_gamma_changes(models) -> None:
 def test_gamma_0_is_target_only_without_a_draft_forward(models) -> None:
     """When no draft pays, sd's rounds are target_only's: the same tokens from the same
     streams (sampling mode), the same target calls, and not one draft forward."""
-    engine = engine_for(models, SAMPLING)
-    planner = GammaPlanner(lambda r, n: 0.05 * n, lambda r, n: 1.0, 0.9, 4)
+    engine = engine_for(
+        models, SAMPLING, Timings(lambda r, n: 0.05 * n, lambda r: 1.0, learn=False)
+    )
+    planner = GammaPlanner(0.9, 4, **PLANNER)
     sd = engine.generate(PROMPTS, SpeculativeDecoding(2, planner=planner), 12, [3, 1, 4, 1])
     plain = engine.generate(PROMPTS, TargetOnly(), 12, [3, 1, 4, 1])
     assert [r.tokens for r in sd] == [r.tokens for r in plain]
@@ -214,19 +201,24 @@ def test_gamma_0_is_target_only_without_a_draft_forward(models) -> None:
 def test_the_bench_gives_sd_auto_a_planner_shared_across_batch_sizes(compose_cfg) -> None:
     profile = LatencyProfile({1: 30.0, 2: 31.0}, 3.0, None, 128, "cpu", "float32")
     draft = build_tiny_model({}, seed=0)
-    cfg = compose_cfg("stage=bench", "bench.methods=[sd]", "bench.gamma_max=5")
-    plan = plan_methods(cfg, profile, 4, draft, False, alpha=0.4)
+    cfg = compose_cfg(
+        "stage=bench", "bench.methods=[sd]", "bench.gamma_max=5", "methods.sd.planner.margin=0.1"
+    )
+    plan = plan_methods(cfg, 4, draft, False, alpha=0.4)
     sd = plan.policies["sd"]
     assert isinstance(sd.planner, GammaPlanner) and sd.gamma == 4
     assert (sd.planner.acceptance.prior, sd.planner.gamma_max) == (0.4, 5)
-    assert sd.planner.latency(1, 2) == pytest.approx(0.031)  # the profile, until measured
-    assert sd.planner.step_cost(1) == pytest.approx(0.003)
+    assert (sd.planner.arms.margin, sd.planner.arms.probe_every) == (0.1, 16)  # the conf's
+    assert sd.planner.acceptance.weight == cfg.methods.sd.planner.weight
+    timings = Timings(**profile.priors())  # what the bench's engine prices with, until measured
+    assert timings.target(1, 2) == pytest.approx(0.031)
+    assert timings.step(1) == pytest.approx(0.003)
     at_8 = at_batch_size(plan, cfg, 2)
     assert at_8.policies["sd"].gamma == 2 and at_8.policies["sd"].planner is sd.planner
     assert at_8.settings["sd"]["planner"]["prior_alpha"] == 0.4
     for fixed in ("methods.sd.gamma=3", "methods.sd.planner=null"):
         plan = plan_methods(
-            compose_cfg("stage=bench", "bench.methods=[sd]", fixed), profile, 4, draft, False
+            compose_cfg("stage=bench", "bench.methods=[sd]", fixed), 4, draft, False
         )
         assert plan.policies["sd"].planner is None
 
@@ -235,9 +227,8 @@ def test_a_parked_planner_probes_its_rival_and_leaves_when_it_got_cheap() -> Non
     """One slow reading of the two-token forward parks the planner on gamma 0, where it would
     never time that forward again; the probe every 4th round plays gamma 1 once, the run's
     fresh (fast) readings come in, and the planner moves to drafting."""
-    target = RunningLatency(lambda r, n: 1.0)
-    planner = GammaPlanner(target, lambda r, n: 0.01, 0.6, 1, margin=0.05, probe_every=4)
-    measured = Measured()
+    planner = GammaPlanner(0.6, 1, **{**PLANNER, "margin": 0.05, "probe_every": 4})
+    measured = Measured(lambda r, n: 1.0, lambda r: 0.01)
     measured.ran("target", 1, 2, 5.0)  # an outlier: two tokens a row look five times dearer
     measured.ran("target", 1, 1, 1.0)
     assert [planner.plan(measured, 1, start=1) for _ in range(3)] == [0, 0, 0]
@@ -248,5 +239,6 @@ def test_a_parked_planner_probes_its_rival_and_leaves_when_it_got_cheap() -> Non
 
 
 def test_probes_can_be_switched_off() -> None:
-    planner = GammaPlanner(lambda r, n: float(n), lambda r, n: 0.01, 0.1, 2, probe_every=0)
-    assert {planner.plan(Measured(), 1, start=0) for _ in range(40)} == {0}
+    planner = GammaPlanner(0.1, 2, **{**PLANNER, "probe_every": 0})
+    measured = Measured(lambda r, n: float(n), lambda r: 0.01, learn=False)
+    assert {planner.plan(measured, 1, start=0) for _ in range(40)} == {0}

@@ -31,6 +31,7 @@ from sprinter_train.decoding.policies import (
     verify,
 )
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round
+from sprinter_train.decoding.timings import Timings
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.verifier.checkpoint import (
     save_verifier,
@@ -50,6 +51,7 @@ from tests.decoding_helpers import (
     engine_for,
     exact_joint,
     first_tokens,
+    fixed_timings,
     ragged_rows,
     tiny_trio,
 )
@@ -155,7 +157,7 @@ def best_gamma(a: list[float], max_gamma: int) -> int:
 )
 def test_each_row_drafts_the_length_that_maximises_its_goodput(models, names, acceptance) -> None:
     engine = engine_for(models, SAMPLING)
-    policy = LearnedLength(Scripted(acceptance, names), None, latency, step_cost, max_gamma=4)
+    policy = LearnedLength(Scripted(acceptance, names), None, max_gamma=4)
     emitted = policy.round(engine, engine.new_batch(PROMPTS, 20, range(4)))
     wanted = [best_gamma(a, 4) for a in acceptance]
     assert emitted.drafted.tolist() == wanted
@@ -210,12 +212,12 @@ def test_a_rows_sampled_tokens_do_not_depend_on_its_batch_mates(models, kind) ->
 
 def test_a_round_where_no_average_draft_would_pay_costs_no_draft_forward(models) -> None:
     verifier = linear_verifier(models["draft"], ["hidden"], scale=2.0)
-    dear = LearnedLength(verifier, None, latency, lambda b: 0.3, max_gamma=4)
-    assert dear.prior == 1.0 and dear.worth_a_draft(4)  # a sure draft would pay for its step
+    dear, costs = LearnedLength(verifier, None, max_gamma=4), fixed_timings(step=lambda b: 0.3)
+    assert dear.prior == 1.0 and dear.worth_a_draft(costs, 4)  # a sure draft would pay its step
     verifier.prior = 0.01  # type: ignore[attr-defined]  # an average draft would not
-    stats = engine_for(models, GREEDY).generate(PROMPTS, dear, 8)[0].stats
+    stats = engine_for(models, GREEDY, costs).generate(PROMPTS, dear, 8)[0].stats
     assert stats.draft_calls == stats.companion_calls == stats.drafted == 0
-    table = LearnedLength(verifier, ATable(), latency, lambda b: 0.3, max_gamma=4)
+    table = LearnedLength(verifier, ATable(), max_gamma=4)
     assert table.prior == pytest.approx((0.01 + ATable.prior) / 2)
 
 
@@ -224,7 +226,7 @@ PROFILE = LatencyProfile({1: 30.0, 2: 31.0, 3: 33.0}, 3.0, 2.0, 128, "cpu", "flo
 
 def test_the_bench_builds_sd_learned_from_the_accept_verifier(compose_cfg, tmp_path) -> None:
     draft = build_tiny_model({}, seed=0)
-    bare = plan_methods(compose_cfg("stage=bench", "experiment=bare"), PROFILE, 3, draft, True)
+    bare = plan_methods(compose_cfg("stage=bench", "experiment=bare"), 3, draft, True)
     assert "train.label=accept_prob" in bare.skipped["sd_learned"]
     here = ("stage=bench", "experiment=syn", f"checkpoints_root={tmp_path / 'ck'}")
     cfg = compose_cfg(*here)
@@ -236,16 +238,18 @@ def test_the_bench_builds_sd_learned_from_the_accept_verifier(compose_cfg, tmp_p
     save_verifier(path, torch.zeros(8), torch.zeros(1), meta)
 
     def built(cfg, companion: bool) -> LearnedLength:
-        plan = plan_methods(cfg, PROFILE, 3, draft, companion)
+        plan = plan_methods(cfg, 3, draft, companion)
         assert "sd_learned" not in plan.skipped
         return plan.policies["sd_learned"]
 
     with_table = compose_cfg(*here, "methods.sd_learned.table={binning: null, optional: true}")
     policy = built(with_table, True)
     assert isinstance(policy.verifier, CheckpointVerifier) and policy.table is not None
-    assert policy.latency(4, 3) == pytest.approx(PROFILE.target_batch_s(4, 3))
-    assert policy.step_cost(4) == pytest.approx(PROFILE.draft_step_s(4))  # draft + companion
+    timings = Timings(**PROFILE.priors())  # the bench's engine's, until the run measures
+    _, step_cost = policy.costs(timings)
+    assert step_cost(4) == pytest.approx(PROFILE.draft_step_s(4))  # draft + companion
     # the default plans with the verifier alone, as does a table the pair has no companion for
     for alone in (built(cfg, companion=True), built(with_table, companion=False)):
         assert alone.table is None  # the verifier decides alone, and no companion step is paid
-        assert alone.step_cost(4) == pytest.approx(PROFILE.draft_batch_ms(4) / 1e3)
+        _, step_cost = alone.costs(timings)
+        assert step_cost(4) == pytest.approx(PROFILE.draft_batch_ms(4) / 1e3)

@@ -2,10 +2,10 @@
 (1..gamma_max + 1), and one step of the draft and companion by batch size, measured on the
 machine at hand.
 
-SV's goodput and batch scheduler and the default gamma read it: on a CPU the verify cost is far
-from a GPU's (flat in bfloat16 up to ~8 tokens here, 1.6-2x a step in float32), and a forward
-over a few more tokens a row stops being nearly free once the batch fills the device, so a
-gamma chosen for one device or batch size is wrong on another.
+The default gamma reads it, and the engine's timings start from it (`priors`): on a CPU the
+verify cost is far from a GPU's (where a forward over a few tokens a row costs about one), and
+a forward over a few more tokens a row stops being nearly free once the batch fills the
+device, so a gamma chosen for one device or batch size is wrong on another.
 
 Batch 1 keeps its own fields (`target_ms`, `draft_ms`, `companion_ms`: draft_eval reads them);
 larger batch sizes live in `batch_*` tables. Sizes between measured ones are interpolated
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,15 @@ class LatencyProfile:
         if self.companion_ms is None:
             return 0.0
         return piecewise_linear({1: self.companion_ms, **self.batch_companion_ms}, batch_size)
+
+    def priors(self) -> dict[str, Callable[..., float]]:
+        """The engine's timings start from these (`Timings.set_priors`): the target's forward
+        by (batch size, tokens a row) and each draft-side model's step by batch size, seconds."""
+        return {
+            "target": self.target_batch_s,
+            "draft": lambda batch_size: self.draft_batch_ms(batch_size) / 1e3,
+            "companion": lambda batch_size: self.companion_batch_ms(batch_size) / 1e3,
+        }
 
     def draft_step_s(self, batch_size: int) -> float:
         """Seconds for one drafting step (draft and companion) at this batch size."""

@@ -34,6 +34,7 @@ from sprinter_train.decoding.policies import (
     SpecVerificationPaper,
     companion_features,
 )
+from sprinter_train.decoding.timings import Timings
 
 ROLES = ("target", "draft", "companion")
 SVPolicy = SpecVerification | SpecVerificationPaper
@@ -49,8 +50,9 @@ def first_token_law(p: torch.Tensor, q: torch.Tensor, keep: torch.Tensor) -> tor
     return q * kept * ratio + rejected * residual_rows(p, q) + dropped * p
 
 
-def keeps(policy: SVPolicy, q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """(V,) whether the rule keeps each token x as the row's first draft, at batch size 1."""
+def keeps(policy: SVPolicy, timings: Timings, q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """(V,) whether the rule keeps each token x as the row's first draft, at batch size 1,
+    pricing its rounds at `timings` (the engine's)."""
     V = q.shape[-1]
     if policy.max_gamma < 1:
         return torch.zeros(V, dtype=torch.bool, device=q.device)
@@ -60,14 +62,15 @@ def keeps(policy: SVPolicy, q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         A = torch.where(q > 0, (c / q.clamp(min=1e-30)).clamp(max=1.0), 0.0)
         grown = policy.table.lookup(S.expand(V), A).double()
         expected = torch.zeros(V, dtype=torch.float64, device=q.device)
-        before = (expected + 1) / (0 * policy.step_cost(1) + policy.latency(1, 1))
-        after = (expected + grown + 1) / (policy.step_cost(1) + policy.latency(1, 2))
+        latency, step_cost = policy.costs(timings)
+        before = (expected + 1) / (0 * step_cost(1) + latency(1, 1))
+        after = (expected + grown + 1) / (step_cost(1) + latency(1, 2))
         return after >= before
-    if not policy.worth_a_draft(1):  # SpecVerification.round: no draft at all this round
+    if not policy.worth_a_draft(timings, 1):  # SpecVerification.round: no draft this round
         return torch.zeros(V, dtype=torch.bool, device=q.device)
     gain = policy.table.lookup_s(S).double()  # decided before the draw: one for all x
     expected = torch.zeros(1, dtype=torch.float64, device=q.device)
-    return policy.schedule(1, 0, expected, gain).expand(V)
+    return policy.schedule(timings, 1, 0, expected, gain).expand(V)
 
 
 def drafts_first(engine: Engine, policy: LearnedLength, prompt: Sequence[int]) -> bool:
@@ -98,7 +101,7 @@ def first_token_tv(
         if learned:
             keep = torch.full_like(q, drafts_first(engine, policy, prompts[k]), dtype=torch.bool)
         else:
-            keep = keeps(policy, q, laws["companion"][k])
+            keep = keeps(policy, engine.timings, q, laws["companion"][k])
         law = first_token_law(p, q, keep)
         out.append(0.5 * float((law - p.double()).abs().sum()))
     return out

@@ -20,11 +20,9 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.gamma_plan import GammaPlanner
-from sprinter_train.decoding.latency import DraftingCost, RunningLatency
 from sprinter_train.decoding.state import Policy
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint, load_verifier, verifier_path
@@ -49,7 +47,6 @@ class RunInputs:
     """What the bench measured or loaded that a method's config refers to."""
 
     cfg: DictConfig
-    profile: LatencyProfile
     sd_gamma: int  # the gamma maximising the implied speedup, or methods.sd.gamma when set
     draft_model: torch.nn.Module
     has_companion: bool
@@ -112,19 +109,18 @@ def method_verifier_path(checkpoint_dir: str | Path, node: DictConfig) -> Path:
 
 def runtime_entries(node: DictConfig) -> list[str]:
     """The entries of a method's config the bench fills in: `gamma: auto` (sd's chosen gamma),
-    `planner: measured` (with `gamma: auto`, sd's gamma chosen again every round from the
-    run's own timings and acceptance), `verifier` (the exported verifier it describes), `table`
-    (SV's fitted table; null: none) and `latency: profile`, `step_cost: profile` (the latency
-    profile's target forward and drafting step; a sentinel string, not `???`: Lightning's
-    launcher walks the config and a missing value would stop a DDP harvest)."""
+    `planner` (with `gamma: auto`, sd's gamma chosen again every round from the engine's
+    timings and the run's acceptance, with the block's settings), `verifier` (the exported
+    verifier it describes), `table` (SV's fitted table; null: none) and `companion_plan` (sv's
+    mode chosen every round, with the block's settings). What a forward costs is not a
+    method's: every policy reads the engine's timings, which the bench primes with its
+    latency profile."""
     keys = list(node.keys())
     wanted = {
         "gamma": "gamma" in keys and node.gamma == "auto",
-        "planner": node.get("planner") == "measured",
+        "planner": node.get("planner") is not None,
         "verifier": "verifier" in keys,
         "table": "table" in keys and node.table is not None,
-        "latency": node.get("latency") == "profile",
-        "step_cost": node.get("step_cost") == "profile",
         "companion_plan": node.get("companion_plan") is not None,
     }
     return [key for key, needed in wanted.items() if needed]
@@ -135,25 +131,13 @@ def _sd_gamma(name: str, node: DictConfig, run: RunInputs) -> tuple[int, int]:
 
 
 def _planner(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, Any]:
-    """sd's round-by-round gamma: the profile's target forward and draft step, each corrected
-    by the run's own, and the bench's alpha corrected by the run's acceptance. None with a
-    fixed gamma (the config's number stands)."""
+    """sd's round-by-round gamma, starting from the bench's alpha (the block's settings).
+    None with a fixed gamma (the config's number stands)."""
     if node.get("gamma") != "auto":
         return None, None
-    draft_s = run.profile.draft_batch_ms
-    planner = GammaPlanner(
-        RunningLatency(run.profile.target_batch_s),
-        RunningLatency(lambda rows, width: draft_s(rows) / 1e3),
-        run.alpha,
-        int(run.cfg.bench.gamma_max),
-    )
-    record = {
-        "prior_alpha": run.alpha,
-        "gamma_max": planner.gamma_max,
-        "margin": planner.margin,
-        "rounds_by_rows_and_gamma": planner.rounds,  # filled in as the run goes
-    }
-    return planner, record
+    settings = OmegaConf.to_container(node.planner)
+    planner = GammaPlanner(run.alpha, int(run.cfg.bench.gamma_max), **settings)  # type: ignore[arg-type]
+    return planner, planner.record()
 
 
 def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, Any]]:
@@ -182,28 +166,6 @@ def _table(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, 
     return table.on(run.device), record
 
 
-def _latency(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, str]:
-    return (
-        RunningLatency(run.profile.target_batch_s),
-        "the latency profile's target forward (bench/latency.json), corrected by the run's own",
-    )
-
-
-def _step_cost(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, str]:
-    def draft(rows: int) -> float:
-        return run.profile.draft_batch_ms(rows) / 1e3
-
-    def companion(rows: int) -> float:
-        return run.profile.companion_batch_ms(rows) / 1e3
-
-    learnt = ", each corrected by the run's own one-token steps"
-    if node.get("table") is None or not run.has_companion:  # no table: no companion forward
-        return DraftingCost(draft), f"the latency profile's draft step{learnt}"
-    return DraftingCost(
-        draft, companion
-    ), f"the latency profile's draft and companion steps{learnt}"
-
-
 def _companion_plan(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, Any]]:
     """sv's choice, round by round, whether to read its companion (its `prior` rounds start
     from the bench's alpha)."""
@@ -216,8 +178,6 @@ RUNTIME: dict[str, Callable[[str, DictConfig, RunInputs], tuple[Any, Any]]] = {
     "planner": _planner,
     "verifier": _verifier,
     "table": _table,
-    "latency": _latency,
-    "step_cost": _step_cost,
     "companion_plan": _companion_plan,
 }  # entry -> (the object passed for it, what results.json records of it)
 
@@ -235,7 +195,6 @@ def build_policy(name: str, node: DictConfig, run: RunInputs) -> tuple[Policy, d
 
 def plan_methods(
     cfg: DictConfig,
-    profile: LatencyProfile,
     sd_gamma: int,
     draft_model,
     has_companion: bool,
@@ -250,7 +209,6 @@ def plan_methods(
         raise ValueError(f"unknown bench.methods {unknown}; choose from {', '.join(known)}")
     run = RunInputs(
         cfg,
-        profile,
         sd_gamma,
         draft_model,
         has_companion,

@@ -1,12 +1,13 @@
 """Does the latency profile describe the machine the bench is about to time?
 
-The profile picks sd's gamma. One measured while other jobs shared the cores (a demo on a busy
-2-core machine read 317-914 ms for a ~30 ms target step) picks a gamma that is wrong once the
-machine is quiet, and the load average cannot tell a burst from a steady load. So the bench
-compares the profile with its own forwards: it decodes the warm-up prompt with sd and takes the
-median ratio of each batch-1 target forward's time to the profile's time at that width. Beyond
-`bench.latency.check_factor` either way, the profile is measured again; if it still disagrees,
-sd's gamma is not chosen from it (`bench.latency.unchecked_gamma`) and the results say so.
+The profile picks sd's gamma and is where the engine's timings start. One measured while
+other jobs shared the cores (which can make a step take several times its time) picks a gamma
+that is wrong once the machine is quiet, and the load average cannot tell a burst from a
+steady load. So the bench compares the profile with its own forwards: it decodes the warm-up
+prompt with sd and takes the median ratio of each batch-1 target forward's time to the
+profile's time at that width. Beyond `bench.latency.check_factor` either way, the profile is
+measured again; if it still disagrees, sd's gamma is not chosen from it
+(`bench.latency.unchecked_gamma`) and the results say so.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def disagreement(
     profile: LatencyProfile, times: Sequence[tuple[int, int, float]], limit: float
 ) -> ProfileCheck:
     """The median of (forward seconds / profiled seconds at its width) over the batch-1
-    forwards in `times` ((rows, width, seconds), as ModelRunner.forward_times gives them)."""
+    forwards in `times` ((rows, width, seconds), as the engine's timings record them)."""
     ratios = [
         seconds * 1e3 / profile.target_ms[width]
         for rows, width, seconds in times
@@ -62,6 +63,6 @@ def check_profile(
     limit: float,
 ) -> ProfileCheck:
     """Decode `prompt` with sd at `gamma` and compare its target forwards with `profile`."""
-    engine.target.forward_times()  # drop what earlier decodes left
-    engine.generate([list(prompt)], SpeculativeDecoding(max(1, gamma)), max_new_tokens, [0])
-    return disagreement(profile, engine.target.forward_times(), limit)
+    with engine.timings.recording("target", engine.runners) as times:
+        engine.generate([list(prompt)], SpeculativeDecoding(max(1, gamma)), max_new_tokens, [0])
+    return disagreement(profile, times, limit)

@@ -1,34 +1,32 @@
-"""How sv's next round drafts (with its companion, without it, or not at all), by measured goodput.
+"""How sv's next round drafts (with its companion, without it, or not at all), by measured speed.
 
 SV's companion buys information about each draft's acceptance (S before the draw, A after it)
-at the price of one more forward per drafting step. The paper's companion is a small model
-beside a 13B-72B target, where that forward is a few percent of a round. On the offline pair
-on a CPU the companion's step costs what the draft's does, and at batch 1 sv ran at 0.91x sd
-with the table's information (the bench of e69a0f4): sd's length, chosen from the pooled
-acceptance alone, kept as many tokens per target call for half the drafting time. SV's claim
-is to be never worse than the better of target decoding and SD; so sv prices its companion,
-and its drafting, by what they bought. Before each round the plan picks one of three modes:
+at the price of one more forward per drafting step. Beside the paper's 13B-72B targets that
+forward is a few percent of a round; where the companion's step costs what the draft's does,
+sd's length, chosen from the pooled acceptance alone, can keep as many tokens per target call
+for half the drafting time (docs/results/bench-batches.md). SV's claim is to be never worse
+than the better of target decoding and SD; so sv prices its companion, and its drafting, by
+what they bought. Before each round the plan picks one of three modes:
 
 - `companion`: SV's scheduler, every draft's acceptance predicted through the table;
 - `prior`: no companion forward; each row drafts the gamma of highest estimated goodput at
   the acceptance measured in these rounds (sd's rule, `goodput.best_gamma`), priced with the
   draft's step alone;
-- `target`: no draft either, one token a row from the target (target_only's round). At batch
-  4 both sd's planner and the `prior` mode's model expected drafts to pay and measured 0.93-0.98x
-  target_only: the goodput model prices forwards, not the Python around them.
+- `target`: no draft either, one token a row from the target (target_only's round): the
+  goodput model prices forwards, not the host's work around them, so where it expects drafts
+  to pay by a little they can still lose to the target alone.
 
 It keeps, per band of live rows (1, 2, 3-4, 5-8, ...: a batch whose rows finish one by one
 passes through every count, and each count warming up three modes would be all warm-up), the
-mode of highest measured speed, switching only when another is ahead by `margin`. A round's
-speed is its tokens a row over its wall time (round start to round start) counted in target
-forwards of one token at its number of rows (the run's `RunningLatency`): the tokens/s of a
-round depend on how many rows are left and how long their contexts are, which differ between
-the rounds two modes happened to play in (the session-8 bench measured 198 tokens/s for
-companion rounds that drafted nothing against 96 for target rounds in the 9-16 band), while
-this ratio is a round's speedup over a target-only round and compares modes played at 9 rows
-and at 16. Each mode's figure is taken over the band's latest `window` rounds, one horizon
-for every mode, not each mode's own latest rounds: the mode in use would be judged on the
-last few rounds and the probed ones on the whole run. A band starts with `warmup` rounds of
+mode of highest measured speed: an `ArmSelector` that switches only when another mode is
+ahead by `margin`. A round's speed is its tokens a row over its wall time (round start to
+round start) counted in target forwards of one token at its number of rows (the engine's
+timings): the tokens/s of a round depend on how many rows are left and how long their
+contexts are, which differ between the rounds two modes happened to play in, while this ratio
+is a round's speedup over a target-only round and compares modes played at 9 rows and at 16.
+Each mode's figure is taken over the band's latest `window` rounds, one horizon for every
+mode, not each mode's own latest rounds: the mode in use would be judged on the last few
+rounds and the probed ones on the whole run. A band starts with `warmup` timed rounds of
 each mode in turn (then the best of them, margin or not), and every `probe_every` rounds one
 of the modes not in use plays two rounds (in turn), so their figures stay current. Only a
 round that follows a round of the same mode in its generation is timed: the first pays its
@@ -48,6 +46,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from sprinter_train.decoding.arms import ArmSelector
 from sprinter_train.decoding.goodput import AcceptanceRate
 
 MODES = ("companion", "prior", "target")
@@ -69,35 +68,30 @@ class CompanionPlan:
     def __init__(
         self,
         prior_alpha: float | None,
-        window: int = 256,
-        margin: float = 0.03,
-        warmup: int = 4,
-        probe_every: int = 16,
+        window: int,
+        margin: float,
+        warmup: int,
+        probe_every: int,
+        weight: float,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if warmup < 1 or window < 2 * len(MODES) * warmup or probe_every < 0 or margin < 0:
+        if warmup < 1 or window < 2 * len(MODES) * warmup:
             raise ValueError(
-                f"companion plan: warmup {warmup} must be >= 1, window {window} at least "
-                f"{2 * len(MODES)} x warmup (room for every mode's warm-up), probe_every "
-                f"{probe_every} and margin {margin} >= 0"
+                f"companion plan: warmup {warmup} must be >= 1 and window {window} at least "
+                f"{2 * len(MODES)} x warmup (room for every mode's warm-up)"
             )
-        self.acceptance = AcceptanceRate(prior_alpha)  # the prior rounds' per-draft acceptance
-        self.window, self.margin, self.warmup, self.probe_every = (
-            window,
-            margin,
-            warmup,
-            probe_every,
-        )
+        # the prior rounds' per-draft acceptance, the bench's alpha counted as `weight` drafts
+        self.acceptance = AcceptanceRate(prior_alpha, weight)
+        self.window, self.warmup = window, warmup
+        self.arms = ArmSelector(
+            "companion plan", MODES, margin, probe_every, "turn", probe_rounds=2, label=band_label
+        )  # a probe's first round pays its catch-up, untimed: it plays two
         self.clock = clock
         self._measured: dict[tuple[int, str], deque[tuple[int, float, float]]] = {}
         self._begun: dict[int, int] = {}  # rounds begun per band: the horizon's clock
-        self._current: dict[int, str] = {}
-        self._since_probe: dict[int, int] = {}
-        self._probes: dict[int, int] = {}  # probes played per band (whose turn is next)
-        self._probing: dict[int, str] = {}  # band -> the mode whose probe plays one more round
         self._open: dict[str, Any] | None = None  # the round under way
         # what results.json records, filled in as the run goes
-        self.rounds: dict[str, dict[str, int]] = {}  # band of rows -> mode -> rounds played
+        self.rounds = self.arms.rounds  # band of rows -> mode -> rounds played
         self.speed: dict[str, dict[str, float]] = {}  # band -> mode -> measured speed
 
     def begin(self, batch: Any, target_step: float) -> str:
@@ -108,7 +102,7 @@ class CompanionPlan:
         previous = self._close(batch, now)
         key = band(len(batch))
         self._begun[key] = index = self._begun.get(key, 0) + 1
-        mode = self._choose(key)
+        mode = self.arms.choose(key, [self._rate(key, mode) for mode in MODES])
         self._open = {
             "steady": previous == mode,
             "index": index,
@@ -139,9 +133,9 @@ class CompanionPlan:
         A mode's first round in a generation, or after another mode, pays for the forwards
         its models skipped meanwhile: the target's, the draft's and the companion's prefill
         of the prompts in a generation's first round, and a catch-up over the tokens they
-        missed after a switch. At 16 rows that is 1.6-3 s against 80 ms for a round, and
-        timing such rounds ranked whichever mode a generation happened to start with last.
-        Those rounds are not timed, so speeds are steady-state (probes play two rounds)."""
+        missed after a switch. Such a round costs many steady rounds, and timing it would
+        rank whichever mode a generation happened to start with last. Those rounds are not
+        timed, so speeds are steady-state (probes play two rounds)."""
         opened, self._open = self._open, None
         if opened is None or opened["batch"]() is not batch:
             return None
@@ -168,41 +162,15 @@ class CompanionPlan:
             return None
         return sum(t for t, _ in times) / seconds
 
-    def _choose(self, key: int) -> str:
-        rates = {mode: self._rate(key, mode) for mode in MODES}
-        unmeasured = [mode for mode in MODES if rates[mode] is None]
-        probe = False
-        if key in self._probing:  # a probe's second round: the one that is timed
-            played, probe = self._probing.pop(key), True
-        elif unmeasured:
-            played = unmeasured[0]  # warm-up: each mode in turn
-        else:
-            best = max(MODES, key=lambda mode: rates[mode])  # type: ignore[arg-type, return-value]
-            current = self._current.get(key)  # none yet: the warm-up's best, margin or not
-            if current is None or rates[best] > rates[current] * (1.0 + self.margin):  # type: ignore[operator]
-                current = best
-            self._current[key] = played = current
-            since = self._since_probe.get(key, 0) + 1
-            if self.probe_every and since >= self.probe_every:
-                others = [mode for mode in MODES if mode != current]
-                turn = self._probes.get(key, 0)
-                played, probe, since = others[turn % len(others)], True, 0
-                self._probes[key] = turn + 1
-                self._probing[key] = played
-            self._since_probe[key] = since
-        tally = self.rounds.setdefault(band_label(key), {})
-        name = f"{played} (probe)" if probe else played
-        tally[name] = tally.get(name, 0) + 1
-        return played
-
     def record(self) -> dict[str, Any]:
         """The plan's settings and its live tallies, as results.json records them."""
         return {
             "prior_alpha": self.acceptance.prior,
             "window": self.window,
-            "margin": self.margin,
+            "margin": self.arms.margin,
             "warmup": self.warmup,
-            "probe_every": self.probe_every,
+            "probe_every": self.arms.probe_every,
+            "weight": self.acceptance.weight,
             "rounds_by_rows_and_mode": self.rounds,
             "speed_by_rows_and_mode": self.speed,
         }

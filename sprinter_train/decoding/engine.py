@@ -12,7 +12,8 @@ sends (committed tokens the caches lack, per-row limits) goes through pinned mem
 waiting. Policies whose drafting length adapts ask after each step whether any row still
 drafts; on CUDA that answer is read one step late (`any`), so the GPU is never waited on
 mid-round and at most one step runs with no row drafting. Times per model come from CUDA
-events, read once per generation.
+events, read once per generation. The engine owns the run's cost model (`timings`): it hands
+it every forward its runners timed, once a round, and policies price their rounds with it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sprinter_train.decoding.state import (
     Round,
     Row,
 )
+from sprinter_train.decoding.timings import Timings
 
 ROLES = ("target", "draft", "companion")
 PACK_EVERY = 8  # decoding.pack_every's default: rounds between squeezing empty cache slots out
@@ -51,9 +53,11 @@ def decoding_problems(decoding: dict[str, Any]) -> list[str]:
 
 
 class Engine:
-    """Target, optional draft and companion, one sampling for all of them. Every
-    `pack_every` rounds the caches squeeze out the empty slots that rejected drafts and
-    finished rows leave (the tokens do not depend on it)."""
+    """Target, optional draft and companion, one sampling for all of them, and the cost model
+    of their forwards (`timings`; without one, a `Timings` that learns from the run but has no
+    priors yet: the bench sets its latency profile's). Every `pack_every` rounds the caches
+    squeeze out the empty slots that rejected drafts and finished rows leave (the tokens do
+    not depend on it)."""
 
     def __init__(
         self,
@@ -63,8 +67,10 @@ class Engine:
         companion: ModelRunner | None = None,
         eos_token_id: int | None = None,
         pack_every: int = PACK_EVERY,
+        timings: Timings | None = None,
     ) -> None:
         self.runners = {"target": target, "draft": draft, "companion": companion}
+        self.timings = Timings() if timings is None else timings
         self.target, self.draft, self.companion = target, draft, companion
         self.sampling = sampling
         self.eos_token_id = eos_token_id
@@ -184,8 +190,8 @@ class Engine:
         over the draft's head tokens when the companion's restricted head holds the same ones,
         else (B, V). SV's S and A read c only where q > 0, so the head's K values give them
         exactly, and the companion's step skips the scatter into V values and the warp over
-        them (on the offline pair that halved the companion's step); `DraftStep.on_space_of`
-        puts q on the same tokens."""
+        them, a large share of a small companion's step; `DraftStep.on_space_of` puts q on
+        the same tokens."""
         shared = self._companion_on_draft_head()
         out = self.draft_side(batch, "companion", rnd, active, restricted=shared)
         return self.warp(out.logits[:, 0])
@@ -330,10 +336,12 @@ class Engine:
         before = {role: self.runners[role].seconds for role in roles}
         start = time.perf_counter()
         while batch.rows and not all(row.finished for row in batch.rows):
+            self.timings.feed(self.runners)  # the earlier rounds' forwards, before planning
             self.commit(batch, policy.round(self, batch), policy)
         synchronize(self.device)
         wall = time.perf_counter() - start
         for role in roles:  # CUDA events are read here, after the clock stopped
             spent = self.runners[role].seconds - before[role]
             setattr(batch.stats, f"{role}_seconds", spent)
+        self.timings.feed(self.runners)  # every forward is done: none is left for later
         return [GenerationResult(row.generated, wall, batch.stats) for row in done]

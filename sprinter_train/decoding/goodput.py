@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sprinter_train.decoding.latency import Seconds, StepCost
+from sprinter_train.decoding.timings import Seconds, StepCost
 
 
 def expected_accepted(acceptance: torch.Tensor) -> torch.Tensor:
@@ -55,7 +55,7 @@ class AcceptanceRate:
     """
 
     prior: float | None
-    weight: float = 32.0
+    weight: float  # how many judged drafts the prior counts as
     kept: int = 0
     checked: int = 0
 

@@ -91,7 +91,8 @@ class ModelRunner:
     def forward_times(self) -> list[tuple[int, int, float]]:
         """(rows, block width, seconds) of each forward since the last call whose time is
         known: on CUDA, those whose end event has completed (after a round's transfer, all of
-        that round's), so reading them never waits for the device."""
+        that round's), so reading them never waits for the device. Reading takes them: the
+        engine's `Timings` is the one reader, and every policy reads the timings."""
         done = []
         while self._shapes:
             rows, width, timing = self._shapes[0]

@@ -44,6 +44,7 @@ from sprinter_train.decoding.policies import (
     SpecVerification,
     Sprinter,
 )
+from sprinter_train.decoding.timings import Timings
 from sprinter_train.hf.bundle import Bundle
 from sprinter_train.hf.identity import check_model
 from sprinter_train.hf.prepare import SpeculativeOutput, run
@@ -222,11 +223,9 @@ def speculate(
         device = next(model.parameters()).device
         inputs["table"] = None if table is None else as_table(table, binning).on(device)
         companion = None if table is None else companion
-    if spec.latency:
-        profile = as_profile(own.pop("latency"))
-        inputs["latency"] = profile.target_batch_s
-        # a step runs the companion too where the policy reads it (the bench's step cost)
-        inputs["step_cost"] = profile.draft_step_s if companion is not None else draft_step(profile)
+    timings = None
+    if spec.latency:  # priced at the profile as measured: a call does not learn its own timings
+        timings = Timings(**as_profile(own.pop("latency")).priors(), learn=False)
     settings = {key: type(default)(own.pop(key)) for key, default in spec.settings.items()}
     policy = spec.policy(**inputs, **settings)
     return run(
@@ -238,13 +237,9 @@ def speculate(
         policy,
         draft,
         companion,
+        timings,
         **fitted,
     )
-
-
-def draft_step(profile: LatencyProfile) -> Callable[[int], float]:
-    """Seconds of a drafting step by batch size, the draft's forward alone."""
-    return lambda rows: profile.draft_batch_ms(rows) / 1e3
 
 
 def as_checkpoint(verifier: VerifierCheckpoint | str | Path | None) -> VerifierCheckpoint:

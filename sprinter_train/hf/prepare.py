@@ -25,6 +25,7 @@ from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats, Policy
+from sprinter_train.decoding.timings import Timings
 
 NEUTRAL: dict[str, tuple[Any, ...]] = {  # settings the engine cannot honour, at their no-op values
     "num_beams": (None, 1),
@@ -152,6 +153,7 @@ def run(
     policy: Policy,
     draft: torch.nn.Module,
     companion: torch.nn.Module | None = None,
+    timings: Timings | None = None,
     hidden_layer: int = -1,
     fitted_sampling: dict[str, Any] | None = None,
 ) -> torch.Tensor | SpeculativeOutput:
@@ -174,6 +176,7 @@ def run(
         sampling,
         draft=ModelRunner(draft, vocab, hidden_layer),
         companion=None if companion is None else ModelRunner(companion, vocab),
+        timings=timings,
     )
     eos = eos_ids(config)
 

@@ -298,10 +298,10 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     profile, verdict = checked_profile(
         cfg, engine, models, device, batch_sizes, profile, prompts[0]
     )
+    engine.timings.set_priors(**profile.priors())  # then corrected by the run's forwards
     gammas = {size: sd_gamma(cfg, profile, alpha, size, verdict) for size in batch_sizes}
     plan = plan_methods(
         cfg,
-        profile,
         gammas[1],
         models.draft.model,
         models.companion is not None,

@@ -44,7 +44,7 @@ from sprinter_train.verifier.checkpoint import load_verifier, sidecar_path
 
 log = logging.getLogger(__name__)
 
-PREDICTOR_ENTRIES = ("verifier", "table", "latency", "step_cost")  # not settings
+PREDICTOR_ENTRIES = ("verifier", "table")  # not settings: the folder carries their files
 
 
 @dataclass

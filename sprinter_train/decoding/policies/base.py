@@ -21,11 +21,13 @@ import torch
 from sprinter_train.core.rules import speculative_rows
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.goodput import round_goodput
-from sprinter_train.decoding.latency import Seconds, StepCost, learn, learn_steps
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
+from sprinter_train.decoding.timings import Seconds, StepCost, Timings
 
 Rule = Callable[[DraftStep], torch.Tensor]  # (B,) bool per row
-NEEDS = frozenset({"verifier", "table", "companion", "latency"})  # what a bench can pass in
+# what a bench can give a method: artifacts its config names, the companion model, and
+# "latency", the engine's timings primed with the bench's latency profile
+NEEDS = frozenset({"verifier", "table", "companion", "latency"})
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Traits:
 
     lossless: bool  # keeps the target's law in sampling mode
     greedy_exact: bool  # at temperature 0 emits exactly the target's greedy tokens
-    needs: frozenset[str]  # run-time inputs it may read (of NEEDS); its config names them
+    needs: frozenset[str]  # run-time inputs it may read (of NEEDS)
     law_computed: bool  # the bench computes its first token's exact law (TV from the target)
     exports: bool  # stage=export writes it as a Hugging Face custom_generate folder
     rivals: tuple[str, ...]  # the methods whose best tokens/s it is meant to beat
@@ -175,25 +177,27 @@ def step_features(step: DraftStep, c: torch.Tensor) -> tuple:
 
 class GoodputMethod(Method):
     """A method that prices its drafts by goodput, (expected tokens + 1) / (drafting time +
-    the target's verify): `latency` (batch size, tokens a row) -> target seconds and
-    `step_cost` (batch size) -> one drafting step, both learning from the run's forwards."""
+    the target's verify), at the engine's timings (`engine.timings`: the target's forward by
+    batch size and tokens a row, and one drafting step over the models in `drafting`)."""
 
-    latency: Seconds
-    step_cost: StepCost
+    @property
+    def drafting(self) -> tuple[str, ...]:
+        """The draft-side models one drafting step runs."""
+        return ("draft", "companion")
 
-    def open_round(self, engine: Engine) -> None:
-        """Feed the forwards timed since the last round to the latency and the step cost."""
-        learn(self.latency, engine.runners["target"].forward_times())
-        learn_steps(self.step_cost, engine.runners)
+    def costs(self, timings: Timings) -> tuple[Seconds, StepCost]:
+        """The target's forward and one drafting step, as goodput's functions take them."""
+        return timings.target, timings.step_cost(self.drafting)
 
     @property
     def prior(self) -> float:
         """A draft's average acceptance before any forward."""
         raise NotImplementedError
 
-    def worth_a_draft(self, B: int) -> bool:
+    def worth_a_draft(self, timings: Timings, B: int) -> bool:
         """Would one draft a row at the prior acceptance raise the goodput? A round where it
         would not is not drafted at all: otherwise a batch where drafting never pays would
         still spend a drafting step a round to find out."""
-        go = round_goodput(self.prior, 1, B, self.latency, self.step_cost)
-        return go > round_goodput(0.0, 0, B, self.latency, self.step_cost)
+        latency, step_cost = self.costs(timings)
+        go = round_goodput(self.prior, 1, B, latency, step_cost)
+        return go > round_goodput(0.0, 0, B, latency, step_cost)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -41,12 +40,12 @@ class LearnedLength(GoodputMethod):
     Each draft's acceptance is estimated by the verifier (calibrated P(accept)) and, with a
     table, SV's P(accept | S) before the draw and P(accept | S, A) after it (their mean). A row
     draws its next draft while that raises its estimated goodput, (E(N | gamma) + 1) /
-    (gamma drafting steps + the profiled target forward over gamma + 1 tokens at this batch
-    size); every drawn draft is verified. Exact by the module's rule: a verifier that reads
-    only features fixed before x_j is drawn (`hidden`, `draft_entropy`) decides whether x_j
-    is drawn; one that reads x_j's own (`token_embedding`, `q`) only refines the product of
-    acceptances that later drafts are weighed by (without a table a row's first draft is then
-    always drawn). After each draw, x_j's acceptance stands in for the next draft's: a row
+    (gamma drafting steps + the target forward over gamma + 1 tokens at this batch size, at
+    the engine's timings); every drawn draft is verified. Exact by the module's rule: a
+    verifier that reads only features fixed before x_j is drawn (`hidden`, `draft_entropy`)
+    decides whether x_j is drawn; one that reads x_j's own (`token_embedding`, `q`) only
+    refines the product of acceptances that later drafts are weighed by (without a table a
+    row's first draft is then always drawn). After each draw, x_j's acceptance stands in for the next draft's: a row
     whose next draft would not pay at it stops before that draft's forward, so a round does
     not end on a drafting step spent to learn that no draft pays (as sv does). The batch size
     enters the latency, so in sampling mode a row's tokens depend on how many rows it decodes
@@ -66,17 +65,19 @@ class LearnedLength(GoodputMethod):
 
     verifier: Verifier  # its `spec.names` say which features it reads (CheckpointVerifier's)
     table: AcceptanceTable | None
-    latency: Callable[[int, int], float]  # (batch size, tokens per row) -> target seconds;
-    # a RunningLatency learns from the run's own target forwards (the bench passes one)
-    step_cost: Callable[[int], float]  # batch size -> one drafting step, seconds
     max_gamma: int
     name: str = "sd_learned"
 
+    @property
+    def drafting(self) -> tuple[str, ...]:
+        """The draft's step, and the companion's where the table reads it."""
+        return ("draft",) if self.table is None else ("draft", "companion")
+
     def round(self, engine: Engine, batch: Batch) -> Emitted:
-        self.open_round(engine)
         B = len(batch)
         rnd = Round()
-        if not self.worth_a_draft(B):
+        latency, step_cost = self.costs(engine.timings)
+        if not self.worth_a_draft(engine.timings, B):
             return verify(engine, batch, rnd)
         before_draw = scores_before_the_draw(self.verifier)
         product = torch.ones(B, dtype=torch.float64, device=engine.device)
@@ -86,8 +87,8 @@ class LearnedLength(GoodputMethod):
 
         def rises(drafts: int, gain: torch.Tensor) -> torch.Tensor:
             """Whether one more draft, worth `gain` expected tokens, raises the goodput."""
-            now = round_goodput(expected, drafts, B, self.latency, self.step_cost)
-            more = round_goodput(expected + gain, drafts + 1, B, self.latency, self.step_cost)
+            now = round_goodput(expected, drafts, B, latency, step_cost)
+            more = round_goodput(expected + gain, drafts + 1, B, latency, step_cost)
             return more > now
 
         def score(step: DraftStep) -> torch.Tensor:

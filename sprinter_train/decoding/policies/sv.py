@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -11,7 +10,6 @@ import torch
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.goodput import best_gamma
-from sprinter_train.decoding.latency import draft_step_cost
 from sprinter_train.decoding.policies.base import (
     AcceptanceTable,
     GoodputMethod,
@@ -23,6 +21,7 @@ from sprinter_train.decoding.policies.base import (
     verify,
 )
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
+from sprinter_train.decoding.timings import Timings
 
 
 @dataclass
@@ -33,9 +32,10 @@ class SpecVerification(GoodputMethod):
     (P(accept | S), fixed before the draw); its gain in expected accepted tokens is that times
     the product of the row's refined acceptances so far, P(accept | S, A) of its drawn drafts.
     Rows draw in order of gain while the batch's estimated goodput, (expected accepted + one
-    target token per row) / (drafting time + the profiled target forward at this batch size
-    and width), rises; a row that does not draw stops for the round. Every drawn token is
-    verified with speculative sampling, so A_j only shapes the decision about x_{j+1}.
+    target token per row) / (drafting time + the target forward at this batch size and width,
+    at the engine's timings), rises; a row that does not draw stops for the round. Every
+    drawn token is verified with speculative sampling, so A_j only shapes the decision about
+    x_{j+1}.
     Which rows draft depends on their batch-mates (they share the verification's width), so
     in sampling mode a row's tokens depend on them too; its law does not. Before any forward,
     a round whose average token (the table's prior) would not pay for one drafting step is
@@ -56,10 +56,6 @@ class SpecVerification(GoodputMethod):
     )
 
     table: AcceptanceTable
-    latency: Callable[[int, int], float]  # (batch size, tokens per row) -> target seconds;
-    # a RunningLatency learns from the run's own target forwards (the bench passes one)
-    step_cost: Callable[[int], float]  # batch size -> one draft + companion step, seconds;
-    # a DraftingCost learns from the run's own steps and prices the draft's alone too
     max_gamma: int
     name: str = "sv"
     # None: every round reads the companion (SV as published); a plan lets rounds skip it, or
@@ -67,16 +63,16 @@ class SpecVerification(GoodputMethod):
     companion_plan: CompanionPlan | None = None
 
     def round(self, engine: Engine, batch: Batch) -> Emitted:
-        self.open_round(engine)
         B = len(batch)
         rnd = Round()
+        timings = engine.timings
         plan = self.companion_plan
-        mode = "companion" if plan is None else plan.begin(batch, self.latency(B, 1))
+        mode = "companion" if plan is None else plan.begin(batch, timings.target(B, 1))
         if mode == "target":
             return verify(engine, batch, rnd)
         if mode == "prior":
             return self.prior_round(engine, batch, plan.acceptance.value)  # type: ignore[union-attr]
-        if not self.worth_a_draft(B):
+        if not self.worth_a_draft(timings, B):
             return verify(engine, batch, rnd)
         product = torch.ones(B, dtype=torch.float64, device=engine.device)
         expected = torch.zeros(B, dtype=torch.float64, device=engine.device)
@@ -86,7 +82,7 @@ class SpecVerification(GoodputMethod):
             companion.append(engine.companion_probs(batch, rnd, step.active))
             before = self.table.lookup_s(overlap(step, companion[-1]))
             gain = torch.where(step.active, product * before.double(), 0.0)
-            return self.schedule(B, j, expected, gain)
+            return self.schedule(timings, B, j, expected, gain)
 
         def stop(step: DraftStep) -> torch.Tensor:
             nonlocal product, expected
@@ -99,7 +95,7 @@ class SpecVerification(GoodputMethod):
             # refined acceptance stands in for the next draft's, so a round does not end on
             # a drafting step spent to learn that no draft pays
             foreseen = torch.where(step.active, product * refined, 0.0)
-            return ~self.schedule(B, len(rnd.steps), expected, foreseen)
+            return ~self.schedule(timings, B, len(rnd.steps), expected, foreseen)
 
         draft_round(engine, batch, batch.room(self.max_gamma), stop, keep, rnd)
         return verify(engine, batch, rnd)
@@ -109,8 +105,8 @@ class SpecVerification(GoodputMethod):
         goodput at acceptance `alpha` (else the table's prior), each step priced at the
         draft's forward alone; gamma 0 is a target-only round."""
         alpha = float(self.table.prior) if alpha is None else alpha
-        cost = draft_step_cost(self.step_cost)
-        gamma = best_gamma(alpha, len(batch), self.max_gamma, self.latency, cost)
+        timings = engine.timings
+        gamma = best_gamma(alpha, len(batch), self.max_gamma, timings.target, timings.step_cost())
         return gamma_round(engine, batch, gamma)
 
     @property
@@ -122,14 +118,17 @@ class SpecVerification(GoodputMethod):
         if self.companion_plan is not None:
             self.companion_plan.observe(drafted, accepted)
 
-    def schedule(self, B: int, j: int, expected: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    def schedule(
+        self, timings: Timings, B: int, j: int, expected: torch.Tensor, gain: torch.Tensor
+    ) -> torch.Tensor:
         """Which rows draw draft j: the m rows of highest gain, m maximising the estimated
         goodput (m = 0 ends the round for every row). Computed on the device."""
+        latency, step_cost = self.costs(timings)
         order = gain.argsort(descending=True)
         cumulative = gain[order].cumsum(0)
         base = expected.sum() + B
-        stop_time = j * self.step_cost(B) + self.latency(B, j + 1)
-        go_time = (j + 1) * self.step_cost(B) + self.latency(B, j + 2)
+        stop_time = j * step_cost(B) + latency(B, j + 1)
+        go_time = (j + 1) * step_cost(B) + latency(B, j + 2)
         goodput = torch.cat([(base / stop_time)[None], (base + cumulative) / go_time])
         m = goodput.argmax()
         rank = torch.empty_like(order)
@@ -156,13 +155,11 @@ class SpecVerificationPaper(GoodputMethod):
     )
 
     table: AcceptanceTable
-    latency: Callable[[int, int], float]
-    step_cost: Callable[[int], float]
     max_gamma: int
     name: str = "sv_paper"
 
     def round(self, engine: Engine, batch: Batch) -> Emitted:
-        self.open_round(engine)
+        latency, step_cost = self.costs(engine.timings)
         B = len(batch)
         rnd = Round()
         device = engine.device
@@ -180,8 +177,8 @@ class SpecVerificationPaper(GoodputMethod):
             rnd.steps.append(step)
             S, A = step_features(step, c)
             grown = product * self.table.lookup(S, A).double()
-            before = (expected + 1) / (j * self.step_cost(B) + self.latency(B, j + 1))
-            after = (expected + grown + 1) / ((j + 1) * self.step_cost(B) + self.latency(B, j + 2))
+            before = (expected + 1) / (j * step_cost(B) + latency(B, j + 1))
+            after = (expected + grown + 1) / ((j + 1) * step_cost(B) + latency(B, j + 2))
             kept = active & (after >= before)
             counts = counts + kept.long()
             product = torch.where(kept, grown, product)
