@@ -11,6 +11,7 @@ import torch
 from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import MethodPlan, plan_methods
+from sprinter_train.decoding.registry import MethodError
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
@@ -54,6 +55,14 @@ def test_bench_methods_selects_what_runs(compose_cfg) -> None:
     assert result.policies["sd"].gamma == 5  # a set gamma is the policy's, not the chosen one
     with pytest.raises(ValueError, match="unknown bench.methods \\['sdd'\\].*svip"):
         plan(compose_cfg("stage=bench", "bench.methods=[sdd]"))
+
+
+def test_a_config_handing_a_method_an_input_its_traits_do_not_need_is_refused(
+    compose_cfg,
+) -> None:
+    cfg = compose_cfg("stage=bench", "bench.methods=[svip]", "+methods.svip.verifier={lam: 1.2}")
+    with pytest.raises(MethodError, match="methods.svip configures verifier .* need only nothing"):
+        plan(cfg)
 
 
 def test_missing_artifacts_skip_a_method_with_the_command_that_makes_them(compose_cfg) -> None:

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.gamma_plan import GammaPlanner
+from sprinter_train.decoding.registry import MethodError, traits_of
 from sprinter_train.decoding.state import Policy
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint, load_verifier, verifier_path
@@ -182,8 +183,31 @@ RUNTIME: dict[str, Callable[[str, DictConfig, RunInputs], tuple[Any, Any]]] = {
 }  # entry -> (the object passed for it, what results.json records of it)
 
 
+ENTRY_NEEDS = {  # a config entry the bench fills in -> the run-time need it serves
+    "planner": "latency",
+    "verifier": "verifier",
+    "table": "table",
+    "companion_plan": "companion",
+}
+
+
+def check_needs(name: str, node: DictConfig) -> None:
+    """Refuse a config that hands its method an input the method's traits do not need: the
+    bench would load a verifier or table the policy never reads, and export would copy it."""
+    needs = traits_of(node, name).needs
+    extra = sorted(
+        {ENTRY_NEEDS[e] for e in runtime_entries(node) if e in ENTRY_NEEDS} - set(needs)
+    )
+    if extra:
+        raise MethodError(
+            f"methods.{name} configures {', '.join(extra)} but its class's traits need only "
+            f"{sorted(needs) or 'nothing'}: drop the entry, or declare the need in its traits"
+        )
+
+
 def build_policy(name: str, node: DictConfig, run: RunInputs) -> tuple[Policy, dict[str, Any]]:
     """The method's policy and its settings as results.json records them."""
+    check_needs(name, node)
     inputs, record = {}, {}
     for key in runtime_entries(node):
         inputs[key], record[key] = RUNTIME[key](name, node, run)

@@ -54,6 +54,7 @@ def adaedl_text(settings: Mapping[str, Any]) -> str:
 class SVIP(Method):
     """SVIP Alg. 1: draft until sqrt(c H_q) > h (the token that tripped it is kept)."""
 
+    # every trait spelt out (Traits has no defaults): the blocks look alike on purpose
     traits: ClassVar[Traits] = Traits(
         lossless=True,
         greedy_exact=True,
@@ -86,6 +87,7 @@ class AdaEDL(Method):
     fixed (the paper's adaptive-lambda refinement is not implemented).
     """
 
+    # every trait spelt out (Traits has no defaults): the blocks look alike on purpose
     traits: ClassVar[Traits] = Traits(
         lossless=True,
         greedy_exact=True,

@@ -53,6 +53,7 @@ class LearnedLength(GoodputMethod):
     pay for one drafting step is not drafted at all.
     """
 
+    # every trait spelt out (Traits has no defaults): the blocks look alike on purpose
     traits: ClassVar[Traits] = Traits(
         lossless=True,
         greedy_exact=True,

@@ -26,6 +26,7 @@ class MTAD(Method):
     row whose budget allows fewer drafts freezes its beams once it has them.
     """
 
+    # every trait spelt out (Traits has no defaults): the blocks look alike on purpose
     traits: ClassVar[Traits] = Traits(
         lossless=False,
         greedy_exact=True,

@@ -13,6 +13,7 @@ from sprinter_train.decoding.state import Batch, Emitted, Round, Row
 
 @dataclass
 class TargetOnly(Method):
+    # every trait spelt out (Traits has no defaults): the blocks look alike on purpose
     traits: ClassVar[Traits] = Traits(
         lossless=True,
         greedy_exact=True,
@@ -46,6 +47,7 @@ class SpeculativeDecoding(Method):
     `gamma` then being where the planner starts. A round of gamma 0 is target_only's round:
     no draft forward."""
 
+    # every trait spelt out (Traits has no defaults): the blocks look alike on purpose
     traits: ClassVar[Traits] = Traits(
         lossless=True,
         greedy_exact=True,
@@ -76,6 +78,7 @@ class HeuristicSD(Method):
     """Hugging Face's schedule, per row: gamma grows by 2 after a fully accepted round, else
     shrinks by 1."""
 
+    # every trait spelt out (Traits has no defaults): the blocks look alike on purpose
     traits: ClassVar[Traits] = Traits(
         lossless=True,
         greedy_exact=True,

@@ -24,6 +24,7 @@ class Sprinter(Method):
     count as `verifier_accepted`, only the target's check counts as `accepted`.
     """
 
+    # every trait spelt out (Traits has no defaults): the blocks look alike on purpose
     traits: ClassVar[Traits] = Traits(
         lossless=False,
         greedy_exact=False,

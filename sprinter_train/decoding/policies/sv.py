@@ -45,6 +45,7 @@ class SpecVerification(GoodputMethod):
     forwards.
     """
 
+    # every trait spelt out (Traits has no defaults): the blocks look alike on purpose
     traits: ClassVar[Traits] = Traits(
         lossless=True,
         greedy_exact=True,
@@ -144,6 +145,7 @@ class SpecVerificationPaper(GoodputMethod):
     (p = q = (1/2, 1/2) with c = (1, 0) emits token 0 with probability 3/4). Kept to measure
     how far the published rule is from the target law."""
 
+    # every trait spelt out (Traits has no defaults): the blocks look alike on purpose
     traits: ClassVar[Traits] = Traits(
         lossless=False,
         greedy_exact=True,
