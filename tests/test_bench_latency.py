@@ -122,10 +122,10 @@ def test_a_profile_saved_before_batch_sizes_loads_as_batch_one(tmp_path: Path) -
 def test_the_bench_reuses_a_profile_only_when_it_covers_the_run(compose_cfg, monkeypatch) -> None:
     import torch
 
+    from sprinter_train.bench import prepare as stage
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.roles import Roles
     from sprinter_train.models.tiny import build_tiny_tokenizer
-    from sprinter_train.stages import bench as stage
 
     tokenizer, cpu = build_tiny_tokenizer(), torch.device("cpu")
     model = build_tiny_model({"num_hidden_layers": 1}, seed=0)
@@ -168,9 +168,9 @@ def test_a_profile_measured_under_load_is_measured_again(
 ) -> None:
     import torch
 
+    from sprinter_train.bench import prepare as bench_stage
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.roles import Roles
-    from sprinter_train.stages import bench as bench_stage
 
     cfg = compose_cfg("bench.gamma_max=3")
     stored = profile()

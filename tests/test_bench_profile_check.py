@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sprinter_train.bench import prepare as stage
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.profile_check import check_profile, disagreement
 from sprinter_train.bench.report import profile_warning
@@ -23,7 +24,6 @@ from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.loading import LoadedModel
 from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model
-from sprinter_train.stages import bench as stage
 
 PROMPT = Prompt("p0", "tiny", "test", "", [5, 6, 7, 8], None)
 MS = {1: 30.0, 2: 31.0, 3: 33.0, 4: 46.0}

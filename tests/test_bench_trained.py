@@ -14,13 +14,13 @@ from sprinter_train.bench.methods import (
     plan_methods,
     verifier_hidden_layer,
 )
+from sprinter_train.bench.prepare import estimate_alpha
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
-from sprinter_train.stages.bench import estimate_alpha
 from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
 from tests.synthetic import write_synthetic_records
 

@@ -47,7 +47,6 @@ from sprinter_train.decoding.policies import (
 )
 from sprinter_train.decoding.registry import with_trait
 from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.state import DraftStep
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.hf.bundle import Bundle

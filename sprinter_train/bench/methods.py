@@ -195,9 +195,7 @@ def check_needs(name: str, node: DictConfig) -> None:
     """Refuse a config that hands its method an input the method's traits do not need: the
     bench would load a verifier or table the policy never reads, and export would copy it."""
     needs = traits_of(node, name).needs
-    extra = sorted(
-        {ENTRY_NEEDS[e] for e in runtime_entries(node) if e in ENTRY_NEEDS} - set(needs)
-    )
+    extra = sorted({ENTRY_NEEDS[e] for e in runtime_entries(node) if e in ENTRY_NEEDS} - set(needs))
     if extra:
         raise MethodError(
             f"methods.{name} configures {', '.join(extra)} but its class's traits need only "

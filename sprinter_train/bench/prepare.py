@@ -1,0 +1,233 @@
+"""What the bench loads, measures and decides before it decodes: the models and prompts, the
+engine, the latency profile (reused when it fits, checked against the run's own forwards),
+alpha, sd's gamma per batch size and the methods' plan."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from sprinter_train.bench.latency import LatencyProfile, profile_models
+from sprinter_train.bench.methods import (
+    MethodPlan,
+    plan_methods,
+    verifier_hidden_layer,
+)
+from sprinter_train.bench.profile_check import ProfileCheck, check_profile
+from sprinter_train.bench.provenance import cores
+from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.data.prompts import Prompt, load_prompts
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.policies import SpeculativeDecoding
+from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.state import DecodeStats
+from sprinter_train.harvest.manifest import model_identity
+from sprinter_train.harvest.reader import open_records, verify_hashes
+from sprinter_train.models.roles import Roles, load_roles
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Setup:
+    """What the bench loaded and decided before decoding: models, prompts, the engine, the
+    latency profile and its check, the acceptance estimate, sd's gamma per batch size and
+    the methods' plan."""
+
+    models: Roles
+    prompts: list[Prompt]
+    engine: Engine
+    device: torch.device
+    dtype: torch.dtype
+    batch_sizes: list[int]
+    profile: LatencyProfile
+    verdict: ProfileCheck
+    alpha: float
+    alpha_source: str
+    gammas: dict[int, int]
+    plan: MethodPlan
+
+    @property
+    def names(self) -> list[str]:
+        return [m for m in self.plan.settings if m not in self.plan.skipped]
+
+
+def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
+    """Load the models and prompts, build the engine, measure (or reuse and check) the
+    latency profile, estimate alpha, choose sd's gamma per batch size and plan the methods."""
+    b = cfg.bench
+    models = load_roles(cfg.models, device, dtype)
+    data_cfg = {**OmegaConf.to_container(cfg.data, resolve=True), "num_prompts": int(b.num_prompts)}
+    prompts = load_prompts(data_cfg, models.tokenizer, split=b.split)
+    if not prompts:
+        raise ValueError(f"no prompts in split {b.split!r} of data={cfg.data.get('name')}")
+    batch_sizes = sorted({1, *(int(size) for size in b.batch_sizes)})  # batch 1 always runs
+    vocab = models.vocab_size
+    engine = Engine(
+        ModelRunner(models.target.model, vocab),
+        SamplingConfig.from_cfg(cfg.sampling),
+        draft=ModelRunner(models.draft.model, vocab, hidden_layer=verifier_hidden_layer(cfg)),
+        companion=ModelRunner(models.companion.model, vocab)
+        if models.companion is not None
+        else None,
+        eos_token_id=models.eos_token_id,
+        pack_every=int(cfg.decoding.pack_every),
+    )
+    profile = latency_profile(cfg, models, device, batch_sizes)
+    alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg)
+    profile, verdict = checked_profile(
+        cfg, engine, models, device, batch_sizes, profile, prompts[0]
+    )
+    engine.timings.set_priors(**profile.priors())  # then corrected by the run's forwards
+    gammas = {size: sd_gamma(cfg, profile, alpha, size, verdict) for size in batch_sizes}
+    plan = plan_methods(
+        cfg,
+        gammas[1],
+        models.draft.model,
+        models.companion is not None,
+        device,
+        draft_identity=model_identity(models.draft),
+        alpha=alpha,
+    )
+    for name, reason in plan.skipped.items():
+        log.warning("bench: skipping %s: %s", name, reason)
+    return Setup(
+        models, prompts, engine, device, dtype, batch_sizes, profile, verdict, alpha,
+        alpha_source, gammas, plan,
+    )  # fmt: skip
+
+
+def latency_profile(
+    cfg: DictConfig, models: Roles, device: torch.device, batch_sizes: list[int]
+) -> LatencyProfile:
+    """bench/latency.json when it was measured on this device and dtype, covers every batch
+    size with 1..gamma_max + 1 tokens a row and was not measured under load (and
+    `bench.latency.reuse`), else a new one."""
+    path = Path(cfg.experiment_dir) / "bench" / "latency.json"
+    dtype = str(next(models.target.model.parameters()).dtype).removeprefix("torch.")
+    lat = cfg.bench.latency
+    if lat.reuse and path.exists():
+        profile = LatencyProfile.load(path)
+        fits = profile.covers(batch_sizes, int(cfg.bench.gamma_max) + 1)
+        if profile.device == str(device) and profile.dtype == dtype and fits:
+            if not profile.measured_under_load:
+                return profile
+            log.warning(
+                "bench: re-measuring latency: %s was measured under load %s (or records none) "
+                "on %d cores",
+                path,
+                profile.load_average,
+                cores(),
+            )
+    return measure_profile(cfg, models, device, batch_sizes)
+
+
+def measure_profile(
+    cfg: DictConfig, models: Roles, device: torch.device, batch_sizes: list[int]
+) -> LatencyProfile:
+    """A new latency profile, saved as bench/latency.json."""
+    lat = cfg.bench.latency
+    companion = models.companion.model if models.companion is not None else None
+    profile = profile_models(
+        models.target.model,
+        models.draft.model,
+        companion,
+        int(cfg.bench.gamma_max),
+        int(lat.reps),
+        int(lat.context_tokens),
+        device,
+        batch_sizes,
+    )
+    profile.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
+    return profile
+
+
+def checked_profile(
+    cfg: DictConfig,
+    engine: Engine,
+    models: Roles,
+    device: torch.device,
+    batch_sizes: list[int],
+    profile: LatencyProfile,
+    prompt: Prompt,
+) -> tuple[LatencyProfile, ProfileCheck]:
+    """`profile` when its batch-1 target times agree with this run's own forwards
+    (bench/profile_check.py), else one measured again, with the last check's verdict."""
+    b = cfg.bench
+    gamma, limit = max(1, int(b.gamma_max) // 2), float(b.latency.check_factor)
+
+    def check(candidate: LatencyProfile) -> ProfileCheck:
+        return check_profile(
+            engine, candidate, prompt.input_ids, gamma, int(b.max_new_tokens), limit
+        )
+
+    verdict = check(profile)
+    if verdict.agrees:
+        return profile, verdict
+    log.warning(
+        "bench: this run's target forwards take %s x the latency profile's (limit %.1fx): "
+        "measuring the profile again",
+        None if verdict.ratio is None else f"{verdict.ratio:.2f}",
+        limit,
+    )
+    profile = measure_profile(cfg, models, device, batch_sizes)
+    verdict = check(profile)
+    if not verdict.agrees:
+        log.warning(
+            "bench: could not measure a latency profile that agrees with this run's forwards "
+            "(%s x, limit %.1fx; the load is changing): sd's gamma is bench.latency."
+            "unchecked_gamma=%d, not chosen from the profile",
+            None if verdict.ratio is None else f"{verdict.ratio:.2f}",
+            limit,
+            int(b.latency.unchecked_gamma),
+        )
+    return profile, verdict
+
+
+def estimate_alpha(engine: Engine, prompt: Prompt, cfg: DictConfig) -> tuple[float, str]:
+    """The draft's acceptance rate alpha and where it came from: the mean beta = sum min(p, q)
+    of the experiment's records when there are any (thousands of positions), else SD's
+    acceptance on the warm-up prompt (noisy: one prompt)."""
+    note = ""
+    try:
+        records = open_records(
+            cfg.experiment_dir, columns=["beta"], stage="stage=bench", verify=verify_hashes(cfg)
+        )
+        measured = records.manifest.get("sampling")
+        bench = asdict(SamplingConfig.from_cfg(cfg.sampling))
+        if measured is not None and measured != bench:
+            # beta depends on the warping: records of other sampling would pick a wrong gamma
+            note = f" (records refused: measured under sampling {measured}, the bench's {bench})"
+            log.warning("bench: alpha not taken from the records%s", note)
+        elif len(records.frame):
+            return float(records.frame["beta"].mean()), f"records ({len(records.frame)} rows)"
+    except FileNotFoundError:
+        pass
+    stats = DecodeStats()
+    for run in range(max(1, int(cfg.bench.warmup_runs))):
+        policy = SpeculativeDecoding(max(1, int(cfg.bench.gamma_max) // 2))
+        result = engine.generate([prompt.input_ids], policy, cfg.bench.max_new_tokens, [run])
+        stats.add(result[0].stats)
+    return stats.accepted / max(stats.drafted, 1), "sd on the warm-up prompt" + note
+
+
+def sd_gamma(
+    cfg: DictConfig,
+    profile: LatencyProfile,
+    alpha: float,
+    batch_size: int,
+    verdict: ProfileCheck | None = None,
+) -> int:
+    """methods.sd.gamma, or for `auto` the implied-speedup optimum at this batch size; 0 (no
+    drafts: target-only decoding) when no gamma pays, as on a CPU whose forward at a large
+    batch costs in proportion to the tokens it verifies. A profile that disagrees with the
+    run's own forwards (`verdict`) chooses nothing: bench.latency.unchecked_gamma."""
+    if cfg.methods.sd.gamma == "auto":
+        if verdict is not None and not verdict.agrees:
+            return int(cfg.bench.latency.unchecked_gamma)
+        return profile.best_gamma(alpha, range(0, int(cfg.bench.gamma_max) + 1), batch_size)
+    return int(cfg.methods.sd.gamma)
