@@ -11,7 +11,6 @@ import torch
 from sprinter_train.bench.law_distance import (
     first_token_law,
     first_token_tv,
-    keeps,
     next_token_laws,
 )
 from sprinter_train.core.sampling import SamplingConfig
@@ -86,7 +85,7 @@ def test_the_paper_rules_law_matches_the_engines_samples(engine) -> None:
     rule = policy(True, ATable())
     laws = next_token_laws(engine, PROMPTS[:1])
     p, q, c = (laws[role][0].double() for role in ("target", "draft", "companion"))
-    law = first_token_law(p, q, keeps(rule, engine.timings, q.float(), c.float()))
+    law = first_token_law(p, q, rule.first_draft_keeps(engine, PROMPTS[0], q.float(), c.float()))
     runs, batch = 20000, 2000
     counts: Counter = Counter()
     for start in range(0, runs, batch):

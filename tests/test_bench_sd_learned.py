@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench.law_distance import drafts_first, first_token_tv
+from sprinter_train.bench.law_distance import first_token_tv
 from sprinter_train.bench.report import (
     LEARNED_BAR,
     best_rival,
@@ -48,6 +48,13 @@ from tests.decoding_helpers import (
 )
 from tests.sd_learned_helpers import after_draw, before_draw
 from tests.synthetic import write_synthetic_records
+
+
+def drafts_first(engine: Engine, policy: LearnedLength, prompt: list[int]) -> bool:
+    """Whether sd_learned draws a first draft after `prompt` (its first-draft rule)."""
+    q = torch.zeros(VOCAB)
+    return bool(policy.first_draft_keeps(engine, prompt, q, None).all())
+
 
 RIVALS = LearnedLength.traits.rivals
 TRAITS = {"sd_learned": as_record(LearnedLength.traits)}  # what results.json records of it

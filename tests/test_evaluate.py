@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import shutil
@@ -483,6 +484,9 @@ def test_a_method_class_without_traits_is_refused() -> None:
     node = {"_target_": f"{__name__}.NoTraits"}
     with pytest.raises(MethodError, match="declares no traits: give it"):
         traits_of(node, "no_traits")
+    claims = {"_target_": f"{__name__}.ClaimsALaw"}
+    with pytest.raises(MethodError, match="law_computed but it defines no first_draft_keeps"):
+        traits_of(claims, "claims_a_law")
     with pytest.raises(MethodError, match="is not a Method"):
         traits_of({"_target_": "collections.OrderedDict"}, "odd")
     with pytest.raises(TypeError, match="record_score"):  # every field is required
@@ -504,3 +508,9 @@ def test_a_method_class_without_traits_is_refused() -> None:
 class NoTraits(Method):
     def round(self, engine, batch):
         return gamma_round(engine, batch, 0)
+
+
+class ClaimsALaw(NoTraits):
+    """Says the bench can compute its first token's law, but gives no first-draft rule."""
+
+    traits: ClassVar[Traits] = dataclasses.replace(OneDraft.traits, law_computed=True)

@@ -50,6 +50,11 @@ def traits_of(node: Mapping[str, Any], name: str = "?") -> Traits:
             f"methods.{name}: {cls.__module__}.{cls.__qualname__} declares no traits: give it "
             f"`traits: ClassVar[Traits] = Traits(...)` with every field ({fields})"
         )
+    if traits.law_computed and cls.first_draft_keeps is Method.first_draft_keeps:
+        raise MethodError(
+            f"methods.{name}: {cls.__qualname__}'s traits say law_computed but it defines no "
+            "first_draft_keeps (the rule's first draft the bench's exact law reads)"
+        )
     return traits
 
 

@@ -78,6 +78,15 @@ class Method:
     def update(self, row: Row, drafted: int, accepted: int) -> None:
         """Nothing to remember by default."""
 
+    def first_draft_keeps(
+        self, engine: Engine, prompt: list[int], q: torch.Tensor, c: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(V,) whether the rule keeps each token x as the row's first draft after `prompt` at
+        batch size 1 (q, c: the draft's and the companion's warped next-token laws): what the
+        bench's exact first-token law reads. A method whose traits say `law_computed`
+        defines it (decoding/registry.py checks)."""
+        raise NotImplementedError(f"{type(self).__name__} computes no first-token law")
+
 
 class Verifier(Protocol):
     def __call__(self, engine: Engine, batch: Batch, rnd: Round, step: DraftStep) -> torch.Tensor:

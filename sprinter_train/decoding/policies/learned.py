@@ -123,6 +123,16 @@ class LearnedLength(GoodputMethod):
         draft_round(engine, batch, room, stop, keep if informed else None, rnd)
         return verify(engine, batch, rnd)
 
+    def first_draft_keeps(
+        self, engine: Engine, prompt: list[int], q: torch.Tensor, c: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Whether to draw is taken from one real round on the prompt (its verifier, table
+        and the timings learned so far), committed so the engine is left as a round leaves
+        it: a score of x itself only decides about x_{j+1}, so it is one decision for all x."""
+        batch = engine.new_batch([prompt], 2, [0])
+        engine.commit(batch, self.round(engine, batch))
+        return torch.full_like(q, batch.stats.drafted > 0, dtype=torch.bool)
+
     @property
     def prior(self) -> float:
         """A draft's average acceptance before any forward: the table's and the verifier's

@@ -24,6 +24,11 @@ from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
 from sprinter_train.decoding.timings import Timings
 
 
+def first_overlap(q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """(1,) SV's S = sum_v min(q, c) of one row's first draft, from its (V,) laws."""
+    return torch.minimum(q, c).sum(-1, keepdim=True)
+
+
 @dataclass
 class SpecVerification(GoodputMethod):
     """SV §5 with its batch scheduler, exact.
@@ -110,6 +115,19 @@ class SpecVerification(GoodputMethod):
         gamma = best_gamma(alpha, len(batch), self.max_gamma, timings.target, timings.step_cost())
         return gamma_round(engine, batch, gamma)
 
+    def first_draft_keeps(
+        self, engine: Engine, prompt: list[int], q: torch.Tensor, c: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`round` at j = 0, B = 1: whether to draw is decided from P(accept | S) before the
+        draw, so it is one decision for every x."""
+        V = q.shape[-1]
+        never = torch.zeros(V, dtype=torch.bool, device=q.device)
+        if self.max_gamma < 1 or c is None or not self.worth_a_draft(engine.timings, 1):
+            return never
+        gain = self.table.lookup_s(first_overlap(q, c)).double()
+        expected = torch.zeros(1, dtype=torch.float64, device=q.device)
+        return self.schedule(engine.timings, 1, 0, expected, gain).expand(V)
+
     @property
     def prior(self) -> float:
         """The table's P(accept) over all records."""
@@ -188,3 +206,18 @@ class SpecVerificationPaper(GoodputMethod):
             active = kept & (counts < limit)
         rnd.counts = counts
         return verify(engine, batch, rnd)
+
+    def first_draft_keeps(
+        self, engine: Engine, prompt: list[int], q: torch.Tensor, c: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`round` at j = 0, B = 1 for every x at once: x is kept when its own A(x) (as
+        `companion_features` computes it for the drawn token) raises the goodput."""
+        V = q.shape[-1]
+        if self.max_gamma < 1 or c is None:
+            return torch.zeros(V, dtype=torch.bool, device=q.device)
+        A = torch.where(q > 0, (c / q.clamp(min=1e-30)).clamp(max=1.0), 0.0)
+        grown = self.table.lookup(first_overlap(q, c).expand(V), A).double()
+        latency, step_cost = self.costs(engine.timings)
+        before = 1.0 / latency(1, 1)
+        after = (grown + 1) / (step_cost(1) + latency(1, 2))
+        return after >= before
