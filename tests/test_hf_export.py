@@ -5,7 +5,7 @@ Tiny Llamas in float32 saved as model folders (the draft a noisy copy of the tar
 are often accepted), predictors written by the real writers (save_verifier, sv/fit.py's
 binning, LatencyProfile.save), then `stage=export` for every method. Greedy output through
 `generate(custom_generate=<folder>)` must equal the engine's (decoding/engine.py with the
-policy of decoding/policies.py) token for token, with the same rounds, drafts and acceptances,
+policy of decoding/policies/) token for token, with the same rounds, drafts and acceptances,
 so the rules are the same rules; the lossless ones must also equal target-only greedy, and
 SPRINTER must not (else the comparison could not tell the rules apart).
 """
