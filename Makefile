@@ -29,6 +29,10 @@ DEMO_BENCH ?= 'bench.batch_sizes=[1,4]' bench.min_timed_runs=1
 PYTEST_ARGS ?=
 # the inner loop: no law, real-model or heavy tests, two workers (a test file stays on one)
 QUICK := -m "not law and not slow and not heavy" -n 2 --dist loadfile
+# make test: one pytest worker per usable core, at most 2 (a test file stays on one worker,
+# so a module's fixtures are built once)
+CORES := $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)))" 2>/dev/null || echo 1)
+WORKERS := $(if $(filter 1,$(CORES)),,-n 2 --dist loadfile)
 
 .PHONY: setup demo test test-quick test-full test-latest test-oldest lock lint format clean
 
@@ -53,7 +57,7 @@ demo: setup
 	@echo "reports: artifacts/$(EXPERIMENT)/draft_eval.json, artifacts/$(EXPERIMENT)/eval/report.md, artifacts/$(EXPERIMENT)/bench/results.md (plots beside each)"
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(WORKERS) $(PYTEST_ARGS)
 
 test-quick: setup
 	$(PY) -m pytest -q $(QUICK) $(PYTEST_ARGS)
