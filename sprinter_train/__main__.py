@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.core.config import register_methods
 from sprinter_train.core.interrupt import StageInterrupted, interruptible
@@ -28,7 +28,7 @@ register_methods()  # before Hydra composes: cfg.methods holds every conf/method
 def run_stage(cfg: DictConfig) -> dict[str, Any]:
     """Check the settings, then dispatch to the stage module; an unknown stage fails with the
     list of valid ones, a signal raises StageInterrupted naming what the stage completed."""
-    name = cfg.stage
+    name = None if OmegaConf.is_missing(cfg, "stage") else cfg.stage
     if name not in STAGES:
         raise ValueError(f"unknown stage {name!r}; choose one of: {', '.join(STAGES)}")
     validate_config(cfg)

@@ -271,6 +271,14 @@ def test_a_lock_outlives_its_holder_only_while_a_helper_runs(tmp_path, sleeper) 
         ("harvest.statistics_rows=0", "harvest.statistics_rows", ">= 1"),
         ("harvest.generation_batch_size=2.5", "harvest.generation_batch_size", "whole"),
         ("decoding.pack_every=0", "decoding.pack_every", ">= 1"),
+        ("bench.max_new_tokens=0", "bench.max_new_tokens", ">= 1"),
+        ("bench.num_prompts=0", "bench.num_prompts", ">= 1"),
+        ("bench.batch_sizes=[1,0]", "bench.batch_sizes[]", ">= 1"),
+        ("bench.batch_sizes=[-2]", "bench.batch_sizes[]", ">= 1"),
+        ("bench.methods=[target_only,sd,sd]", "bench.methods names sd", "more than once"),
+        ("bench.methods=[target_only,spd]", "unknown method 'spd'", "choose from"),
+        ("experiment=", "experiment=''", "non-empty folder name"),
+        ("experiment=a/b", "experiment='a/b'", "without path separators"),
     ],
 )
 def test_a_bad_setting_is_one_error_naming_it_and_nothing_is_written(
@@ -469,3 +477,10 @@ def test_a_state_file_that_would_run_code_is_refused(tmp_path: Path) -> None:
     torch.save({"state": _RunsCode(marker), "student": {}}, path)
     assert load_checkpoint(path) is None  # refused, reported, and training starts clean
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("stage", [None, "harvets"])
+def test_a_missing_or_misspelt_stage_lists_the_stages(compose_cfg, stage: str | None) -> None:
+    cfg = compose_cfg() if stage is None else compose_cfg(f"stage={stage}")
+    with pytest.raises(ValueError, match=f"unknown stage {stage!r}; choose one of: harvest, "):
+        run_stage(cfg)

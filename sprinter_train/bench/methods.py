@@ -11,7 +11,7 @@ artifact, so a bench without a harvest still measures everything else.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.core.validation import check_whole
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.gamma_plan import GammaPlanner
 from sprinter_train.decoding.registry import MethodError, traits_of
@@ -31,6 +32,52 @@ from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
 
 PEERS = {"hf_assisted": "constant", "hf_assisted_heuristic": "heuristic"}
+COUNTS = {  # bench.<key> -> its least value
+    "num_prompts": 1,
+    "max_new_tokens": 1,
+    "gamma_max": 0,
+    "warmup_runs": 0,
+    "min_timed_runs": 1,
+    "law_distance_prompts": 0,
+}
+
+
+def bench_problems(bench: dict[str, Any]) -> list[str]:
+    """The `bench` section's out-of-range counts and batch sizes, and a method named twice
+    (it would run twice a group and keep its faster run, inflating its speed), one line each:
+    found before any model loads."""
+    problems: list[str] = []
+    for key, least in COUNTS.items():
+        if key in bench:
+            check_whole(problems, f"bench.{key}", bench[key], least)
+    for size in bench.get("batch_sizes") or []:
+        check_whole(problems, "bench.batch_sizes[]", size, 1)
+    names = list(bench.get("methods") or [])
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        problems.append(f"bench.methods names {', '.join(twice)} more than once: name each once")
+    return problems
+
+
+def method_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
+    """Bench methods that are neither a conf/methods/<name>.yaml nor an HF peer, or whose
+    class declares no traits: found before any model loads (only where the bench runs)."""
+    if cfg.get("stage") not in ("bench", "all"):
+        return []
+    methods, bench = cfg.get("methods") or {}, cfg.get("bench") or {}
+    known = (*methods, *PEERS)
+    problems = []
+    for name in dict.fromkeys(bench.get("methods") or []):
+        if name not in known:
+            problems.append(
+                f"bench.methods: unknown method {name!r}; choose from {', '.join(known)}"
+            )
+        elif name not in PEERS:
+            try:
+                traits_of(methods[name], name)
+            except MethodError as err:
+                problems.append(str(err))
+    return problems
 
 
 @dataclass
