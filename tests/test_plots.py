@@ -38,3 +38,14 @@ def test_drawing_keeps_the_callers_backend_and_needs_no_pyplot(tmp_path) -> None
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "True"  # both figures were written as PNG
+
+
+def test_a_learning_curve_without_a_defined_auc_is_drawn_as_a_note(tmp_path) -> None:
+    """At T = 0 every draft may be accepted: one class, no AUC at any size. The figure says
+    so instead of failing evaluate in matplotlib's log axis ("Data cannot be log-scaled")."""
+    from sprinter_train.evaluation.plots import plot_learning_curves
+
+    undefined = {"test_auc_q_le_p": None, "val_auc_q_le_p": None}
+    curves = {"verifier_lam1.2": {"points": [{"train_rows": n, **undefined} for n in (64, 128)]}}
+    path = plot_learning_curves(curves, tmp_path / "auc_vs_records.png", 0.8)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

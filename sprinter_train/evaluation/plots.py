@@ -138,8 +138,20 @@ def plot_sv_calibration(
 
 def plot_learning_curves(curves: dict[str, dict[str, Any]], path: Path, target: float) -> Path:
     """Test (solid) and val (dashed) AUC against train records, log2 axis, one colour per
-    verifier; the dotted line is the target AUC (`evaluate.target_auc`)."""
+    verifier; the dotted line is the target AUC (`evaluate.target_auc`). Where no AUC is
+    defined (one class only, as at T = 0 when every draft is accepted) the figure says so:
+    a log axis over no data cannot be drawn."""
     fig, ax = subplots(figsize=(6, 4.5))
+    defined = any(
+        p[k] is not None
+        for entry in curves.values()
+        for p in entry["points"]
+        for k in ("test_auc_q_le_p", "val_auc_q_le_p")
+    )
+    if not defined:
+        ax.text(0.5, 0.5, "no AUC defined: the rows hold one class only", ha="center")
+        ax.set_axis_off()
+        return save(fig, path)
     for index, (name, entry) in enumerate(curves.items()):
         points = entry["points"]
         rows = [p["train_rows"] for p in points]
