@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from sprinter_train.__main__ import run_stage
 from sprinter_train.core import pidlock
 from sprinter_train.core.interrupt import StageInterrupted, note_completed
-from sprinter_train.core.io import CorruptInputError, write_json
+from sprinter_train.core.io import CorruptInputError, read_json, write_json
 from sprinter_train.core.processes import pid_alive, start_time
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.validation import ConfigError
@@ -484,3 +484,24 @@ def test_a_missing_or_misspelt_stage_lists_the_stages(compose_cfg, stage: str | 
     cfg = compose_cfg() if stage is None else compose_cfg(f"stage={stage}")
     with pytest.raises(ValueError, match=f"unknown stage {stage!r}; choose one of: harvest, "):
         run_stage(cfg)
+
+
+@pytest.mark.heavy
+def test_stage_all_with_one_lambda_evaluates_that_lambda(compose_cfg, tmp_path: Path) -> None:
+    """`stage=all train.lam=1.2` (what the docs offer) trains one λ; evaluate scores that one
+    instead of asking for the λ = 1 verifier nobody trained."""
+    cfg = compose_cfg(
+        "stage=all",
+        "models=tiny_random",
+        "data.num_prompts=12",
+        "data.val_fraction=0.25",
+        "data.test_fraction=0.25",
+        "harvest.continuation_tokens=6",
+        "train.lam=1.2",
+        "train.all_labels=[ratio]",
+        "all_steps=[harvest,train,tables,evaluate]",
+        f"checkpoints_root={tmp_path / 'checkpoints'}",
+    )
+    result = run_stage(cfg)
+    report = read_json(Path(result["evaluate"]["report"]))
+    assert [n for n in report["auc"] if n.startswith("verifier_")] == ["verifier_lam1.2"]

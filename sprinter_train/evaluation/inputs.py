@@ -19,7 +19,7 @@ from sprinter_train.verifier.checkpoint import (
     load_verifier,
     verifier_path,
 )
-from sprinter_train.verifier.labels import ACCEPT_NAME, Label
+from sprinter_train.verifier.labels import ACCEPT_NAME, Label, trained_lams
 
 COLUMNS = [
     "prompt_id",
@@ -41,6 +41,13 @@ def table_path(cfg: DictConfig) -> Path:
     return Path(cfg.experiment_dir) / "tables" / "sv_table.json"
 
 
+def evaluated_lams(cfg: DictConfig) -> list[float]:
+    """evaluate.lams, else (null) the λs stage=train trains with these settings."""
+    if cfg.evaluate.get("lams") is not None:
+        return [float(lam) for lam in cfg.evaluate.lams]
+    return trained_lams(cfg.train)
+
+
 def load_inputs(cfg: DictConfig) -> tuple[RecordSet, dict[str, VerifierCheckpoint], SVTable | None]:
     """Records, verifiers and table, each checked on entry (errors name the stage to run);
     the soft-label verifier joins the λ ones when it was trained."""
@@ -51,7 +58,7 @@ def load_inputs(cfg: DictConfig) -> tuple[RecordSet, dict[str, VerifierCheckpoin
         f"verifier_lam{lam_name(lam)}": load_verifier(
             verifier_path(cfg.checkpoint_dir, float(lam)), str(cfg.experiment)
         )
-        for lam in cfg.evaluate.lams
+        for lam in evaluated_lams(cfg)
     }
     accept = verifier_path(cfg.checkpoint_dir, Label("accept_prob"))
     if accept.exists():

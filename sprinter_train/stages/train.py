@@ -24,27 +24,20 @@ from sprinter_train.core.io import write_json
 from sprinter_train.core.runtime import set_threads
 from sprinter_train.harvest.reader import open_records, verify_hashes
 from sprinter_train.verifier.features import FeatureSpec
-from sprinter_train.verifier.labels import Label
+from sprinter_train.verifier.labels import Label, trained_lams
 from sprinter_train.verifier.train import train_verifier
 
 log = logging.getLogger(__name__)
 
 
-def lams_of(cfg: DictConfig) -> list[float]:
-    """train.lam if set (one job of a sweep), else every λ in train.lams."""
-    if cfg.train.get("lam") is not None:
-        return [float(cfg.train.lam)]
-    return [float(lam) for lam in cfg.train.lams]
-
-
 def labels_of(cfg: DictConfig) -> list[Label]:
-    """One ratio label per λ of `lams_of`, or the single accept_prob label (which has no λ)."""
+    """One ratio label per λ of `trained_lams`, or the single accept_prob label (which has no λ)."""
     kind = str(cfg.train.get("label") or "ratio")
     if kind == "accept_prob":
         if cfg.train.get("lam") is not None:
             log.info("train.label=accept_prob has no λ: train.lam=%s is not used", cfg.train.lam)
         return [Label("accept_prob")]
-    return [Label(kind, lam) for lam in lams_of(cfg)]  # Label names an unknown kind
+    return [Label(kind, lam) for lam in trained_lams(cfg.train)]  # Label names an unknown kind
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:

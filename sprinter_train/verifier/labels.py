@@ -8,6 +8,7 @@ length policy multiplies along a draft run. It has no λ. The records hold both 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,3 +101,11 @@ def train_problems(train: dict[str, Any]) -> list[str]:
             "(soft min(1, p/q), no λ)"
         )
     return problems
+
+
+def trained_lams(train: Mapping[str, Any]) -> list[float]:
+    """The λs stage=train trains: train.lam if set (one job of a sweep, or a single λ asked
+    of stage=all), else every λ in train.lams. Evaluate scores the same ones by default."""
+    if train.get("lam") is not None:
+        return [float(train["lam"])]
+    return [float(lam) for lam in train.get("lams") or []]
