@@ -9,6 +9,7 @@ import pytest
 from sprinter_train.bench.latency import LatencyProfile, profile_models
 from sprinter_train.core import machine
 from sprinter_train.core.distributions import implied_speedup
+from sprinter_train.core.io import CorruptInputError
 from sprinter_train.models.tiny import build_tiny_model
 
 
@@ -117,6 +118,19 @@ def test_a_profile_saved_before_batch_sizes_loads_as_batch_one(tmp_path: Path) -
     write_json(tmp_path / "latency.json", old)
     loaded = LatencyProfile.load(tmp_path / "latency.json")
     assert loaded == profile() and loaded.batch_sizes == [1] and not loaded.covers([1, 4], 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [('{"target_ms": {"1": 3', "Expecting"), ("[1, 2]", "not an object"), ("{}", "no target_ms")],
+)
+def test_a_truncated_or_foreign_profile_names_the_file_and_the_remedy(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    path = tmp_path / "latency.json"
+    path.write_text(text)
+    with pytest.raises(CorruptInputError, match=f"latency.json is corrupt.*{problem}.*stage=bench"):
+        LatencyProfile.load(path)
 
 
 def test_the_bench_reuses_a_profile_only_when_it_covers_the_run(compose_cfg, monkeypatch) -> None:

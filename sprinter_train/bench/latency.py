@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from sprinter_train.core.distributions import implied_speedup
-from sprinter_train.core.io import read_json, write_json
+from sprinter_train.core.io import corrupt_input, read_json_input, write_json
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.models.cache import crop_cache, returned_cache, with_cache
 
@@ -173,8 +173,14 @@ class LatencyProfile:
 
     @classmethod
     def load(cls, path: Path) -> LatencyProfile:
-        """A saved profile; one written before batch sizes were profiled loads as batch 1 only."""
-        return cls.from_json(read_json(path))
+        """A saved profile; one written before batch sizes were profiled loads as batch 1 only.
+        A truncated or foreign file is refused naming it and how to measure it again."""
+        remedy = f"delete it and rerun stage=bench, which measures a new profile at {path}"
+        payload = read_json_input(path, remedy, ("target_ms", "draft_ms", "device", "dtype"))
+        try:
+            return cls.from_json(payload)
+        except (TypeError, ValueError, AttributeError) as error:
+            raise corrupt_input(path, error, remedy) from error
 
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> LatencyProfile:
