@@ -505,3 +505,49 @@ def test_stage_all_with_one_lambda_evaluates_that_lambda(compose_cfg, tmp_path: 
     result = run_stage(cfg)
     report = read_json(Path(result["evaluate"]["report"]))
     assert [n for n in report["auc"] if n.startswith("verifier_")] == ["verifier_lam1.2"]
+
+
+def test_a_failed_resave_leaves_the_previous_verifier_whole(
+    verifier: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save that dies before it is complete (here: writing the sidecar, as a full disk or
+    `ulimit -f` does) keeps the old weights and sidecar, and leaves no temporary file."""
+    before = (verifier.read_bytes(), verifier.with_suffix(".json").read_bytes())
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    meta = {"lam": 1.0, "features": {"names": ["hidden"], "d_in": 8}}
+    with pytest.raises(OSError, match="No space"):
+        save_verifier(verifier, torch.full((8,), 2.0), torch.ones(1), meta)
+    monkeypatch.undo()
+    assert (verifier.read_bytes(), verifier.with_suffix(".json").read_bytes()) == before
+    assert sorted(p.name for p in verifier.parent.iterdir()) == [
+        "verifier-lam1.json",
+        verifier.name,
+    ]
+    assert load_verifier(verifier).model.linear.weight.detach().flatten().tolist() == [1.0] * 8
+
+
+def test_weights_without_their_own_sidecar_are_refused(verifier: Path, tmp_path: Path) -> None:
+    """Weights moved in without their sidecar (a crash between the two moves) do not load
+    with the old sidecar's settings."""
+    other = tmp_path / "other" / verifier.name
+    meta = {"lam": 1.0, "features": {"names": ["hidden"], "d_in": 8}}
+    save_verifier(other, torch.full((8,), 2.0), torch.ones(1), meta)
+    verifier.write_bytes(other.read_bytes())
+    with pytest.raises(CorruptInputError, match="weights are not the ones verifier-lam1.json"):
+        load_verifier(verifier)
+
+
+def test_a_verifier_whose_lambda_is_not_its_names_is_refused(tmp_path: Path) -> None:
+    """λ = 1.5 files copied as verifier-lam1.2.* would be reported and loaded as λ = 1.2."""
+    meta = {"lam": 1.5, "features": {"names": ["hidden"], "d_in": 8}}
+    source = save_verifier(verifier_path(tmp_path / "a", 1.5), torch.ones(8), torch.zeros(1), meta)
+    copy = verifier_path(tmp_path / "b", 1.2)
+    copy.parent.mkdir()
+    copy.write_bytes(source.read_bytes())
+    copy.with_suffix(".json").write_bytes(source.with_suffix(".json").read_bytes())
+    with pytest.raises(CorruptInputError, match="lam 1.5, but the file is named for λ = 1.2"):
+        load_verifier(copy)

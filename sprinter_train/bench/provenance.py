@@ -14,8 +14,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.core import machine
+from sprinter_train.core.io import file_sha256
 from sprinter_train.harvest.manifest import code_version, model_identity
-from sprinter_train.harvest.shards import file_sha256
 from sprinter_train.models.loading import LoadedModel
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` then rename tmp to `path`, so readers see a whole file or none."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temp_path(path)
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -32,6 +33,19 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+def temp_path(path: Path) -> Path:
+    """Where `atomic_write` (and a writer that moves several files into place) writes aside."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def sweep_stale_temps(folder: Path) -> list[Path]:

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sprinter_train.core.io import TEMP_NAME, atomic_write, corrupt_input
+from sprinter_train.core.io import TEMP_NAME, atomic_write, corrupt_input, file_sha256
 from sprinter_train.core.processes import pid_alive
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.harvest.continuations import HarvestSequence
@@ -70,14 +70,6 @@ class ShardPlan:
             f"{p.prompt_id}\t{m}" for p, m in zip(self.prompts, self.mixes, strict=True)
         )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def plan_shards(

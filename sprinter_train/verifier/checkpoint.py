@@ -10,6 +10,8 @@ whose sidecar exists is complete.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,10 @@ from safetensors.torch import load_file, save_file
 
 from sprinter_train.core.io import (
     MissingInputError,
-    atomic_write,
     corrupt_input,
+    file_sha256,
     read_json_input,
-    write_json,
+    temp_path,
 )
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.labels import ACCEPT_NAME, LABELS, Label
@@ -112,18 +114,28 @@ class VerifierCheckpoint:
 
 
 def save_verifier(path: Path, weight: torch.Tensor, bias: torch.Tensor, meta: dict) -> Path:
-    """Weights first, sidecar last (the sidecar marks a whole checkpoint)."""
+    """Both files are written aside whole, then moved into place, weights first: a write that
+    fails (a full disk, a file-size limit, a signal) leaves the previous verifier as it was.
+    The sidecar names its weights' sha256, so weights moved in without their sidecar (a crash
+    between the two moves) are refused on load rather than read with another's settings."""
     path = Path(path)
     sidecar = sidecar_path(path)
-    sidecar.unlink(missing_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
         "weight": weight.detach().float().reshape(1, -1).contiguous(),
         "bias": bias.detach().float().reshape(1).contiguous(),
     }
-    atomic_write(
-        path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": str(FORMAT_VERSION)})
-    )
-    write_json(sidecar, {"format_version": FORMAT_VERSION, **meta})
+    aside = {path: temp_path(path), sidecar: temp_path(sidecar)}
+    try:
+        save_file(tensors, str(aside[path]), metadata={"format": str(FORMAT_VERSION)})
+        digest = file_sha256(aside[path])
+        payload = {"format_version": FORMAT_VERSION, **meta, "weights_sha256": digest}
+        aside[sidecar].write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+        for final, written in aside.items():
+            os.replace(written, final)
+    finally:
+        for written in aside.values():
+            written.unlink(missing_ok=True)
     return path
 
 
@@ -144,6 +156,11 @@ def load_verifier(path: str | Path, experiment: str | None = None) -> VerifierCh
         )
     remedy = f"rewrite the verifier with {command}"
     meta = read_json_input(sidecar, remedy)
+    expected = meta.get("weights_sha256")
+    if expected is not None and file_sha256(path) != expected:
+        raise corrupt_input(
+            path, f"its weights are not the ones {sidecar.name} was written with", remedy
+        )
     try:
         tensors = load_file(str(path))
     except (OSError, SafetensorError) as error:
@@ -160,6 +177,11 @@ def checkpoint_of(
     sidecar = sidecar_path(path)
     if "lam" not in meta:
         raise corrupt_input(sidecar, "no lam", remedy)
+    named = path.stem.removeprefix("verifier-lam") if path.stem.startswith("verifier-lam") else None
+    if named and meta["lam"] is not None and lam_name(float(meta["lam"])) != named:
+        raise corrupt_input(
+            sidecar, f"lam {meta['lam']}, but the file is named for λ = {named}", remedy
+        )
     try:
         weight, bias = tensors["weight"], tensors["bias"]
     except KeyError as error:
