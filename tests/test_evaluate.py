@@ -17,7 +17,7 @@ from omegaconf import open_dict
 from sprinter_train.__main__ import run_stage
 from sprinter_train.core.classification import auc, brier, ece, eta_rates
 from sprinter_train.core.config import compose_config
-from sprinter_train.core.io import read_json
+from sprinter_train.core.io import CorruptInputError, read_json
 from sprinter_train.core.rules import sampled_acceptance
 from sprinter_train.decoding.policies import Method, Traits, gamma_round
 from sprinter_train.decoding.policies.base import RecordScore
@@ -386,6 +386,13 @@ def test_missing_inputs_name_the_stage_that_makes_them(tmp_path, chained) -> Non
     # the planted direction makes the verifiers strong; the synthetic A informs the table
     assert report["auc"]["verifier_lam1"] > 0.9 and report["auc"]["sv_table"] > 0.7
     assert report["entropy_rejected"] > report["entropy_accepted"]
+    # a sidecar that does not say which records trained it is refused before any scoring
+    sidecar = tmp_path / "checkpoints" / "syn" / "verifier-lam1.2.json"
+    meta = json.loads(sidecar.read_text())
+    del meta["records"]
+    sidecar.write_text(json.dumps(meta))
+    with pytest.raises(CorruptInputError, match="verifier-lam1.2.json .*no records.*stage=train"):
+        run_stage(compose_at(tmp_path, "stage=evaluate", "experiment=syn"))
 
 
 def test_ceiling_and_shortfall_sections_explain_a_short_auc(chained) -> None:

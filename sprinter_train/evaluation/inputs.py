@@ -11,12 +11,14 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from sprinter_train.core.io import corrupt_input
 from sprinter_train.harvest.reader import RecordSet, file_sha256, open_records, verify_hashes
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import (
     VerifierCheckpoint,
     lam_name,
     load_verifier,
+    sidecar_path,
     verifier_path,
 )
 from sprinter_train.verifier.labels import ACCEPT_NAME, Label, trained_lams
@@ -63,6 +65,14 @@ def load_inputs(cfg: DictConfig) -> tuple[RecordSet, dict[str, VerifierCheckpoin
     accept = verifier_path(cfg.checkpoint_dir, Label("accept_prob"))
     if accept.exists():
         verifiers[f"verifier_{ACCEPT_NAME}"] = load_verifier(accept, str(cfg.experiment))
+    for checkpoint in verifiers.values():  # the report says what each was trained on
+        if not isinstance(checkpoint.meta.get("records"), dict):
+            raise corrupt_input(
+                sidecar_path(checkpoint.path),
+                "no records (the record set it was trained on)",
+                f"train it again with `python -m sprinter_train stage=train "
+                f"experiment={cfg.experiment}`",
+            )
     table = SVTable.load(table_path(cfg)) if records.has_companion else None
     return records, verifiers, table
 
