@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,8 +45,9 @@ REQUIREMENTS = "".join(f"{name}{VERSIONS.get(name, '')}\n" for name in REQUIRED)
 
 def write_folder(out: Path, files: dict[str, bytes], manifest: dict[str, Any]) -> list[str]:
     """Write the folder beside `out`, load it back (folder and embedded copy), then swap it in;
-    a failure leaves no partial folder."""
-    tmp = out.with_name(f".{out.name}.tmp")
+    a failure leaves no partial folder and the previous export as it was. The folder written
+    aside is this process's own (two exports at once never share one)."""
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         fill(tmp, files, manifest)
@@ -54,9 +56,11 @@ def write_folder(out: Path, files: dict[str, bytes], manifest: dict[str, Any]) -
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    old = out.with_name(f".{out.name}.old{os.getpid()}")
     if out.exists():
-        shutil.rmtree(out)
+        out.rename(old)
     tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
     return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
 
 

@@ -7,8 +7,8 @@ At each batch size the prompts are decoded in consecutive groups of that size; p
 method runs in turn (prompt i with seed + i), so machine noise hits all alike; wall time is
 taken after warm-up with device synchronisation, never CPU time. The batch-1 run also gets
 the quality figures (ROUGE-L, perplexity, judge, energy); HF's peers run at batch 1 only.
-Results go to artifacts/<exp>/bench/ (a multirun job writes bench/sweep/<overrides>/), and
-the Pareto plot is redrawn from every results.json of the experiment.
+Results go to artifacts/<exp>/bench/ (a multirun job writes bench/sweep/<job>-<hash>/, its
+overrides inside), and the Pareto plot is redrawn from every results.json of the experiment.
 """
 
 from __future__ import annotations
@@ -25,23 +25,15 @@ from sprinter_train.bench.prepare import prepare
 from sprinter_train.bench.report import check_targets, plot_results, write_results
 from sprinter_train.bench.results import input_hashes, summarise_runs
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
+from sprinter_train.core.sweeps import job_dir
 
 log = logging.getLogger(__name__)
 
 
 def output_dir(cfg: DictConfig) -> Path:
-    """bench/ for a single run; bench/sweep/<overrides> for each job of a Hydra multirun."""
-    base = Path(cfg.experiment_dir) / "bench"
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hydra_cfg = HydraConfig.get()
-        if hydra_cfg.mode == RunMode.MULTIRUN:
-            return base / "sweep" / (hydra_cfg.job.override_dirname or str(hydra_cfg.job.num))
-    except ValueError:  # not launched by Hydra (tests, stage=all from code)
-        pass
-    return base
+    """bench/ for a single run; bench/sweep/<job>-<hash of its overrides> for each job of a
+    Hydra multirun (core/sweeps.py)."""
+    return job_dir(Path(cfg.experiment_dir) / "bench")
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:

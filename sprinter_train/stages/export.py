@@ -32,6 +32,7 @@ from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import VerifierMismatchError, method_verifier_path
 from sprinter_train.core.io import MissingInputError
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.core.sweeps import job_dir
 from sprinter_train.decoding.registry import traits_of
 from sprinter_train.harvest.manifest import code_version, model_identity
 from sprinter_train.hf.bundle import FORMAT_VERSION, MANIFEST
@@ -73,7 +74,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise ValueError(f"export.method={method} has no conf/methods/{method}.yaml")
     node = cfg.methods[method]
     needs = traits_of(node, method).needs
-    out = Path(cfg.export.out_dir or Path(cfg.checkpoint_dir) / f"export-{method}")
+    out = Path(cfg.export.out_dir or job_dir(Path(cfg.checkpoint_dir) / f"export-{method}"))
     specs: dict[str, Any] = OmegaConf.to_container(cfg.models, resolve=True)  # type: ignore[assignment]
     draft = load_role(specs, "draft", pack_linear=False)  # float32 on the CPU: identity read
     contents, extra = Contents(), {}
