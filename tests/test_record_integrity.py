@@ -113,13 +113,29 @@ def test_values_out_of_their_known_range_are_refused(tmp_path: Path, column, val
 def test_a_second_harvest_of_one_experiment_fails_at_once_naming_the_holder(
     tmp_path: Path, sleeper
 ) -> None:
-    lock = tmp_path / "default" / "harvest.lock"
+    lock = tmp_path / "default" / "writer.lock"
     holder = {"pid": sleeper.pid, "started": start_time(sleeper.pid)}
     write_json(lock, {"host": socket.gethostname(), "processes": [holder], "what": "harvest"})
     with pytest.raises(pidlock.LockHeldError, match=f"process {sleeper.pid}"):
         run_stage(compose_at(tmp_path))
     assert not (tmp_path / "default" / "records").exists()  # refused before any work
     assert lock.exists()
+
+
+@pytest.mark.parametrize("stage", ["train", "tables", "evaluate", "bench"])
+def test_every_writing_stage_takes_the_experiments_writer_lock(
+    tmp_path: Path, sleeper, stage: str
+) -> None:
+    """A second stage writing into an experiment (two trains once interleaved their rows in
+    one metrics.csv, the survivor exiting 0) fails at once naming the holder."""
+    experiment = tmp_path / "default"
+    write_synthetic_records(experiment, rows=256, d=8, shard_rows=256)
+    holder = {"pid": sleeper.pid, "started": start_time(sleeper.pid)}
+    lock = experiment / "writer.lock"
+    write_json(lock, {"host": socket.gethostname(), "processes": [holder], "what": "train"})
+    with pytest.raises(pidlock.LockHeldError, match=f"stage={stage} .* process {sleeper.pid}"):
+        run_stage(compose_at(tmp_path, f"stage={stage}"))
+    assert sorted(p.name for p in experiment.iterdir()) == ["records", "writer.lock"]
 
 
 def test_a_live_writers_temporary_shard_file_is_never_swept(tmp_path: Path, sleeper) -> None:
@@ -150,7 +166,7 @@ def test_two_harvests_at_once_the_second_is_refused_and_the_first_writes_every_s
         stderr=subprocess.PIPE,
         text=True,
     )
-    lock = tmp_path / "default" / "harvest.lock"
+    lock = tmp_path / "default" / "writer.lock"
     try:
         deadline = time.monotonic() + 120
         while not lock.exists() and first.poll() is None and time.monotonic() < deadline:

@@ -7,6 +7,7 @@ stale and taken over, so a crash never needs a manual clean-up.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -121,3 +122,13 @@ def held(path: Path, what: str) -> Iterator[Path]:
         yield Path(path)
     finally:
         release(path)
+
+
+WRITER = "writer.lock"  # artifacts/<exp>/writer.lock: one stage writes into an experiment at a time
+
+
+def experiment_writer(experiment_dir: str | Path, stage: str) -> contextlib.AbstractContextManager:
+    """The experiment's writer lock for a stage's whole run: a second stage writing into the
+    same experiment (two trains interleaving metrics.csv, a train during a harvest) fails at
+    once naming the holder."""
+    return held(Path(experiment_dir) / WRITER, f"stage={stage} of the experiment {experiment_dir}")

@@ -24,6 +24,7 @@ from sprinter_train.bench.decode import decode_all
 from sprinter_train.bench.prepare import prepare
 from sprinter_train.bench.report import check_targets, plot_results, write_results
 from sprinter_train.bench.results import input_hashes, summarise_runs
+from sprinter_train.core import pidlock
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sweeps import job_dir
 
@@ -37,6 +38,11 @@ def output_dir(cfg: DictConfig) -> Path:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    with pidlock.experiment_writer(cfg.experiment_dir, "bench"):
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> dict[str, Any]:
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)

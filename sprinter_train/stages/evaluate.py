@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.core import pidlock
 from sprinter_train.core.io import write_json
 from sprinter_train.core.rules import sampled_acceptance
 from sprinter_train.core.runtime import set_threads
@@ -45,6 +46,11 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    with pidlock.experiment_writer(cfg.experiment_dir, "evaluate"):
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> dict[str, Any]:
     set_threads(cfg.get("num_threads"))
     ecfg = cfg.evaluate
     records, verifiers, table = load_inputs(cfg)

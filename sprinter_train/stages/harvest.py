@@ -46,11 +46,7 @@ def check_inputs(cfg: DictConfig) -> None:
             )
 
 
-LOCK_NAME = "harvest.lock"
-
-
 def run(cfg: DictConfig) -> dict[str, Any]:
     check_inputs(cfg)
-    experiment = Path(cfg.experiment_dir)
-    with pidlock.held(experiment / LOCK_NAME, f"stage=harvest of the experiment {experiment}"):
+    with pidlock.experiment_writer(cfg.experiment_dir, "harvest"):
         return harvest(cfg)

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.core import pidlock
 from sprinter_train.core.io import write_json
 from sprinter_train.evaluation.plots import plot_sv_table
 from sprinter_train.harvest.manifest import code_version
@@ -28,6 +29,11 @@ SCHEMA_VERSION = 1
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    with pidlock.experiment_writer(cfg.experiment_dir, "tables"):
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> dict[str, Any]:
     tcfg: dict[str, Any] = OmegaConf.to_container(cfg.tables, resolve=True)  # type: ignore[assignment]
     records = open_records(
         cfg.experiment_dir, columns=COLUMNS, stage="stage=tables", verify=verify_hashes(cfg)

@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from sprinter_train.core import pidlock
 from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.io import write_json
 from sprinter_train.core.runtime import set_threads
@@ -41,6 +42,11 @@ def labels_of(cfg: DictConfig) -> list[Label]:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    with pidlock.experiment_writer(cfg.experiment_dir, "train"):
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> dict[str, Any]:
     set_threads(cfg.get("num_threads"))
     spec = FeatureSpec.from_names(list(cfg.train.features))
     labels = labels_of(cfg)
