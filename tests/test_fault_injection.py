@@ -394,6 +394,17 @@ def test_a_broken_manifest_names_itself_and_stage_harvest(records) -> None:
         open_records(records.parent)
 
 
+def test_a_manifest_listing_a_shard_twice_is_refused(records) -> None:
+    """Every row of the shard would be read twice (exit 0, doubled counts)."""
+    manifest = records / "manifest.json"
+    payload = read_json(manifest)
+    payload["shards"].append(payload["shards"][0])
+    write_json(manifest, payload)
+    first = payload["shards"][0]["name"]
+    with pytest.raises(CorruptInputError, match=f"shard {first} listed more than once"):
+        open_records(records.parent)
+
+
 @pytest.fixture
 def verifier(tmp_path: Path) -> Path:
     meta = {"lam": 1.0, "features": {"names": ["hidden"], "d_in": 8}}

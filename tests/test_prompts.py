@@ -290,6 +290,16 @@ def test_prompt_field_takes_the_first_turn_and_the_chat_template(tokenizer, monk
     assert prompts[0].input_ids == chat_ids(tokenizer, "First question?")
 
 
+def test_two_prompts_with_one_id_are_refused(tokenizer, monkeypatch) -> None:
+    """A local jsonl whose rows share an id was harvested under one id: one random stream,
+    one cluster in the bootstrap. It is refused, naming the id."""
+    rows = [{"qid": 7, "turns": ["First?"]}, {"qid": 7, "turns": ["Second?"]}]
+    fake_hub(monkeypatch, rows)
+    cfg = hf_cfg(prompt_field="turns", id_field="qid")
+    with pytest.raises(ValueError, match="two prompts have the id '7'"):
+        load_prompts(cfg, tokenizer)
+
+
 def test_prompt_format_wraps_the_prompt(tokenizer, monkeypatch) -> None:
     fake_hub(monkeypatch, [{"article": "Some news.", "highlights": "News."}])
     cfg = hf_cfg(

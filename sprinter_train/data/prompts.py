@@ -157,10 +157,19 @@ def _as_dict(data_cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
 def _with_splits(
     raw: Iterator[RawPrompt], cfg: Mapping[str, Any], split: str | None
 ) -> Iterator[tuple[str, str, str, str | None]]:
-    """Attach each prompt's split (by id) and drop the other splits, lazily."""
+    """Attach each prompt's split (by id) and drop the other splits, lazily. Two prompts with
+    one id are refused: they would share one random stream and one bootstrap cluster, and a
+    split decided by id could not tell them apart."""
     seed = int(cfg.get("seed", 0))
     val, test = float(cfg.get("val_fraction", 0.1)), float(cfg.get("test_fraction", 0.1))
+    seen: set[str] = set()
     for prompt_id, text, reference in raw:
+        if prompt_id in seen:
+            raise ValueError(
+                f"data={cfg.get('name', cfg.get('source'))}: two prompts have the id "
+                f"{prompt_id!r}; give every row its own id (`id_field`) or drop the duplicate"
+            )
+        seen.add(prompt_id)
         part = split_of(prompt_id, seed, val, test)
         if split is None or part == split:
             yield prompt_id, part, text, reference

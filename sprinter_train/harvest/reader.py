@@ -185,6 +185,13 @@ def open_records(
         keys=("shards", "hidden"),
     )
     names = [s["name"] for s in manifest["shards"]]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:  # every row of the shard would be read twice
+        raise corrupt_input(
+            manifest_path,
+            f"shard {', '.join(twice)} listed more than once",
+            f"rewrite it with the same stage=harvest command ({hint})",
+        )
     for name in names:
         for kind, path in shard_files(records_dir, name).items():
             if kind != "sequences" and not path.exists():
