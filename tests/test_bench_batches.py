@@ -11,6 +11,7 @@ import pytest
 from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import at_batch_size, plan_methods
+from sprinter_train.bench.prepare import batch_sizes_for
 from sprinter_train.bench.report import UNSUPPORTED
 from sprinter_train.bench.runs import engine_decode, groups, run_methods
 from sprinter_train.core.config import compose_config
@@ -42,6 +43,13 @@ SPEED = (
     "speedup_vs_sd",
     "rouge_l_vs_target",
 )
+
+
+def test_no_batch_size_runs_above_the_number_of_prompts() -> None:
+    """3 prompts at batch 64 are one group of 3: it runs, and is reported, as batch 3."""
+    assert batch_sizes_for([4, 64], 3) == [1, 3]
+    assert batch_sizes_for([4, 8], 20) == [1, 4, 8]
+    assert batch_sizes_for([], 5) == [1]
 
 
 def test_groups_are_consecutive_and_the_last_may_be_short() -> None:

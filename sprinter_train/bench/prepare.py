@@ -65,7 +65,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     prompts = load_prompts(data_cfg, models.tokenizer, split=b.split)
     if not prompts:
         raise ValueError(f"no prompts in split {b.split!r} of data={cfg.data.get('name')}")
-    batch_sizes = sorted({1, *(int(size) for size in b.batch_sizes)})  # batch 1 always runs
+    batch_sizes = batch_sizes_for([int(size) for size in b.batch_sizes], len(prompts))
     vocab = models.vocab_size
     engine = Engine(
         ModelRunner(models.target.model, vocab),
@@ -231,3 +231,18 @@ def sd_gamma(
             return int(cfg.bench.latency.unchecked_gamma)
         return profile.best_gamma(alpha, range(0, int(cfg.bench.gamma_max) + 1), batch_size)
     return int(cfg.methods.sd.gamma)
+
+
+def batch_sizes_for(asked: list[int], prompts: int) -> list[int]:
+    """The batch sizes that run: batch 1 always, and none above the number of prompts (3
+    prompts at batch 64 are one group of 3, which the report would call batch 64)."""
+    sizes = sorted({1, *(min(size, prompts) for size in asked)})
+    if any(size > prompts for size in asked):
+        log.warning(
+            "bench: %d prompts: batch sizes %s run as %s (a group cannot hold more rows than "
+            "there are prompts)",
+            prompts,
+            sorted(asked),
+            sizes,
+        )
+    return sizes
