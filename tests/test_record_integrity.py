@@ -4,7 +4,9 @@ harvests never write one experiment at once."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import pytest
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.core import pidlock
+from sprinter_train.core.interrupt import StageInterrupted
 from sprinter_train.core.io import CorruptInputError, read_json, write_json
 from sprinter_train.core.processes import start_time
 from sprinter_train.harvest.reader import open_records
@@ -182,3 +185,23 @@ def test_two_harvests_at_once_the_second_is_refused_and_the_first_writes_every_s
     records = open_records(tmp_path / "default")  # every listed shard is there and intact
     assert len(records.shard_names) == len(manifest["shards"]) and len(records.frame) > 0
     assert not lock.exists()
+
+
+def test_an_interrupted_harvest_counts_the_shards_it_kept(tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM while the third shard is being written: the report counts the two kept
+    shards instead of saying "None of the parts it reports had finished"."""
+    from sprinter_train.harvest import driver
+
+    real, calls = driver.write_shard, []
+
+    def write_then_stop(*args, **kwargs):
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(*args, **kwargs)
+        calls.append(1)
+
+    monkeypatch.setattr(driver, "write_shard", write_then_stop)
+    with pytest.raises(StageInterrupted) as stop:
+        run_stage(compose_at(tmp_path))
+    assert "2 of 3 shards written to" in stop.value.report()
+    assert len(list(records_of(tmp_path).glob("shard-*.parquet"))) >= 2

@@ -22,6 +22,7 @@ from lightning_fabric.strategies import DDPStrategy
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.io import write_json
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sampling import SamplingConfig
@@ -339,11 +340,14 @@ def _write_shards(
         )
 
     try:
-        for plan in plans:
+        for written, plan in enumerate(plans, 1):
             batch, sequences = harvest_prompts(
                 models, plan.prompts, plan.mixes, options, device=device, on_batch=on_batch, **pace
             )
             write_shard(records_dir, plan, batch, sequences, fingerprint)
+            note_completed(  # what an interruption report counts as kept
+                "shards", f"{written} of {len(plans)} shards written to {records_dir} (kept)"
+            )
     finally:
         progress.close()
     return rows
