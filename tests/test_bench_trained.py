@@ -94,6 +94,29 @@ def test_alpha_is_not_taken_from_records_of_other_sampling(compose_cfg, draft) -
     assert 0.0 <= alpha <= 1.0
 
 
+def test_alpha_is_not_taken_from_records_of_another_draft(compose_cfg, draft) -> None:
+    """A bench with another draft than the records' took the old draft's alpha (it seeds sd's
+    gamma and the learned priors) and said `records (N rows)`."""
+    cfg = compose_cfg("bench.warmup_runs=1", "bench.max_new_tokens=4", "bench.gamma_max=2")
+    write_synthetic_records(Path(cfg.experiment_dir), rows=64, d=8, shard_rows=64)
+    manifest_path = Path(cfg.experiment_dir) / "records" / "manifest.json"
+    write_json(manifest_path, {**read_json(manifest_path), "sampling": SAMPLING})
+    engine = Engine(
+        ModelRunner(draft, 128),
+        SamplingConfig.from_cfg(cfg.sampling),
+        draft=ModelRunner(draft, 128),
+    )
+    prompt = Prompt("p", "syn", "test", "", [1, 2, 3], None)
+    recorded = read_json(manifest_path)["models"]["draft"]
+    same = estimate_alpha(engine, prompt, cfg, {"draft": recorded})
+    assert same[1] == "records (64 rows)"
+    alpha, source = estimate_alpha(engine, prompt, cfg, {"draft": {"id": "another draft"}})
+    assert (
+        source == "sd on the warm-up prompt (records refused: harvested with another draft model)"
+    )
+    assert 0.0 <= alpha <= 1.0
+
+
 @pytest.mark.parametrize("warped", [False, True])
 def test_evaluate_states_which_entropy_its_svip_and_adaedl_scores_used(compose_cfg, warped):
     from sprinter_train.evaluation.scores import predictor_descriptions

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -78,7 +79,8 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         pack_every=int(cfg.decoding.pack_every),
     )
     profile = latency_profile(cfg, models, device, batch_sizes)
-    alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg)
+    identities = {role: model_identity(getattr(models, role)) for role in ("target", "draft")}
+    alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg, identities)
     profile, verdict = checked_profile(
         cfg, engine, models, device, batch_sizes, profile, prompts[0]
     )
@@ -188,10 +190,16 @@ def checked_profile(
     return profile, verdict
 
 
-def estimate_alpha(engine: Engine, prompt: Prompt, cfg: DictConfig) -> tuple[float, str]:
+def estimate_alpha(
+    engine: Engine,
+    prompt: Prompt,
+    cfg: DictConfig,
+    identities: dict[str, dict[str, Any]] | None = None,
+) -> tuple[float, str]:
     """The draft's acceptance rate alpha and where it came from: the mean beta = sum min(p, q)
-    of the experiment's records when there are any (thousands of positions), else SD's
-    acceptance on the warm-up prompt (noisy: one prompt)."""
+    of the experiment's records when there are any (thousands of positions) and they were
+    measured with the bench's sampling and models (`identities`: role -> model_identity),
+    else SD's acceptance on the warm-up prompt (noisy: one prompt)."""
     note = ""
     try:
         records = open_records(
@@ -199,9 +207,18 @@ def estimate_alpha(engine: Engine, prompt: Prompt, cfg: DictConfig) -> tuple[flo
         )
         measured = records.manifest.get("sampling")
         bench = asdict(SamplingConfig.from_cfg(cfg.sampling))
+        recorded = records.manifest.get("models") or {}
+        other = sorted(
+            role
+            for role, identity in (identities or {}).items()
+            if recorded.get(role) is not None and recorded[role] != identity
+        )
         if measured is not None and measured != bench:
             # beta depends on the warping: records of other sampling would pick a wrong gamma
             note = f" (records refused: measured under sampling {measured}, the bench's {bench})"
+            log.warning("bench: alpha not taken from the records%s", note)
+        elif other:  # another draft's beta seeds sd's gamma and the learned priors wrongly
+            note = f" (records refused: harvested with another {' and '.join(other)} model)"
             log.warning("bench: alpha not taken from the records%s", note)
         elif len(records.frame):
             return float(records.frame["beta"].mean()), f"records ({len(records.frame)} rows)"
