@@ -187,15 +187,41 @@ def test_a_profile_measured_under_load_is_measured_again(
     from sprinter_train.models.roles import Roles
 
     cfg = compose_cfg("bench.gamma_max=3")
+    model = build_tiny_model({}, seed=0)
+    loaded = LoadedModel("tiny", model, None)
+    models = Roles(loaded, loaded, None, 128, None)
     stored = profile()
     stored.dtype, stored.load_average = "float32", load
+    stored.models = bench_stage.timed_models(models)
     stored.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
     fresh = profile()
     monkeypatch.setattr(bench_stage, "profile_models", lambda *args: fresh)
     monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
-    model = build_tiny_model({}, seed=0)
-    loaded = LoadedModel("tiny", model, None)
-    models = Roles(loaded, loaded, None, 128, None)
     got = bench_stage.latency_profile(cfg, models, torch.device("cpu"), [1])
     assert (got is not fresh) == reused
     assert got.load_average == load if reused else got is fresh
+
+
+def test_a_profile_of_other_models_is_measured_again(compose_cfg, monkeypatch) -> None:
+    """A profile timed without a companion, reused by a bench with one, priced the companion's
+    step at nothing (`companion_ms` null) and sv planned as if it were free."""
+    import torch
+
+    from sprinter_train.bench import prepare as bench_stage
+    from sprinter_train.models.loading import LoadedModel
+    from sprinter_train.models.roles import Roles
+
+    cfg = compose_cfg("bench.gamma_max=3")
+    loaded = LoadedModel("tiny", build_tiny_model({}, seed=0), None)
+    pair = Roles(loaded, loaded, None, 128, None)
+    companion = LoadedModel("companion", build_tiny_model({}, seed=1), None)
+    trio = Roles(loaded, loaded, companion, 128, None)
+    stored = profile()
+    stored.dtype, stored.load_average = "float32", {"start": 0.0, "end": 0.0}
+    stored.models = bench_stage.timed_models(pair)
+    stored.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
+    fresh = profile()
+    monkeypatch.setattr(bench_stage, "profile_models", lambda *args: fresh)
+    monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
+    assert bench_stage.latency_profile(cfg, pair, torch.device("cpu"), [1]) is not fresh
+    assert bench_stage.latency_profile(cfg, trio, torch.device("cpu"), [1]) is fresh

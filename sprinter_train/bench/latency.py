@@ -62,6 +62,9 @@ class LatencyProfile:
     # the 1-minute load average before and after measuring (start, end) and the cores other
     # processes kept busy then (busy_start, busy_end); None: not recorded
     load_average: dict[str, float | None] | None = None
+    # role -> model_identity of the models it timed (None: not recorded); a profile of other
+    # models (another draft, no companion) is never reused
+    models: dict[str, Any] | None = None
 
     @property
     def measured_under_load(self) -> bool:

@@ -106,7 +106,8 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
 def latency_profile(
     cfg: DictConfig, models: Roles, device: torch.device, batch_sizes: list[int]
 ) -> LatencyProfile:
-    """bench/latency.json when it was measured on this device and dtype, covers every batch
+    """bench/latency.json when it was measured on this device and dtype, of these models
+    (a companion's step counts: a profile without one prices it free), covers every batch
     size with 1..gamma_max + 1 tokens a row and was not measured under load (and
     `bench.latency.reuse`), else a new one."""
     path = Path(cfg.experiment_dir) / "bench" / "latency.json"
@@ -115,7 +116,10 @@ def latency_profile(
     if lat.reuse and path.exists():
         profile = LatencyProfile.load(path)
         fits = profile.covers(batch_sizes, int(cfg.bench.gamma_max) + 1)
-        if profile.device == str(device) and profile.dtype == dtype and fits:
+        same = profile.models == timed_models(models)
+        if not same:
+            log.info("bench: re-measuring latency: %s timed other models", path)
+        if same and profile.device == str(device) and profile.dtype == dtype and fits:
             if not profile.measured_under_load:
                 return profile
             log.warning(
@@ -144,8 +148,14 @@ def measure_profile(
         device,
         batch_sizes,
     )
+    profile.models = timed_models(models)
     profile.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
     return profile
+
+
+def timed_models(models: Roles) -> dict[str, Any]:
+    """What a latency profile records of the models it timed (role -> model_identity)."""
+    return {m.role: model_identity(m) for m in models.all()}
 
 
 def checked_profile(
