@@ -11,7 +11,7 @@ artifact, so a bench without a harvest still measures everything else.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,20 +59,25 @@ def bench_problems(bench: dict[str, Any]) -> list[str]:
     return problems
 
 
+def unknown_methods(methods: Mapping[str, Any], names: Iterable[str]) -> list[str]:
+    """The names that are neither a configured method nor an HF peer, sorted."""
+    return sorted({name for name in names if name not in methods and name not in PEERS})
+
+
 def method_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     """Bench methods that are neither a conf/methods/<name>.yaml nor an HF peer, or whose
     class declares no traits: found before any model loads (only where the bench runs)."""
     if cfg.get("stage") not in ("bench", "all"):
         return []
     methods, bench = cfg.get("methods") or {}, cfg.get("bench") or {}
+    names = list(dict.fromkeys(bench.get("methods") or []))
     known = (*methods, *PEERS)
-    problems = []
-    for name in dict.fromkeys(bench.get("methods") or []):
-        if name not in known:
-            problems.append(
-                f"bench.methods: unknown method {name!r}; choose from {', '.join(known)}"
-            )
-        elif name not in PEERS:
+    problems = [
+        f"bench.methods: unknown method {name!r}; choose from {', '.join(known)}"
+        for name in unknown_methods(methods, names)
+    ]
+    for name in names:
+        if name in methods and name not in PEERS:
             try:
                 traits_of(methods[name], name)
             except MethodError as err:
@@ -272,10 +277,10 @@ def plan_methods(
     alpha: float | None = None,
 ) -> MethodPlan:
     b = cfg.bench
-    known = (*cfg.methods, *PEERS)
-    unknown = sorted(set(b.methods) - set(known))
+    unknown = unknown_methods(cfg.methods, b.methods)
     if unknown:
-        raise ValueError(f"unknown bench.methods {unknown}; choose from {', '.join(known)}")
+        known = ", ".join((*cfg.methods, *PEERS))
+        raise ValueError(f"unknown bench.methods {unknown}; choose from {known}")
     run = RunInputs(
         cfg,
         sd_gamma,

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.bench import provenance
 from sprinter_train.bench.latency import LatencyProfile, profile_models
 from sprinter_train.bench.methods import (
     MethodPlan,
@@ -155,7 +156,7 @@ def measure_profile(
 
 def timed_models(models: Roles) -> dict[str, Any]:
     """What a latency profile records of the models it timed (role -> model_identity)."""
-    return {m.role: model_identity(m) for m in models.all()}
+    return provenance.model_hashes({m.role: m for m in models.all()})
 
 
 def checked_profile(

@@ -62,9 +62,14 @@ def sweep_stale_temps(folder: Path) -> list[Path]:
     return removed
 
 
+def json_text(payload: Any) -> str:
+    """The one JSON layout every artifact is written in (sorted keys, indented)."""
+    return json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n"
+
+
 def write_json(path: Path, payload: Any) -> Path:
     def _write(tmp: Path) -> None:
-        tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.write_text(json_text(payload))
 
     return atomic_write(path, _write)
 

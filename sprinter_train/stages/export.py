@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 import sprinter_train.hf as hf_package
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import VerifierMismatchError, method_verifier_path
-from sprinter_train.core.io import MissingInputError
+from sprinter_train.core.io import MissingInputError, json_text
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.sweeps import job_dir
 from sprinter_train.decoding.registry import traits_of
@@ -184,7 +183,3 @@ def loading(spec: dict[str, Any], remote_code: bool = False) -> dict[str, Any]:
         "gguf_file": spec.get("gguf_file"),
         "remote_code": remote_code,
     }
-
-
-def json_text(payload: Any) -> str:
-    return json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n"

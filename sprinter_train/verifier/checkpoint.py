@@ -10,7 +10,6 @@ whose sidecar exists is complete.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from sprinter_train.core.io import (
     MissingInputError,
     corrupt_input,
     file_sha256,
+    json_text,
     read_json_input,
     temp_path,
 )
@@ -130,7 +130,7 @@ def save_verifier(path: Path, weight: torch.Tensor, bias: torch.Tensor, meta: di
         save_file(tensors, str(aside[path]), metadata={"format": str(FORMAT_VERSION)})
         digest = file_sha256(aside[path])
         payload = {"format_version": FORMAT_VERSION, **meta, "weights_sha256": digest}
-        aside[sidecar].write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+        aside[sidecar].write_text(json_text(payload))
         for final, written in aside.items():
             os.replace(written, final)
     finally:
