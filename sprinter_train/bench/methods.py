@@ -28,6 +28,7 @@ from sprinter_train.decoding.registry import MethodError, traits_of
 from sprinter_train.decoding.state import Policy
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint, load_verifier, verifier_path
+from sprinter_train.verifier.fit_check import VerifierMismatchError, check_verifier_fits
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
 
@@ -108,26 +109,13 @@ class RunInputs:
     alpha: float | None = None  # the bench's acceptance estimate (sd's planner starts there)
 
 
-class VerifierMismatchError(ValueError):
-    """A verifier trained for another draft or sampling than the bench runs."""
-
-
 def check_verifier(checkpoint: VerifierCheckpoint, run: RunInputs) -> None:
     """Refuse a verifier whose draft model or sampling differs from the bench's: its scores
     would be of features it never saw, and the bench would report a method nobody trained."""
-    meta, problems = checkpoint.meta, []
-    bench_sampling = dataclasses.asdict(SamplingConfig.from_cfg(run.cfg.sampling))
-    if meta.get("sampling") is not None and meta["sampling"] != bench_sampling:
-        problems.append(f"sampling {meta['sampling']} (the bench's: {bench_sampling})")
-    draft = run.draft_identity or {}
-    for key, field_name in (("draft_model", "id"), ("draft_model_files", "files")):
-        if draft and meta.get(key) is not None and meta[key] != draft.get(field_name):
-            problems.append(f"{key} {meta[key]!r} (the bench's: {draft.get(field_name)!r})")
-    if problems:
-        raise VerifierMismatchError(
-            f"{checkpoint.path} was trained with {'; '.join(problems)}: rerun stage=harvest "
-            "and stage=train with the bench's models and sampling, or bench with theirs"
-        )
+    sampling = dataclasses.asdict(SamplingConfig.from_cfg(run.cfg.sampling))
+    check_verifier_fits(
+        checkpoint.meta, checkpoint.path, run.draft_identity, sampling, run.cfg.experiment
+    )
 
 
 def verifier_hidden_layer(cfg: DictConfig) -> int:

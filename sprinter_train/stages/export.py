@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import sprinter_train.hf as hf_package
 from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.methods import VerifierMismatchError, method_verifier_path
+from sprinter_train.bench.methods import method_verifier_path
 from sprinter_train.core.io import MissingInputError, json_text
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.sweeps import job_dir
@@ -41,6 +41,7 @@ from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_pa
 from sprinter_train.models.roles import load_role
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import load_verifier, sidecar_path
+from sprinter_train.verifier.fit_check import check_verifier_fits
 
 log = logging.getLogger(__name__)
 
@@ -135,20 +136,8 @@ def check_verifier_draft(path: Path, cfg: DictConfig, draft: LoadedModel) -> Non
     """Refuse a verifier trained on another draft or sampling than the experiment's (the
     bench's check): the folder would record models and sampling it was never fitted on."""
     meta = load_verifier(path, cfg.experiment).meta
-    ours = model_identity(draft)
-    problems = [
-        f"{key} {meta[key]!r} (models.draft: {ours[field]!r})"
-        for key, field in (("draft_model", "id"), ("draft_model_files", "files"))
-        if meta.get(key) is not None and meta[key] != ours[field]
-    ]
     sampling = dataclasses.asdict(SamplingConfig.from_cfg(cfg.sampling))
-    if meta.get("sampling") is not None and meta["sampling"] != sampling:
-        problems.append(f"sampling {meta['sampling']} (the config's: {sampling})")
-    if problems:
-        raise VerifierMismatchError(
-            f"{path} was trained with {'; '.join(problems)}: export with the models and "
-            "sampling it was trained with, or train it again for these"
-        )
+    check_verifier_fits(meta, path, model_identity(draft), sampling, str(cfg.experiment))
 
 
 def uses_table(cfg: DictConfig, needs: frozenset[str], node: DictConfig) -> bool:
