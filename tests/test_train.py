@@ -220,3 +220,15 @@ def test_learning_curve_lands_in_the_sidecar(compose_cfg, tmp_path, synthetic) -
     assert points[-1]["test_auc_q_le_p"] == result["test"]["auc_q_le_p"]
     assert all(0.5 < p["test_auc_q_le_p"] <= 1 for p in points)
     assert (Path(cfg.experiment_dir) / "train" / "lam1" / "curve-0.1" / "metrics.csv").exists()
+
+
+def test_a_train_split_of_one_class_is_refused_naming_lambda(compose_cfg, tmp_path, synthetic):
+    """Every train label negative (λ below every q/p) trained an all-negative verifier, exit 0."""
+    from sprinter_train.verifier.train import train_verifier
+
+    cfg = train_cfg(compose_cfg, tmp_path, "train.lam=1")
+    records = open_records(cfg.experiment_dir, columns=["split", "ratio", "prompt_id"])
+    records.frame["ratio"] = 5.0  # q/p = 5 everywhere: no token is acceptable at λ = 1
+    with pytest.raises(ValueError, match=r"every train label of q/p <= 1 is negative.*λ = 1\.0"):
+        train_verifier(cfg, records, 1.0)
+    assert not verifier_path(cfg.checkpoint_dir, 1.0).exists()

@@ -31,7 +31,7 @@ from sprinter_train.verifier.checkpoint import (
 )
 from sprinter_train.verifier.data import VerifierDataModule, split_features, split_targets
 from sprinter_train.verifier.features import DraftEmbedder, FeatureSpec
-from sprinter_train.verifier.labels import Label, labels_at
+from sprinter_train.verifier.labels import Label, check_both_classes, labels_at
 from sprinter_train.verifier.module import KeepBest, VerifierModule
 
 log = logging.getLogger(__name__)
@@ -300,6 +300,9 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
     label = Label.of(label)
     tcfg = cfg.train
     spec = FeatureSpec.from_names(list(tcfg.features))
+    if label.kind == "ratio":  # before any fit: an all-one-class split learns only a bias
+        column = records.frame[label.column].to_numpy()[records.rows_of("train")]
+        check_both_classes(label.targets(column), label)
     embedder = make_embedder(cfg, spec, records)
     name = label.name
     log_dir = Path(cfg.experiment_dir) / "train"
