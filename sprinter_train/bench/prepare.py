@@ -96,6 +96,8 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         device,
         draft_identity=model_identity(models.draft),
         alpha=alpha,
+        identities={m.role: model_identity(m) for m in models.all()},
+        prompt_ids=[p.prompt_id for p in prompts],
     )
     for name, reason in plan.skipped.items():
         log.warning("bench: skipping %s: %s", name, reason)

@@ -39,7 +39,7 @@ from sprinter_train.hf.folder import write_folder
 from sprinter_train.hf.identity import model_identity as hf_identity
 from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_path
 from sprinter_train.models.roles import load_role
-from sprinter_train.sv.table import SVTable
+from sprinter_train.sv.table import SVTable, check_table_models
 from sprinter_train.verifier.checkpoint import load_verifier, sidecar_path
 from sprinter_train.verifier.fit_check import check_verifier_fits
 
@@ -92,6 +92,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         extra["table_binning"] = table.binning.name
         contents.add("table", path)
         companion = load_role(specs, "companion", pack_linear=False)
+        ours = {"draft": model_identity(draft), "companion": model_identity(companion)}
+        check_table_models(table, path, ours, str(cfg.experiment))  # target: not loaded here
     if "latency" in needs:
         path = Path(cfg.experiment_dir) / "bench" / "latency.json"
         if not path.exists():
