@@ -111,8 +111,8 @@ def test_alpha_is_not_taken_from_records_of_another_draft(compose_cfg, draft) ->
     same = estimate_alpha(engine, prompt, cfg, {"draft": recorded})
     assert same[1] == "records (64 rows)"
     alpha, source = estimate_alpha(engine, prompt, cfg, {"draft": {"id": "another draft"}})
-    assert (
-        source == "sd on the warm-up prompt (records refused: harvested with another draft model)"
+    assert source.startswith(
+        "sd on the warm-up prompt (records refused: harvested with another model: draft id"
     )
     assert 0.0 <= alpha <= 1.0
 
@@ -129,3 +129,34 @@ def test_evaluate_states_which_entropy_its_svip_and_adaedl_scores_used(compose_c
     for name in ("svip_entropy", "adaedl_bound"):
         assert "warped draft distribution" in described[name]
         assert ("raw softmax entropy" in described[name]) != warped
+
+
+def test_a_bench_on_prompts_the_verifier_was_trained_on_is_refused(bench_cfg, draft) -> None:
+    """data.seed=1 against records split with seed 0: most of the bench's "test" prompts were
+    in the verifier's train split, and the bench exited 0 without a word (issue 24, item 3)."""
+    from sprinter_train.bench.report import overlap_warning
+    from sprinter_train.data.overlap import TrainOverlapError, fitted_prompts
+    from sprinter_train.data.split import split_of
+
+    ids = [f"p{i}" for i in range(400)]
+    fitted = [p for p in ids if split_of(p, seed=0) in ("train", "val")]  # the records' split
+    bench_ids = [p for p in ids if split_of(p, seed=1) == "test"]  # a bench with data.seed=1
+    shared = len(set(bench_ids) & set(fitted))
+    assert shared > 0
+    meta = {"hidden_layer": -1, "fitted_prompts": fitted_prompts(fitted, ["train", "val"])}
+    cfg = bench_cfg("bench.methods=[sprinter]")
+    save(cfg, **meta)
+    mine = [p for p in ids if split_of(p, seed=0) == "test"]
+    assert (
+        plan_methods(cfg, 2, draft, False, prompt_ids=mine).settings["sprinter"]["verifier"][
+            "train_overlap"
+        ]
+        == 0
+    )
+    with pytest.raises(TrainOverlapError, match=f"{shared} of the bench's .*allow_train_overlap"):
+        plan_methods(cfg, 2, draft, False, prompt_ids=bench_ids)
+    allowed = bench_cfg("bench.methods=[sprinter]", "bench.allow_train_overlap=true")
+    got = plan_methods(allowed, 2, draft, False, prompt_ids=bench_ids)
+    assert got.settings["sprinter"]["verifier"]["train_overlap"] == shared
+    warning = overlap_warning({"settings": got.settings})
+    assert warning is not None and f"sprinter's verifier ({shared})" in warning

@@ -39,7 +39,7 @@ from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.stages import train as train_stage
 from sprinter_train.stages.settings import config_problems
-from sprinter_train.sv.table import SVTable
+from sprinter_train.sv.table import SVTable, TableMismatchError, check_table_models, sealed
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from tests.decoding_helpers import FixedLogits
 from tests.distill_helpers import TINY_DISTILL
@@ -267,6 +267,10 @@ def test_a_lock_outlives_its_holder_only_while_a_helper_runs(tmp_path, sleeper) 
         ("train.lam=nan", "train.lam", "finite"),
         ("train.lam=inf", "train.lam", "finite"),
         ("train.lams=[]", "train.lams", "non-empty"),
+        ("train.lam=1e-9", "train.lam", "train.lam_range [0.5, 10]"),
+        ("train.lams=[1,20]", "train.lams[1]", "train.lam_range [0.5, 10]"),
+        ("evaluate.lams=[0.1]", "evaluate.lams[0]", "train.lam_range"),
+        ("methods.sprinter.verifier.lam=1e-9", "methods.sprinter.verifier.lam", "lam_range"),
         ("data.max_prompt_tokens=-5", "data.max_prompt_tokens", ">= 0"),
         ("harvest.statistics_rows=0", "harvest.statistics_rows", ">= 1"),
         ("harvest.generation_batch_size=2.5", "harvest.generation_batch_size", "whole"),
@@ -428,14 +432,66 @@ def test_a_broken_sv_table_names_its_file_and_stage_tables(tmp_path: Path) -> No
     path = tmp_path / "exp" / "tables" / "sv_table.json"
     entry = {"s_edges": [0, 0.5, 1], "a_edges": [0, 1], "p_accept": [[0.2], [0.9]]}
     entry["counts"] = [[3], [4]]
-    write_json(path, {"default": "2x1", "binnings": {"2x1": entry}})
+    write_json(path, sealed({"default": "2x1", "binnings": {"2x1": entry}}))
     assert SVTable.load(path).lookup(0.7, 0.5) == 0.9
     truncate(path)
     with pytest.raises(CorruptInputError, match="sv_table.json.*stage=tables experiment=exp"):
         SVTable.load(path)
-    write_json(path, {"default": "2x1", "binnings": {"2x1": {**entry, "p_accept": [[NAN], [1]]}}})
+    nan = sealed({"default": "2x1", "binnings": {"2x1": {**entry, "p_accept": [[NAN], [1]]}}})
+    write_json(path, nan)
     with pytest.raises(CorruptInputError, match="sv_table.json.*stage=tables"):
         SVTable.load(path)
+
+
+TABLE_ENTRY = {
+    "s_edges": [0, 0.5, 1],
+    "a_edges": [0, 0.25, 1],
+    "p_accept": [[0.1, 0.3], [0.5, 0.9]],
+    "counts": [[3, 4], [5, 6]],
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"s_edges": [1, 0.5, 0]}, "s_edges .* do not increase strictly"),
+        ({"a_edges": [0, 1.25, 5]}, "a_edges run from 0.* to 5.*, not over"),
+        ({"counts": [[3, 4], [5, -6]]}, "negative"),
+        ({"counts": [[3, 4], [5, 60]]}, "counts summing to 72, but .* 18 rows"),
+    ],
+)
+def test_a_table_with_impossible_edges_or_counts_is_refused(tmp_path, change, named) -> None:
+    """Reversed S edges and A edges x5 passed the [0, 1] check (sv_table AUC 0.514, exit 0)."""
+    path = tmp_path / "exp" / "tables" / "sv_table.json"
+    good = {"default": "2x2", "rows": 18, "binnings": {"2x2": TABLE_ENTRY}}
+    write_json(path, sealed(good))
+    assert SVTable.load(path).lookup(0.7, 0.5) == 0.9
+    write_json(path, sealed({**good, "binnings": {"2x2": {**TABLE_ENTRY, **change}}}))
+    with pytest.raises(CorruptInputError, match=f"sv_table.json.*{named}.*stage=tables"):
+        SVTable.load(path)
+
+
+def test_an_edited_table_is_refused_naming_stage_tables(tmp_path) -> None:
+    path = tmp_path / "exp" / "tables" / "sv_table.json"
+    payload = sealed({"default": "2x2", "rows": 18, "binnings": {"2x2": TABLE_ENTRY}})
+    payload["binnings"]["2x2"]["p_accept"] = [[0.9, 0.9], [0.9, 0.9]]  # a hand edit
+    write_json(path, payload)
+    with pytest.raises(CorruptInputError, match="content hash.*stage=tables experiment=exp"):
+        SVTable.load(path)
+
+
+def test_a_table_of_another_companion_is_refused_naming_the_field(tmp_path) -> None:
+    """A table fitted for another companion ran unchecked in the bench."""
+    path = tmp_path / "exp" / "tables" / "sv_table.json"
+    companion = {"id": "tiny_random", "built": {"seed": 3}, "files": None}
+    models = {"draft": {"id": "d"}, "companion": companion}
+    payload = {"default": "2x2", "rows": 18, "binnings": {"2x2": TABLE_ENTRY}, "models": models}
+    write_json(path, sealed(payload))
+    table = SVTable.load(path)
+    check_table_models(table, path, models, "exp")
+    other = {**models, "companion": {**companion, "built": {"seed": 4}}}
+    with pytest.raises(TableMismatchError, match="companion built .*seed.*stage=tables"):
+        check_table_models(table, path, other, "exp")
 
 
 def test_a_draft_with_a_smaller_vocabulary_than_the_tokenizer_is_refused(compose_cfg) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 from hydra.utils import get_class
+from omegaconf import OmegaConf
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 import sprinter_train.hf as hf
@@ -48,6 +49,7 @@ from sprinter_train.decoding.policies import (
 from sprinter_train.decoding.registry import with_trait
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.timings import Timings
+from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.hf.bundle import Bundle
 from sprinter_train.hf.folder import ENTRY
@@ -56,9 +58,10 @@ from sprinter_train.hf.methods import SPECS
 from sprinter_train.hf.prepare import CACHE_KWARGS, check_inputs
 from sprinter_train.hf.vendor import VendorError, closure, flat_name
 from sprinter_train.models.cache import returned_cache, with_cache
+from sprinter_train.models.roles import load_role
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 from sprinter_train.sv.fit import fit_binning
-from sprinter_train.sv.table import Binning, SVTable
+from sprinter_train.sv.table import Binning, SVTable, sealed
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
@@ -101,13 +104,20 @@ def write_verifier(
     return save_verifier(path, weight, torch.tensor([0.3]), meta)
 
 
-def write_table(path: Path) -> Path:
-    """An SV table fitted by sv/fit.py on planted (S, A, X): X rises with A and S."""
+def write_table(path: Path, cfg=None) -> Path:
+    """An SV table fitted by sv/fit.py on planted (S, A, X): X rises with A and S, sealed as
+    stage=tables seals it, for the draft and companion of `cfg.models` (as export loads them)."""
     rng = np.random.default_rng(0)
     S, A = rng.random(4000), rng.random(4000)
     x = np.clip(0.05 + 0.9 * A * S + 0.05 * rng.standard_normal(4000), 0, 1)
     fitted = fit_binning(Binning.equal_width(4), S, A, x, min_count=5)
-    return write_json(path, {"default": "4x4", "binnings": {"4x4": fitted}})
+    models = {}
+    if cfg is not None:
+        specs = OmegaConf.to_container(cfg.models, resolve=True)
+        roles = ("draft", "companion")
+        models = {r: model_identity(load_role(specs, r, pack_linear=False)) for r in roles}
+    payload = {"default": "4x4", "binnings": {"4x4": fitted}, "rows": 4000, "models": models}
+    return write_json(path, sealed(payload))
 
 
 def write_latency(path: Path) -> Path:
@@ -147,7 +157,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     write_verifier(verifier_path(ck, 1.2), ["hidden"], 0, paths["draft"])
     accept = verifier_path(ck, Label("accept_prob"))
     write_verifier(accept, ["hidden"], 1, paths["draft"], "accept_prob")
-    write_table(exp / "tables" / "sv_table.json")
+    write_table(exp / "tables" / "sv_table.json", cfg)
     write_latency(exp / "bench" / "latency.json")
     with_table = {"sd_learned": ["methods.sd_learned.table={binning: null, optional: true}"]}
     results = {
@@ -283,7 +293,7 @@ def test_the_stage_refuses_what_it_cannot_export(setup) -> None:
     with pytest.raises(MissingInputError, match="stage=train experiment=other train.label"):
         run_stage(learned)
     write_verifier(verifier_path(cfg.checkpoint_dir, Label("accept_prob")), ["hidden"], 0, None)
-    write_table(Path(cfg.experiment_dir) / "tables" / "sv_table.json")
+    write_table(Path(cfg.experiment_dir) / "tables" / "sv_table.json", cfg)
     with pytest.raises(MissingInputError, match="stage=bench experiment=other"):
         run_stage(learned)
     assert not list(Path(cfg.checkpoint_dir).glob("export-*"))

@@ -61,6 +61,9 @@ def test_linear_verifier_recovers_the_planted_direction(compose_cfg, tmp_path, s
     assert meta["lam"] == 1.0 and meta["d"] == 24 and meta["hidden_layer"] == -1
     assert meta["features"]["layout"] == [{"name": "hidden", "width": 24}]
     assert meta["draft_model"] == "synthetic"
+    assert meta["draft_identity"]["id"] == "synthetic"  # all of it is compared by the bench
+    assert meta["fitted_prompts"]["splits"] == ["train", "val"]
+    assert len(meta["fitted_prompts"]["id_sha256"]) == synthetic_prompts(cfg, ("train", "val"))
     assert meta["records"]["manifest_sha256"] == open_records(cfg.experiment_dir).manifest_hash
     balance = meta["class_balance"]
     assert 0.2 < balance["train"]["positive_fraction"] < 0.8 and balance["test"]["rows"] > 0
@@ -220,3 +223,20 @@ def test_learning_curve_lands_in_the_sidecar(compose_cfg, tmp_path, synthetic) -
     assert points[-1]["test_auc_q_le_p"] == result["test"]["auc_q_le_p"]
     assert all(0.5 < p["test_auc_q_le_p"] <= 1 for p in points)
     assert (Path(cfg.experiment_dir) / "train" / "lam1" / "curve-0.1" / "metrics.csv").exists()
+
+
+def test_a_train_split_of_one_class_is_refused_naming_lambda(compose_cfg, tmp_path, synthetic):
+    """Every train label negative (λ below every q/p) trained an all-negative verifier, exit 0."""
+    from sprinter_train.verifier.train import train_verifier
+
+    cfg = train_cfg(compose_cfg, tmp_path, "train.lam=1")
+    records = open_records(cfg.experiment_dir, columns=["split", "ratio", "prompt_id"])
+    records.frame["ratio"] = 5.0  # q/p = 5 everywhere: no token is acceptable at λ = 1
+    with pytest.raises(ValueError, match=r"every train label of q/p <= 1 is negative.*λ = 1\.0"):
+        train_verifier(cfg, records, 1.0)
+    assert not verifier_path(cfg.checkpoint_dir, 1.0).exists()
+
+
+def synthetic_prompts(cfg, splits) -> int:
+    frame = open_records(cfg.experiment_dir, columns=["split", "prompt_id"]).frame
+    return int(frame["prompt_id"][frame["split"].isin(splits)].nunique())

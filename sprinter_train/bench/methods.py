@@ -11,6 +11,7 @@ artifact, so a bench without a harvest still measures everything else.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,14 +23,23 @@ from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.validation import check_whole
+from sprinter_train.data.overlap import check_overlap
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.gamma_plan import GammaPlanner
 from sprinter_train.decoding.registry import MethodError, traits_of
 from sprinter_train.decoding.state import Policy
-from sprinter_train.sv.table import SVTable
-from sprinter_train.verifier.checkpoint import VerifierCheckpoint, load_verifier, verifier_path
+from sprinter_train.sv.table import SVTable, check_table_models
+from sprinter_train.verifier.checkpoint import (
+    VerifierCheckpoint,
+    load_verifier,
+    train_command,
+    verifier_path,
+)
+from sprinter_train.verifier.fit_check import VerifierMismatchError, check_verifier_fits
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
+
+log = logging.getLogger(__name__)
 
 PEERS = {"hf_assisted": "constant", "hf_assisted_heuristic": "heuristic"}
 COUNTS = {  # bench.<key> -> its least value
@@ -106,28 +116,31 @@ class RunInputs:
     device: torch.device
     draft_identity: dict[str, Any] | None = None  # model_identity of the bench's draft
     alpha: float | None = None  # the bench's acceptance estimate (sd's planner starts there)
-
-
-class VerifierMismatchError(ValueError):
-    """A verifier trained for another draft or sampling than the bench runs."""
+    identities: dict[str, dict[str, Any]] | None = None  # role -> model_identity, all roles
+    prompt_ids: list[str] | None = None  # the bench's prompts: none may be a predictor's fit
 
 
 def check_verifier(checkpoint: VerifierCheckpoint, run: RunInputs) -> None:
     """Refuse a verifier whose draft model or sampling differs from the bench's: its scores
     would be of features it never saw, and the bench would report a method nobody trained."""
-    meta, problems = checkpoint.meta, []
-    bench_sampling = dataclasses.asdict(SamplingConfig.from_cfg(run.cfg.sampling))
-    if meta.get("sampling") is not None and meta["sampling"] != bench_sampling:
-        problems.append(f"sampling {meta['sampling']} (the bench's: {bench_sampling})")
-    draft = run.draft_identity or {}
-    for key, field_name in (("draft_model", "id"), ("draft_model_files", "files")):
-        if draft and meta.get(key) is not None and meta[key] != draft.get(field_name):
-            problems.append(f"{key} {meta[key]!r} (the bench's: {draft.get(field_name)!r})")
-    if problems:
-        raise VerifierMismatchError(
-            f"{checkpoint.path} was trained with {'; '.join(problems)}: rerun stage=harvest "
-            "and stage=train with the bench's models and sampling, or bench with theirs"
-        )
+    sampling = dataclasses.asdict(SamplingConfig.from_cfg(run.cfg.sampling))
+    check_verifier_fits(
+        checkpoint.meta, checkpoint.path, run.draft_identity, sampling, run.cfg.experiment
+    )
+
+
+def check_prompts(
+    fitted: dict[str, Any] | None, run: RunInputs, what: str, remedy: str
+) -> int | None:
+    """How many bench prompts the predictor was fitted on (None: unknown, its file predates
+    `fitted_prompts`); refused unless bench.allow_train_overlap, which results then report."""
+    if run.prompt_ids is None:
+        return None
+    allow = bool(run.cfg.bench.get("allow_train_overlap", False))
+    count = check_overlap(fitted, run.prompt_ids, what, allow, remedy)
+    if count:
+        log.warning("bench: %d of its prompts are ones %s was fitted on", count, what)
+    return count
 
 
 def verifier_hidden_layer(cfg: DictConfig) -> int:
@@ -197,8 +210,15 @@ def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[st
     path = method_verifier_path(run.cfg.checkpoint_dir, node)
     checkpoint = load_verifier(path, run.cfg.experiment)  # a missing one names stage=train
     check_verifier(checkpoint, run)
+    overlap = check_prompts(
+        checkpoint.meta.get("fitted_prompts"), run, f"the verifier {path.name}",
+        f"retrain it on records without these prompts ({train_command(path, run.cfg.experiment)}"
+        " after a harvest of other data settings), or bench prompts of its records' test split "
+        "(bench.split=test with the data settings it was harvested with)",
+    )  # fmt: skip
     scorer = CheckpointVerifier(checkpoint, run.draft_model)
     record = {
+        **({} if overlap is None else {"train_overlap": overlap}),
         **OmegaConf.to_container(node.verifier),  # type: ignore[dict-item]
         "path": str(path),
         "hidden_layer": int(checkpoint.meta.get("hidden_layer", -1)),
@@ -215,7 +235,16 @@ def _table(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, 
         raise FileNotFoundError(f"{name} needs a companion model (models.companion)")
     path = Path(run.cfg.experiment_dir) / "tables" / "sv_table.json"
     table = SVTable.load(path, node.table.binning)  # a missing table names stage=tables
+    if run.identities is not None:
+        check_table_models(table, path, run.identities, str(run.cfg.experiment))
+    overlap = check_prompts(
+        table.meta.get("fitted_prompts"), run, f"the SV table {path.name}",
+        "refit it on records without these prompts (stage=harvest with other data settings, "
+        "then stage=tables), or bench prompts outside tables.fit_splits",
+    )  # fmt: skip
     record = {**OmegaConf.to_container(node.table), "path": str(path)}  # type: ignore[dict-item]
+    if overlap is not None:
+        record["train_overlap"] = overlap
     return table.on(run.device), record
 
 
@@ -275,6 +304,8 @@ def plan_methods(
     device: torch.device | str = "cpu",
     draft_identity: dict[str, Any] | None = None,
     alpha: float | None = None,
+    identities: dict[str, dict[str, Any]] | None = None,
+    prompt_ids: list[str] | None = None,
 ) -> MethodPlan:
     b = cfg.bench
     unknown = unknown_methods(cfg.methods, b.methods)
@@ -289,6 +320,8 @@ def plan_methods(
         torch.device(device),
         draft_identity,
         alpha,
+        identities,
+        prompt_ids,
     )
     plan = MethodPlan({}, {}, {}, {})
     for name in b.methods:

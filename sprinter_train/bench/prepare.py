@@ -29,6 +29,7 @@ from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats
 from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.harvest.reader import open_records, verify_hashes
+from sprinter_train.models.identity import roles_differences
 from sprinter_train.models.roles import Roles, load_roles
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,8 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         device,
         draft_identity=model_identity(models.draft),
         alpha=alpha,
+        identities={m.role: model_identity(m) for m in models.all()},
+        prompt_ids=[p.prompt_id for p in prompts],
     )
     for name, reason in plan.skipped.items():
         log.warning("bench: skipping %s: %s", name, reason)
@@ -117,9 +120,18 @@ def latency_profile(
     if lat.reuse and path.exists():
         profile = LatencyProfile.load(path)
         fits = profile.covers(batch_sizes, int(cfg.bench.gamma_max) + 1)
-        same = profile.models == timed_models(models)
+        differences = roles_differences(profile.models or {}, timed_models(models))
+        differences += [
+            f"{r}: not in this run"
+            for r in set(profile.models or {}) - {m.role for m in models.all()}
+        ]
+        same = not differences
         if not same:
-            log.info("bench: re-measuring latency: %s timed other models", path)
+            log.info(
+                "bench: re-measuring latency: %s timed other models (%s)",
+                path,
+                "; ".join(differences),
+            )
         if same and profile.device == str(device) and profile.dtype == dtype and fits:
             if not profile.measured_under_load:
                 return profile
@@ -219,17 +231,14 @@ def estimate_alpha(
         measured = records.manifest.get("sampling")
         bench = asdict(SamplingConfig.from_cfg(cfg.sampling))
         recorded = records.manifest.get("models") or {}
-        other = sorted(
-            role
-            for role, identity in (identities or {}).items()
-            if recorded.get(role) is not None and recorded[role] != identity
-        )
+        ours = {r: i for r, i in (identities or {}).items() if recorded.get(r) is not None}
+        other = roles_differences(recorded, ours)
         if measured is not None and measured != bench:
             # beta depends on the warping: records of other sampling would pick a wrong gamma
             note = f" (records refused: measured under sampling {measured}, the bench's {bench})"
             log.warning("bench: alpha not taken from the records%s", note)
         elif other:  # another draft's beta seeds sd's gamma and the learned priors wrongly
-            note = f" (records refused: harvested with another {' and '.join(other)} model)"
+            note = f" (records refused: harvested with another model: {'; '.join(other)})"
             log.warning("bench: alpha not taken from the records%s", note)
         elif len(records.frame):
             return float(records.frame["beta"].mean()), f"records ({len(records.frame)} rows)"

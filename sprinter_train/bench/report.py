@@ -376,17 +376,36 @@ def profile_warning(results: dict[str, Any]) -> str | None:
     )
 
 
+def overlap_warning(results: dict[str, Any]) -> str | None:
+    """The results.md warning for a bench run with bench.allow_train_overlap on prompts its
+    verifiers or SV table were fitted on (results.json: settings.<method>.<entry>.train_overlap)."""
+    found = [
+        f"{name}'s {key} ({entry['train_overlap']})"
+        for name, settings in (results.get("settings") or {}).items()
+        for key, entry in settings.items()
+        if isinstance(entry, dict) and entry.get("train_overlap")
+    ]
+    if not found:
+        return None
+    return (
+        f"**Warning:** bench.allow_train_overlap: prompts the predictors were fitted on were "
+        f"timed (overlapping prompts: {', '.join(found)}); their speed is not that of new prompts."
+    )
+
+
 def write_results(out: Path, results: dict[str, Any]) -> None:
     write_json(out / "results.json", results)
     energy = {row.get("energy_note") for row in results["methods"].values()} - {None}
     sizes = results.get("batch_sizes", [1])
     warning = load_warning(results.get("provenance") or {})
     unchecked = profile_warning(results)
+    overlap = overlap_warning(results)
     lines = [
         f"# Bench: {results['experiment']}",
         "",
         *([warning, ""] if warning else []),
         *([unchecked, ""] if unchecked else []),
+        *([overlap, ""] if overlap else []),
         f"{results['num_prompts']} prompts, {results['max_new_tokens']} new tokens each, sampling "
         f"{results['sampling']}, on {results['device']} ({results['dtype']}, {results['threads']} threads), "
         f"batch sizes {sizes}. Models: {results['models']}.",

@@ -16,6 +16,7 @@ import torch
 import sprinter_train
 from sprinter_train.harvest.schema import HIDDEN_DTYPE, RECORD_SCHEMA, SCHEMA_VERSION
 from sprinter_train.harvest.shards import ShardPlan, read_records, shard_hashes
+from sprinter_train.models.identity import content_digest, model_files
 from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_path, tokenizer_hash
 from sprinter_train.models.roles import Roles
 
@@ -37,40 +38,41 @@ def code_version() -> str:
     return described or f"sprinter_train {sprinter_train.__version__}"
 
 
-DOCUMENT_SUFFIXES = (".md", ".png", ".jpg", ".jpeg", ".txt")  # a model card is not the model
-
-
 def _local_signature(spec: dict[str, Any]) -> str | None:
-    """Sizes and mtimes of a local model's files: a retrained draft at the same path is new.
-
+    """The content digest of a local model's weight and config files (models.identity): a
+    retrained draft at the same path is new, a touched or cloned copy of the same bytes is not.
     Its card and pictures are left out: `draft_eval.update_model_card` rewrites the README,
     and that must not make every harvest and verifier of the same weights look stale."""
     path = str(spec.get("path") or "")
     if path == "tiny_random" or not path:
-        return None
-    resolved = Path(resolve_path(path))
-    files = [resolved / spec["gguf_file"]] if spec.get("gguf_file") else []
-    if not files and resolved.is_dir():
-        files = sorted(
-            f
-            for f in resolved.iterdir()
-            if f.is_file() and not f.name.lower().endswith(DOCUMENT_SUFFIXES)
-        )
-    if not files:
-        return None  # a hub id: its revision identifies it
-    stats = [f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files if f.exists()]
-    return hashlib.sha256("|".join(stats).encode()).hexdigest()[:16]
+        return None  # its config and seed identify it (`built`)
+    files = model_files(Path(resolve_path(path)), spec.get("gguf_file"))
+    return content_digest(files)  # None for a hub id: its revision and commit identify it
 
 
 def model_identity(loaded: LoadedModel) -> dict[str, Any]:
+    """Everything that tells two models apart: the spec's id, a hub revision and commit, the
+    local files' content digest, a tiny model's config and seed, the vocabulary size."""
     spec = loaded.spec
     return {
         "id": describe_spec(spec),
         "revision": spec.get("revision"),
         "commit": getattr(loaded.model.config, "_commit_hash", None),
         "files": _local_signature(spec),
-        "built": {k: spec[k] for k in ("config", "seed", "tokenizer") if k in spec} or None,
+        "built": built(spec),
         "vocab_size": int(loaded.model.config.vocab_size),
+    }
+
+
+def built(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """What a model built in code is made of: its config, seed (0 when unset, as it loads)
+    and tokenizer settings; None for a model loaded from files."""
+    if spec.get("path") != "tiny_random":
+        return {k: spec[k] for k in ("config", "seed", "tokenizer") if k in spec} or None
+    return {
+        "config": spec.get("config") or {},
+        "seed": int(spec.get("seed", 0)),
+        "tokenizer": spec.get("tokenizer") or {},
     }
 
 

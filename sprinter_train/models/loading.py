@@ -29,6 +29,7 @@ from transformers import (
 )
 
 from sprinter_train.models import student as _student  # noqa: F401  (registers the draft class)
+from sprinter_train.models.identity import file_digest
 from sprinter_train.models.packed import pack_linears
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
 
@@ -123,8 +124,9 @@ def looks_local(path: str) -> bool:
 
 
 def _gguf_cache_dir(gguf: Path, cache_root: str | None) -> Path:
-    stat = gguf.stat()
-    key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{int(stat.st_mtime)}".encode()).hexdigest()
+    """Keyed by the GGUF's content digest (cached by path, size and mtime_ns): a touched or
+    copied file finds its dequantised copy; a changed one gets a new copy."""
+    key = file_digest(gguf)
     root = Path(os.path.expanduser(cache_root or "~/.cache/sprinter_train/gguf"))
     return root / f"{gguf.stem}-{key[:12]}"
 

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import sprinter_train.hf as hf_package
 from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.methods import VerifierMismatchError, method_verifier_path
+from sprinter_train.bench.methods import method_verifier_path
 from sprinter_train.core.io import MissingInputError, json_text
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.sweeps import job_dir
@@ -39,8 +39,9 @@ from sprinter_train.hf.folder import write_folder
 from sprinter_train.hf.identity import model_identity as hf_identity
 from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_path
 from sprinter_train.models.roles import load_role
-from sprinter_train.sv.table import SVTable
+from sprinter_train.sv.table import SVTable, check_table_models
 from sprinter_train.verifier.checkpoint import load_verifier, sidecar_path
+from sprinter_train.verifier.fit_check import check_verifier_fits
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         extra["table_binning"] = table.binning.name
         contents.add("table", path)
         companion = load_role(specs, "companion", pack_linear=False)
+        ours = {"draft": model_identity(draft), "companion": model_identity(companion)}
+        check_table_models(table, path, ours, str(cfg.experiment))  # target: not loaded here
     if "latency" in needs:
         path = Path(cfg.experiment_dir) / "bench" / "latency.json"
         if not path.exists():
@@ -135,20 +138,8 @@ def check_verifier_draft(path: Path, cfg: DictConfig, draft: LoadedModel) -> Non
     """Refuse a verifier trained on another draft or sampling than the experiment's (the
     bench's check): the folder would record models and sampling it was never fitted on."""
     meta = load_verifier(path, cfg.experiment).meta
-    ours = model_identity(draft)
-    problems = [
-        f"{key} {meta[key]!r} (models.draft: {ours[field]!r})"
-        for key, field in (("draft_model", "id"), ("draft_model_files", "files"))
-        if meta.get(key) is not None and meta[key] != ours[field]
-    ]
     sampling = dataclasses.asdict(SamplingConfig.from_cfg(cfg.sampling))
-    if meta.get("sampling") is not None and meta["sampling"] != sampling:
-        problems.append(f"sampling {meta['sampling']} (the config's: {sampling})")
-    if problems:
-        raise VerifierMismatchError(
-            f"{path} was trained with {'; '.join(problems)}: export with the models and "
-            "sampling it was trained with, or train it again for these"
-        )
+    check_verifier_fits(meta, path, model_identity(draft), sampling, str(cfg.experiment))
 
 
 def uses_table(cfg: DictConfig, needs: frozenset[str], node: DictConfig) -> bool:

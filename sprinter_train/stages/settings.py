@@ -17,7 +17,7 @@ from sprinter_train.core.validation import SectionCheck, problems_in, raise_prob
 from sprinter_train.data.prompts import data_problems
 from sprinter_train.decoding.engine import decoding_problems
 from sprinter_train.harvest.driver import harvest_problems
-from sprinter_train.verifier.labels import train_problems
+from sprinter_train.verifier.labels import lam_problems, train_problems
 
 CHECKS: dict[str, SectionCheck] = {
     "sampling": sampling_problems,
@@ -43,7 +43,12 @@ def experiment_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
 
 def config_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     """Every out-of-range setting of `cfg`, one line each (empty when all are fine)."""
-    return [*experiment_problems(cfg), *problems_in(cfg, CHECKS), *method_problems(cfg)]
+    return [
+        *experiment_problems(cfg),
+        *problems_in(cfg, CHECKS),
+        *method_problems(cfg),
+        *lam_problems(cfg),
+    ]
 
 
 def validate_config(cfg: DictConfig | Mapping[str, Any]) -> None:

@@ -14,6 +14,8 @@ Fitting (counting, filling, the information S and A carry) lives in sv/fit.py.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from sprinter_train.core.io import MissingInputError, corrupt_input, read_json_input
+from sprinter_train.core.io import MissingInputError, corrupt_input, json_text, read_json_input
+from sprinter_train.models.identity import roles_differences
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,76 @@ def quantile_edges(values: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([[0.0], inner, [1.0]])
 
 
+SEAL = "content_sha256"  # sha256 of the table's JSON without this key, written by stage=tables
+
+
+def content_hash(payload: dict[str, Any]) -> str:
+    """sha256 of the payload's canonical JSON, its own seal left out."""
+    body = {k: v for k, v in payload.items() if k != SEAL}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def sealed(payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload (as its JSON reads back) with its content hash: an edit of any number is
+    then refused on read."""
+    plain = json.loads(json_text(payload))
+    return {**plain, SEAL: content_hash(plain)}
+
+
+def edges_problem(name: str, edges: np.ndarray) -> str | None:
+    """S and A lie in [0, 1]: edges must rise strictly from 0 to 1 (reversed or stretched
+    edges send every point to one cell, and the table still answers). The one repeat allowed
+    is a last edge of 1 after an inner 1: the adaptive grid's cell of A = 1 exactly."""
+    if edges.ndim != 1 or len(edges) < 2 or not bool(np.all(np.isfinite(edges))):
+        return f"{name} {edges.tolist()} is not a list of at least two finite edges"
+    rising = np.diff(edges[:-1] if len(edges) > 2 and edges[-2] == 1.0 else edges)
+    if not bool(np.all(rising > 0)):
+        return f"{name} {edges.tolist()} do not increase strictly"
+    if edges[0] != 0.0 or edges[-1] != 1.0:
+        return f"{name} run from {edges[0]} to {edges[-1]}, not over S's and A's range [0, 1]"
+    return None
+
+
+def table_problem(payload: dict[str, Any], table: SVTable) -> str | None:
+    """What is wrong with a loaded table, or None: its seal, edges, P(accept) and counts."""
+    if payload.get(SEAL) != content_hash(payload):
+        found = "no content hash" if SEAL not in payload else "a content hash its numbers miss"
+        return f"{found} (edited, or written before tables were sealed)"
+    binning = table.binning
+    for name, edges in (("s_edges", binning.s_edges), ("a_edges", binning.a_edges)):
+        problem = edges_problem(name, edges)
+        if problem:
+            return problem
+    p, counts = table.p_accept, table.counts
+    if p.shape != binning.shape or not bool(np.all((p >= 0) & (p <= 1))):
+        return f"P(accept) of shape {p.shape} for {binning.shape} cells, or outside [0, 1]"
+    if counts.shape != binning.shape or not bool(np.all(counts >= 0)):
+        return f"counts of shape {counts.shape} for {binning.shape} cells, or negative"
+    rows = payload.get("rows")
+    if rows is not None and int(counts.sum()) != int(rows):
+        return f"counts summing to {int(counts.sum())}, but the table was fitted on {rows} rows"
+    return None
+
+
+class TableMismatchError(ValueError):
+    """A table fitted on the records of other models than the run's."""
+
+
+def check_table_models(
+    table: SVTable, path: Path, ours: dict[str, dict[str, Any]], experiment: str
+) -> None:
+    """Refuse a table whose records came from another target, draft or companion than the
+    run's (each differing identity field named): its cells describe other distributions."""
+    problems = roles_differences(table.meta.get("models") or {}, ours)
+    if problems:
+        raise TableMismatchError(
+            f"{path} was fitted on records of other models: {'; '.join(problems)}: run with "
+            "its models, or refit it for these with `python -m sprinter_train stage=harvest "
+            f"experiment={experiment}` then `python -m sprinter_train stage=tables "
+            f"experiment={experiment}`"
+        )
+
+
 @dataclass
 class SVTable:
     """A fitted table: P(accept | S, A) by cell lookup."""
@@ -107,11 +180,8 @@ class SVTable:
             table = cls.from_json(payload, binning)
         except (KeyError, TypeError, ValueError) as error:
             raise corrupt_input(path, f"{type(error).__name__}: {error}", remedy) from error
-        p = table.p_accept
-        if p.shape != table.binning.shape or not bool(np.all((p >= 0) & (p <= 1))):
-            problem = (
-                f"P(accept) of shape {p.shape} for {table.binning.shape} cells, or outside [0, 1]"
-            )
+        problem = table_problem(payload, table)
+        if problem:
             raise corrupt_input(path, problem, remedy)
         return table
 

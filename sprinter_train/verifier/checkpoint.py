@@ -139,16 +139,21 @@ def save_verifier(path: Path, weight: torch.Tensor, bias: torch.Tensor, meta: di
     return path
 
 
+def train_command(path: Path, experiment: str | None) -> str:
+    """The `python -m sprinter_train stage=train ...` that writes the verifier at `path`."""
+    exp = f" experiment={experiment}" if experiment else ""
+    if Path(path).stem == f"verifier-{ACCEPT_NAME}":
+        which = "train.label=accept_prob"
+    else:
+        which = f"train.lam={Path(path).stem.removeprefix('verifier-lam')}"
+    return f"`python -m sprinter_train stage=train{exp} {which}`"
+
+
 def load_verifier(path: str | Path, experiment: str | None = None) -> VerifierCheckpoint:
     """Load one exported verifier; a missing or corrupt one names the file and stage=train."""
     path = Path(path)
     sidecar = sidecar_path(path)
-    exp = f" experiment={experiment}" if experiment else ""
-    if path.stem == f"verifier-{ACCEPT_NAME}":
-        which = "train.label=accept_prob"
-    else:
-        which = f"train.lam={path.stem.removeprefix('verifier-lam')}"
-    command = f"`python -m sprinter_train stage=train{exp} {which}`"
+    command = train_command(path, experiment)
     if not path.exists() or not sidecar.exists():
         raise MissingInputError(
             f"verifier checkpoint {path} (with its {sidecar.name}) does not exist: make it with "

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sprinter_train.core.validation import check, positive_finite
+from sprinter_train.core.validation import check, positive_finite, section
 
 LABELS = ("ratio", "accept_prob")
 ACCEPT_NAME = "accept"  # verifier-accept.safetensors, train/accept/, "verifier_accept"
@@ -101,6 +101,63 @@ def train_problems(train: dict[str, Any]) -> list[str]:
             "(soft min(1, p/q), no λ)"
         )
     return problems
+
+
+def lam_problems(cfg: Mapping[str, Any]) -> list[str]:
+    """Every λ of the config outside train.lam_range (train.lam, train.lams, evaluate.lams,
+    evaluate.ceiling.lam, each method's verifier.lam), one line each naming the range."""
+    train = section(cfg, "train")
+    bounds = train.get("lam_range")
+    if bounds is None:
+        return []
+    low, high = float(bounds[0]), float(bounds[1])
+    found: list[tuple[str, Any]] = []
+    if train.get("lam") is not None:
+        found.append(("train.lam", train["lam"]))
+    elif isinstance(train.get("lams"), list | tuple):
+        found += [(f"train.lams[{i}]", lam) for i, lam in enumerate(train["lams"])]
+    evaluate = section(cfg, "evaluate")
+    if isinstance(evaluate.get("lams"), list | tuple):
+        found += [(f"evaluate.lams[{i}]", lam) for i, lam in enumerate(evaluate["lams"])]
+    ceiling = evaluate.get("ceiling") or {}
+    if ceiling.get("lam") is not None:
+        found.append(("evaluate.ceiling.lam", ceiling["lam"]))
+    for name, node in section(cfg, "methods").items():
+        entry = node.get("verifier") if isinstance(node, dict) else None
+        if entry and entry.get("label", "ratio") == "ratio" and entry.get("lam") is not None:
+            found.append((f"methods.{name}.verifier.lam", entry["lam"]))
+    problems: list[str] = []
+    for key, lam in found:
+        if key.startswith("train.") and not _positive(lam):
+            continue  # train_problems names it (a finite number > 0)
+        check(
+            problems,
+            key,
+            lam,
+            lambda x: low <= x <= high,
+            f"train.lam_range [{low:g}, {high:g}] (the label q/p <= λ is almost all one class "
+            "outside it)",
+        )
+    return problems
+
+
+def _positive(value: Any) -> bool:
+    try:
+        return positive_finite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def check_both_classes(targets: np.ndarray, label: Label, split: str = "train") -> None:
+    """Refuse a split whose labels are all one class: the fit would learn only its bias (an
+    all-negative verifier that exits 0)."""
+    if len(targets) and float(np.min(targets)) == float(np.max(targets)):
+        which = "positive" if float(targets[0]) >= 1 else "negative"
+        raise ValueError(
+            f"every {split} label of {label.describe()} is {which} ({len(targets)} rows): "
+            f"λ = {label.lam} cannot be learnt from these records; choose a λ inside "
+            "train.lam_range where both classes occur"
+        )
 
 
 def trained_lams(train: Mapping[str, Any]) -> list[float]:

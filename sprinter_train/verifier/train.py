@@ -18,6 +18,7 @@ from pytorch_lightning.strategies import DDPStrategy
 
 from sprinter_train.core.classification import auc
 from sprinter_train.core.runtime import resolve_device
+from sprinter_train.data.overlap import FIT_SPLITS, fitted_prompts
 from sprinter_train.harvest.manifest import code_version
 from sprinter_train.harvest.reader import RecordSet
 from sprinter_train.models.loading import describe_spec
@@ -30,7 +31,7 @@ from sprinter_train.verifier.checkpoint import (
 )
 from sprinter_train.verifier.data import VerifierDataModule, split_features, split_targets
 from sprinter_train.verifier.features import DraftEmbedder, FeatureSpec
-from sprinter_train.verifier.labels import Label, labels_at
+from sprinter_train.verifier.labels import Label, check_both_classes, labels_at
 from sprinter_train.verifier.module import KeepBest, VerifierModule
 
 log = logging.getLogger(__name__)
@@ -276,6 +277,15 @@ def curve_point(fraction: float, records: RecordSet, metrics: dict[str, Any]) ->
     }
 
 
+def fitted_prompts_of(records: RecordSet, splits: tuple[str, ...]) -> dict[str, Any] | None:
+    """The digests of the prompt ids of `splits` (data.overlap): the bench refuses to time a
+    predictor on them. None when the frame has no prompt_id column."""
+    if "prompt_id" not in records.frame:
+        return None
+    chosen = records.frame["split"].isin(splits).to_numpy()
+    return fitted_prompts(records.frame["prompt_id"][chosen].astype(str).unique(), splits)
+
+
 LABEL_NOTES = {
     "ratio": "1 if q/p <= lam (SPRINTER §3.2)",
     "accept_prob": "soft target min(1, p/q) with BCE (SpecDec++): no λ, train.lam and "
@@ -290,6 +300,9 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
     label = Label.of(label)
     tcfg = cfg.train
     spec = FeatureSpec.from_names(list(tcfg.features))
+    if label.kind == "ratio":  # before any fit: an all-one-class split learns only a bias
+        column = records.frame[label.column].to_numpy()[records.rows_of("train")]
+        check_both_classes(label.targets(column), label)
     embedder = make_embedder(cfg, spec, records)
     name = label.name
     log_dir = Path(cfg.experiment_dir) / "train"
@@ -316,7 +329,8 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
         "hidden_layer": records.manifest["hidden"]["layer"],
         "d": records.d,
         "draft_model": draft.get("id"),
-        "draft_model_files": draft.get("files"),
+        "draft_identity": draft or None,  # the harvest's model_identity: all of it is compared
+        "fitted_prompts": fitted_prompts_of(records, FIT_SPLITS),
         "records": {
             "dir": str(records.records_dir),
             "manifest_sha256": records.manifest_hash,

@@ -1,0 +1,59 @@
+"""Whether a bench's prompts are ones a predictor was fitted on: a verifier or SV table scored
+on its own train prompts reports a speed nobody would see on new ones.
+
+A predictor's file stores `fitted_prompts`: the sha256 (16 hex) of every prompt id of the
+splits it was trained, calibrated or fitted on, so the check is exact whatever data seed,
+fractions or prompt count chose them."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+FIT_SPLITS = ("train", "val")  # a verifier fits on train and calibrates on val
+
+
+class TrainOverlapError(ValueError):
+    """The bench's prompts include prompts its predictors were fitted on."""
+
+
+def prompt_digest(prompt_id: str) -> str:
+    return hashlib.sha256(str(prompt_id).encode()).hexdigest()[:16]
+
+
+def fitted_prompts(prompt_ids: Iterable[str], splits: Iterable[str]) -> dict[str, Any]:
+    """What a predictor's file records of the prompts it was fitted on (sorted digests)."""
+    return {
+        "splits": list(splits),
+        "id_sha256": sorted({prompt_digest(p) for p in prompt_ids}),
+    }
+
+
+def overlapping(recorded: Mapping[str, Any] | None, prompt_ids: Iterable[str]) -> int | None:
+    """How many of `prompt_ids` the predictor was fitted on; None when its file records no
+    `fitted_prompts` (written before they were stored: it cannot be checked)."""
+    if not recorded or not isinstance(recorded.get("id_sha256"), list):
+        return None
+    fitted = set(recorded["id_sha256"])
+    return sum(prompt_digest(p) in fitted for p in set(prompt_ids))
+
+
+def check_overlap(
+    recorded: Mapping[str, Any] | None,
+    prompt_ids: list[str],
+    what: str,
+    allow: bool,
+    remedy: str,
+) -> int | None:
+    """The overlap count (None: unrecorded), or TrainOverlapError when there is one and
+    `allow` (bench.allow_train_overlap) is false."""
+    count = overlapping(recorded, prompt_ids)
+    if count and not allow:
+        splits = "/".join((recorded or {}).get("splits") or FIT_SPLITS)
+        raise TrainOverlapError(
+            f"{count} of the bench's {len(set(prompt_ids))} prompts are in the {splits} prompts "
+            f"{what} was fitted on: {remedy}; or set bench.allow_train_overlap=true to run "
+            "anyway (results.json and results.md then say so)"
+        )
+    return count
