@@ -19,6 +19,7 @@ from sprinter_train.core.classification import auc, brier, ece, eta_rates
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import CorruptInputError, read_json
 from sprinter_train.core.rules import sampled_acceptance
+from sprinter_train.data.overlap import TrainOverlapError
 from sprinter_train.decoding.policies import Method, Traits, gamma_round
 from sprinter_train.decoding.policies.base import RecordScore
 from sprinter_train.decoding.policies.entropy import adaedl_records, svip_records
@@ -350,6 +351,29 @@ def test_transfer_between_two_tiny_experiments(chained) -> None:
         run_stage(
             compose_at(root, "stage=evaluate", "experiment=chat", "evaluate.transfer=[missing]")
         )
+
+
+def test_transfer_refuses_records_of_the_verifiers_own_train_prompts(chained) -> None:
+    """The same dataset under another data.seed puts some of the verifiers' train prompts in
+    the other records' test split: refused, or with evaluate.allow_train_overlap counted."""
+    root = chained["root"]
+    run_stage(compose_at(root, "stage=harvest", "experiment=chat_seed1", "data.seed=1"))
+    with pytest.raises(TrainOverlapError, match=r"evaluate\.transfer=chat_seed1.*allow_train"):
+        run_stage(
+            compose_at(root, "stage=evaluate", "experiment=chat", "evaluate.transfer=[chat_seed1]")
+        )
+    run_stage(
+        compose_at(
+            root,
+            "stage=evaluate",
+            "experiment=chat",
+            "evaluate.transfer=[chat_seed1]",
+            "evaluate.allow_train_overlap=true",
+        )
+    )
+    report = read_json(Path(chained["cfg"].experiment_dir) / "eval" / "report.json")
+    counts = report["transfer"]["chat_seed1"]["train_overlap"]
+    assert set(counts) == VERIFIERS and all(n > 0 for n in counts.values())
 
 
 def test_token_embedding_feature_reads_the_drafts_embedding(chained) -> None:

@@ -45,15 +45,17 @@ def check_overlap(
     what: str,
     allow: bool,
     remedy: str,
+    who: str = "the bench",
+    key: str = "bench.allow_train_overlap",
 ) -> int | None:
     """The overlap count (None: unrecorded), or TrainOverlapError when there is one and
-    `allow` (bench.allow_train_overlap) is false."""
+    `allow` (`key`: bench.allow_train_overlap, evaluate.allow_train_overlap) is false."""
     count = overlapping(recorded, prompt_ids)
     if count and not allow:
         splits = "/".join((recorded or {}).get("splits") or FIT_SPLITS)
         raise TrainOverlapError(
-            f"{count} of the bench's {len(set(prompt_ids))} prompts are in the {splits} prompts "
-            f"{what} was fitted on: {remedy}; or set bench.allow_train_overlap=true to run "
-            "anyway (results.json and results.md then say so)"
+            f"{count} of {who}'s {len(set(prompt_ids))} prompts are in the {splits} prompts "
+            f"{what} was fitted on: {remedy}; or set {key}=true to run anyway (the results "
+            "then say how many)"
         )
     return count

@@ -1,7 +1,10 @@
 """SPRINTER Table 4: this experiment's verifiers on other experiments' test records.
 
 A verifier reads one hidden layer of one draft, so the other records must hold the same
-layer of the same draft; anything else is refused rather than scored.
+layer of the same draft (its whole identity: files' content, revision, seed) under the same
+sampling; anything else is refused rather than scored. Records of the same dataset under another
+data seed can hold prompts the verifier was trained on: those are refused too, or with
+`evaluate.allow_train_overlap` scored and counted in the report.
 """
 
 from __future__ import annotations
@@ -13,11 +16,44 @@ from omegaconf import DictConfig
 
 from sprinter_train.core.classification import auc
 from sprinter_train.core.rules import sampled_acceptance
+from sprinter_train.data.overlap import check_overlap
 from sprinter_train.evaluation.bootstrap import PromptBootstrap
 from sprinter_train.evaluation.inputs import COLUMNS
 from sprinter_train.evaluation.scores import verifier_scores
-from sprinter_train.harvest.reader import open_records
+from sprinter_train.harvest.reader import RecordSet, open_records
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint
+from sprinter_train.verifier.fit_check import check_verifier_fits
+
+
+def check_transfer(
+    cfg: DictConfig, other: str, records: RecordSet, verifiers: dict[str, VerifierCheckpoint]
+) -> dict[str, int | None]:
+    """Refuse a verifier of another draft, layer or sampling than `other`'s records; return each
+    verifier's count of `other`'s evaluated prompts it was fitted on (refused unless allowed)."""
+    prompts = list(records.frame["prompt_id"].iloc[records.rows_of(str(cfg.evaluate.split))])
+    draft = records.manifest.get("models", {}).get("draft")
+    layer = records.manifest["hidden"]["layer"]
+    overlap = {}
+    for name, checkpoint in verifiers.items():
+        meta = checkpoint.meta
+        if meta.get("hidden_layer") != layer:
+            raise ValueError(
+                f"evaluate.transfer: {name} reads hidden layer {meta.get('hidden_layer')}, the "
+                f"records of {other} hold layer {layer}"
+            )
+        check_verifier_fits(
+            meta, checkpoint.path, draft, records.manifest.get("sampling") or {}, cfg.experiment
+        )
+        overlap[name] = check_overlap(
+            meta.get("fitted_prompts"),
+            prompts,
+            f"{name} (evaluate.transfer={other})",
+            bool(cfg.evaluate.get("allow_train_overlap", False)),
+            f"transfer to records of other prompts (another dataset, or {other}'s data.seed)",
+            who=f"evaluate.transfer={other}",
+            key="evaluate.allow_train_overlap",
+        )
+    return overlap
 
 
 def transfer_report(cfg: DictConfig, verifiers: dict[str, VerifierCheckpoint]) -> dict[str, Any]:
@@ -29,17 +65,7 @@ def transfer_report(cfg: DictConfig, verifiers: dict[str, VerifierCheckpoint]) -
         records = open_records(
             other_dir, columns=COLUMNS, stage="stage=evaluate (evaluate.transfer)"
         )
-        for name, checkpoint in verifiers.items():
-            mine = (checkpoint.meta.get("draft_model"), checkpoint.meta.get("hidden_layer"))
-            theirs = (
-                records.manifest.get("models", {}).get("draft", {}).get("id"),
-                records.manifest["hidden"]["layer"],
-            )
-            if mine != theirs:
-                raise ValueError(
-                    f"evaluate.transfer: {name} reads hidden layer {mine[1]} of draft {mine[0]}, "
-                    f"the records of {other} hold layer {theirs[1]} of {theirs[0]}"
-                )
+        overlap = check_transfer(cfg, str(other), records, verifiers)
         rows = records.rows_of(str(cfg.evaluate.split))
         frame = records.frame.iloc[rows]
         y_label = frame["ratio"].to_numpy() <= 1.0
@@ -50,6 +76,7 @@ def transfer_report(cfg: DictConfig, verifiers: dict[str, VerifierCheckpoint]) -
             "rows": len(rows),
             "prompts": boot.prompts,
             "records_manifest_sha256": records.manifest_hash,
+            "train_overlap": overlap,
             "auc": {n: auc(y_label, s) for n, s in scores.items()},
             "auc_ci": {n: boot.auc_interval(y_label, s) for n, s in scores.items()},
             "auc_sampled": {n: auc(y_event, s) for n, s in scores.items()},
