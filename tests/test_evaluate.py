@@ -419,6 +419,34 @@ def test_ceiling_and_shortfall_sections_explain_a_short_auc(chained) -> None:
         assert entry["test_auc_ci"] is None or entry["test_auc_ci"][0] <= entry["test_auc_ci"][1]
 
 
+def test_the_report_has_every_mix_and_the_feature_ablation(chained) -> None:
+    root = chained["root"]
+    run_stage(
+        compose_at(
+            root,
+            "stage=evaluate",
+            "experiment=chat",
+            "evaluate.ablation.enabled=true",
+            "evaluate.ablation.embedding=true",
+            "evaluate.bootstrap.resamples=50",
+        )
+    )
+    eval_dir = Path(chained["cfg"].experiment_dir) / "eval"
+    report = read_json(eval_dir / "report.json")
+    by_mix = report["by_mix"]
+    assert set(by_mix) <= {"original", "draft", "target", "interleaved", "all"}
+    assert sum(by_mix[m]["rows"] for m in by_mix if m != "all") == report["rows"]
+    assert by_mix["all"]["auc"] == report["auc"]
+    for mix in set(by_mix) & {"original", "interleaved"}:
+        assert f"verifier_lam1.2 on {mix}" in " ".join(report["verifier_by_mix"])
+    ablation = report["ablation"]
+    assert ablation["groups"] == ["hidden", "token_embedding", "q", "draft_entropy"]
+    assert ablation["rows"]["test"] == report["rows"] and ablation["seconds"] > 0
+    assert set(ablation["drop_one"]) == set(ablation["groups"])
+    text = (eval_dir / "report.md").read_text()
+    assert "Every predictor on each prefix mix" in text and "Feature ablation" in text
+
+
 def test_ceiling_leaves_out_an_embedding_it_cannot_load(chained, monkeypatch) -> None:
     from sprinter_train.evaluation import ceiling_report as module
     from sprinter_train.harvest.reader import open_records
