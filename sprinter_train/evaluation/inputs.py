@@ -68,7 +68,7 @@ def record_columns(cfg: DictConfig) -> list[str]:
     `cfg.methods` read, where the records have them: a record score or a group whose column
     is missing is left out of the report, not an error."""
     extra = [c for name in FEATURE_ORDER for c in FeatureSpec((name,)).record_columns()]
-    extra += [c for score in record_scores(cfg).values() for c in score.columns]
+    extra += [c for score in record_scores(cfg).values() for c in (*score.columns, *score.optional)]
     present = shard_columns(cfg.experiment_dir)
     wanted = [c for c in dict.fromkeys(extra) if c not in COLUMNS]
     return COLUMNS + [c for c in wanted if present is not None and c in present]

@@ -66,7 +66,8 @@ def predictor_scores(
     for name, score in record_scores(cfg).items():
         if missing_columns(score, frame.columns):
             continue  # records harvested before the column: see unscored_notes
-        columns = {column: frame[column].to_numpy() for column in score.columns}
+        wanted = [*score.columns, *(c for c in score.optional if c in frame.columns)]
+        columns = {column: frame[column].to_numpy() for column in wanted}
         scores[score.name] = score.score(columns, cfg.methods[name])
     scores["draft_q"] = np.asarray(frame["q"].to_numpy(), dtype=np.float64)
     return scores
