@@ -158,9 +158,10 @@ def method_verifier_path(checkpoint_dir: str | Path, node: DictConfig) -> Path:
     """The exported verifier a method's `verifier` entry names: `label: accept_prob` the soft-label
     one, else the ratio one at its `lam`."""
     entry = node.verifier
+    head = str(entry.get("head", "linear"))  # mlp: the train.head=mlp verifier
     if entry.get("label", "ratio") == "accept_prob":
-        return verifier_path(checkpoint_dir, Label("accept_prob"))
-    return verifier_path(checkpoint_dir, float(entry.lam))
+        return verifier_path(checkpoint_dir, Label("accept_prob"), head)
+    return verifier_path(checkpoint_dir, float(entry.lam), head)
 
 
 def runtime_entries(node: DictConfig) -> list[str]:

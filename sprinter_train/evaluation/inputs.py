@@ -103,6 +103,15 @@ def load_inputs(cfg: DictConfig) -> tuple[RecordSet, dict[str, VerifierCheckpoin
     accept = verifier_path(cfg.checkpoint_dir, Label("accept_prob"))
     if accept.exists():
         verifiers[f"verifier_{ACCEPT_NAME}"] = load_verifier(accept, str(cfg.experiment))
+    for name in list(verifiers):  # train.head=mlp's verifiers, beside the linear ones
+        label = (
+            Label("accept_prob")
+            if name.endswith(ACCEPT_NAME)
+            else Label("ratio", float(verifiers[name].meta["lam"]))
+        )
+        mlp = verifier_path(cfg.checkpoint_dir, label, "mlp")
+        if mlp.exists():
+            verifiers[f"{name}_mlp"] = load_verifier(mlp, str(cfg.experiment))
     for checkpoint in verifiers.values():  # the report says what each was trained on
         if not isinstance(checkpoint.meta.get("records"), dict):
             raise corrupt_input(

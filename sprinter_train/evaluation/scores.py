@@ -114,6 +114,7 @@ def predictor_descriptions(
 
 def verifier_description(checkpoint: VerifierCheckpoint) -> str:
     """What a verifier was trained on: the label q/p <= λ, or the soft label min(1, p/q)."""
+    head = "" if checkpoint.head == "linear" else f", {checkpoint.head} head (train.head)"
     if checkpoint.label == "accept_prob":
-        return "SPRINTER verifier trained on the soft label min(1, p/q) (SpecDec++'s target)"
-    return f"SPRINTER verifier trained at λ={checkpoint.lam:g}"
+        return f"SPRINTER verifier trained on the soft label min(1, p/q) (SpecDec++'s target){head}"
+    return f"SPRINTER verifier trained at λ={checkpoint.lam:g}{head}"

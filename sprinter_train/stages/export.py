@@ -138,7 +138,13 @@ def verifier_file(cfg: DictConfig, node: DictConfig) -> Path:
             "verifier (verifier.kind=checkpoint)"
         )
     path = method_verifier_path(cfg.checkpoint_dir, node)
-    load_verifier(path, cfg.experiment)  # a missing or corrupt one names stage=train
+    checkpoint = load_verifier(path, cfg.experiment)  # a missing or corrupt one names stage=train
+    if checkpoint.head != "linear":
+        raise ValueError(
+            f"stage=export carries linear verifiers only (the folder's scorer is w·s + b); "
+            f"{path} has a {checkpoint.head} head (train.head={checkpoint.head}): export with "
+            "the linear one (the method's verifier.head=linear)"
+        )
     return path
 
 
