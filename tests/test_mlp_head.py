@@ -24,8 +24,8 @@ from sprinter_train.verifier.data import split_features
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.module import VerifierModule
 from sprinter_train.verifier.scorer import CheckpointVerifier
+from tests.scorer_helpers import DRAFT, D, draft_step, new_batch, write_records
 from tests.synthetic import write_synthetic_records
-from tests.test_verifier_scorer import DRAFT, D, draft_step, new_batch, write_records
 
 
 def mlp_module(d: int, hidden: int = 8) -> VerifierModule:
