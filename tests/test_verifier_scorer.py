@@ -6,111 +6,33 @@ they were."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from sprinter_train.core.half import FLOAT16_MAX
-from sprinter_train.core.io import write_json
-from sprinter_train.core.sampling import SamplingConfig, warp_probs
-from sprinter_train.data.prompts import Prompt
+from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import Sprinter
 from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.state import DecodeStats, DraftStep
-from sprinter_train.harvest.continuations import HarvestSequence
-from sprinter_train.harvest.mixes import MIXES
+from sprinter_train.decoding.state import DraftStep
 from sprinter_train.harvest.reader import open_records
-from sprinter_train.harvest.records import RecordBatch, token_statistics
-from sprinter_train.harvest.shards import ShardPlan, write_shard
 from sprinter_train.models.loading import load_model
-from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
+from sprinter_train.verifier.checkpoint import load_verifier
 from sprinter_train.verifier.data import split_features
 from sprinter_train.verifier.features import DraftEmbedder, FeatureSpec, assemble
 from sprinter_train.verifier.scorer import CheckpointVerifier
-
-DRAFT = {"path": "tiny_random", "seed": 2, "config": {"num_hidden_layers": 1}}
-VOCAB, EMBED = 128, 64  # the tiny draft's vocabulary and embedding width
-D, ROWS = 24, 40  # recorded hidden width (any: the verifier only reads it), records
-
-
-def write_records(experiment_dir: Path, seed: int = 0) -> dict[str, torch.Tensor]:
-    """ROWS records written by the harvest's own writer, columns from token_statistics."""
-    generator = torch.Generator().manual_seed(seed)
-    q = warp_probs(2 * torch.randn(ROWS, VOCAB, generator=generator), SamplingConfig(top_k=40))
-    p = torch.randn(ROWS, VOCAB, generator=generator).softmax(-1)
-    x = q.argmax(-1)  # any token with q(x) > 0 will do: no sampler in the test
-    hidden = torch.randn(ROWS, D, generator=generator).half()
-    columns: dict[str, np.ndarray] = {
-        "prompt_id": np.full(ROWS, "toy-0", dtype=object),
-        "dataset": np.full(ROWS, "toy", dtype=object),
-        "split": np.full(ROWS, "test", dtype=object),
-        "mix": np.full(ROWS, MIXES[0], dtype=object),
-        "position": np.arange(1, ROWS + 1, dtype=np.int32),
-        "token_id": x.numpy().astype(np.int32),
-        "S": np.full(ROWS, np.nan, dtype=np.float32),
-        "A": np.full(ROWS, np.nan, dtype=np.float32),
-    }
-    for name, values in token_statistics(q, p, None, x).items():
-        columns[name] = values.numpy().astype(np.float32)
-    prompt = Prompt("toy-0", "toy", "test", "", [], None)
-    plan = ShardPlan(0, (prompt,), (MIXES[0],))
-    sequence = HarvestSequence(prompt, MIXES[0], [1] * (ROWS + 1), 1, ROWS + 1)
-    records_dir = experiment_dir / "records"
-    records_dir.mkdir(parents=True)
-    write_shard(records_dir, plan, RecordBatch(columns, hidden.numpy()), [sequence], "toy")
-    manifest = {
-        "experiment": experiment_dir.name,
-        "models": {"draft": {"id": "tiny_random"}},
-        "companion": False,
-        "hidden": {"layer": -1, "d": D, "dtype": "float16"},
-        "shards": [{"name": plan.name, "rows": ROWS}],
-    }
-    write_json(records_dir / "manifest.json", manifest)
-    return {"q": q, "x": x, "hidden": hidden}
-
-
-def export_verifier(
-    checkpoint_dir: Path,
-    names: list[str],
-    d_in: int,
-    seed: int = 0,
-    temperature: float | None = None,
-    bias: float | None = None,
-) -> Path:
-    """A verifier with random weights, exported as stage=train exports one (with a
-    calibration temperature when one is given; without, an old sidecar)."""
-    generator = torch.Generator().manual_seed(seed)
-    weight = torch.randn(d_in, generator=generator) / d_in**0.5
-    b = torch.randn(1, generator=generator) if bias is None else torch.tensor([bias])
-    meta: dict = {"lam": 1.0, "features": {"names": names}}
-    if temperature is not None:
-        meta["label"] = "ratio"
-        meta["calibration"] = {"method": "temperature", "temperature": temperature}
-    return save_verifier(verifier_path(checkpoint_dir, 1.0), weight, b, meta)
-
-
-def width(names: list[str]) -> int:
-    return sum(
-        {"hidden": D, "token_embedding": EMBED, "q": 1, "draft_entropy": 1}[n] for n in names
-    )
-
-
-def draft_step(record: dict[str, torch.Tensor], rows: list[int]) -> DraftStep:
-    """The engine's view of records' drafted tokens as a batch's rows (their hidden states
-    in float32)."""
-    index = torch.tensor(rows)
-    q = record["q"][index]
-    active = torch.ones(len(rows), dtype=torch.bool)
-    return DraftStep(record["x"][index].long(), q, record["hidden"][index].float(), q.log(), active)
-
-
-def new_batch() -> SimpleNamespace:
-    """What the verifier reads of a batch: its stats."""
-    return SimpleNamespace(stats=DecodeStats())
+from tests.scorer_helpers import (
+    DRAFT,
+    VOCAB,
+    D,
+    draft_step,
+    export_verifier,
+    new_batch,
+    width,
+    write_records,
+)
 
 
 @pytest.fixture(scope="module")

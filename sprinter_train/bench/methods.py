@@ -26,6 +26,7 @@ from sprinter_train.core.validation import check_whole
 from sprinter_train.data.overlap import check_overlap
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.gamma_plan import GammaPlanner
+from sprinter_train.decoding.policies.online import OnlineVerifier
 from sprinter_train.decoding.registry import MethodError, traits_of
 from sprinter_train.decoding.state import Policy
 from sprinter_train.sv.table import SVTable, check_table_models
@@ -150,6 +151,8 @@ def verifier_hidden_layer(cfg: DictConfig) -> int:
     for name in cfg.bench.methods:
         if name in PEERS or "verifier" not in runtime_entries(cfg.methods[name]):
             continue
+        if is_online(cfg.methods[name].verifier):
+            continue  # reads no hidden state
         path = method_verifier_path(cfg.checkpoint_dir, cfg.methods[name])
         try:
             checkpoint = load_verifier(path, cfg.experiment)
@@ -168,9 +171,10 @@ def method_verifier_path(checkpoint_dir: str | Path, node: DictConfig) -> Path:
     """The exported verifier a method's `verifier` entry names: `label: accept_prob` the soft-label
     one, else the ratio one at its `lam`."""
     entry = node.verifier
+    head = str(entry.get("head", "linear"))  # mlp: the train.head=mlp verifier
     if entry.get("label", "ratio") == "accept_prob":
-        return verifier_path(checkpoint_dir, Label("accept_prob"))
-    return verifier_path(checkpoint_dir, float(entry.lam))
+        return verifier_path(checkpoint_dir, Label("accept_prob"), head)
+    return verifier_path(checkpoint_dir, float(entry.lam), head)
 
 
 def runtime_entries(node: DictConfig) -> list[str]:
@@ -206,7 +210,23 @@ def _planner(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, Any]:
     return planner, planner.record()
 
 
+def is_online(entry: Any) -> bool:
+    """A `verifier` entry that asks for the online logistic instead of a checkpoint."""
+    return hasattr(entry, "get") and entry.get("kind", "checkpoint") == "online"
+
+
+def online_settings(cfg: DictConfig, entry: DictConfig) -> dict[str, Any]:
+    """methods.sd_online.online's settings (the online logistic's defaults), overridden by the
+    entry's own keys."""
+    defaults = cfg.methods.get("sd_online", {}).get("online") or {}
+    own = {k: v for k, v in OmegaConf.to_container(entry, resolve=True).items() if k != "kind"}  # type: ignore[union-attr]
+    return {**OmegaConf.to_container(defaults, resolve=True), **own}  # type: ignore[arg-type]
+
+
 def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, Any]]:
+    if is_online(node.verifier):
+        settings = online_settings(run.cfg, node.verifier)
+        return OnlineVerifier(settings), {"kind": "online", **settings}
     path = method_verifier_path(run.cfg.checkpoint_dir, node)
     checkpoint = load_verifier(path, run.cfg.experiment)  # a missing one names stage=train
     check_verifier(checkpoint, run)

@@ -6,13 +6,24 @@ Each input is checked on entry, so a missing one names the stage that makes it; 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from omegaconf import DictConfig
 
 from sprinter_train.core.io import corrupt_input
-from sprinter_train.harvest.reader import RecordSet, file_sha256, open_records, verify_hashes
+from sprinter_train.evaluation.scores import record_scores
+from sprinter_train.harvest.reader import (
+    RecordSet,
+    file_sha256,
+    open_records,
+    records_dir_of,
+    verify_hashes,
+)
+from sprinter_train.harvest.shards import shard_files
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import (
     VerifierCheckpoint,
@@ -21,6 +32,7 @@ from sprinter_train.verifier.checkpoint import (
     sidecar_path,
     verifier_path,
 )
+from sprinter_train.verifier.features import FEATURE_ORDER, FeatureSpec
 from sprinter_train.verifier.labels import ACCEPT_NAME, Label, trained_lams
 
 COLUMNS = [
@@ -39,6 +51,29 @@ COLUMNS = [
 ]
 
 
+def shard_columns(experiment_dir: str | Path) -> set[str] | None:
+    """The record columns of the set's first shard (None when it cannot be read: open_records
+    then says why). Records harvested before a column was added lack it."""
+    records_dir = records_dir_of(experiment_dir)
+    try:
+        manifest = json.loads((records_dir / "manifest.json").read_text())
+        first = manifest["shards"][0]["name"]
+        return set(pq.read_schema(shard_files(records_dir, first)["records"]).names)
+    except (OSError, ValueError, KeyError, IndexError, TypeError, pa.ArrowException):
+        return None
+
+
+def record_columns(cfg: DictConfig) -> list[str]:
+    """COLUMNS, and those the feature groups (evaluate.ablation) and the record scores of
+    `cfg.methods` read, where the records have them: a record score or a group whose column
+    is missing is left out of the report, not an error."""
+    extra = [c for name in FEATURE_ORDER for c in FeatureSpec((name,)).record_columns()]
+    extra += [c for score in record_scores(cfg).values() for c in (*score.columns, *score.optional)]
+    present = shard_columns(cfg.experiment_dir)
+    wanted = [c for c in dict.fromkeys(extra) if c not in COLUMNS]
+    return COLUMNS + [c for c in wanted if present is not None and c in present]
+
+
 def table_path(cfg: DictConfig) -> Path:
     return Path(cfg.experiment_dir) / "tables" / "sv_table.json"
 
@@ -54,7 +89,10 @@ def load_inputs(cfg: DictConfig) -> tuple[RecordSet, dict[str, VerifierCheckpoin
     """Records, verifiers and table, each checked on entry (errors name the stage to run);
     the soft-label verifier joins the λ ones when it was trained."""
     records = open_records(
-        cfg.experiment_dir, columns=COLUMNS, stage="stage=evaluate", verify=verify_hashes(cfg)
+        cfg.experiment_dir,
+        columns=record_columns(cfg),
+        stage="stage=evaluate",
+        verify=verify_hashes(cfg),
     )
     verifiers = {
         f"verifier_lam{lam_name(lam)}": load_verifier(
@@ -65,6 +103,15 @@ def load_inputs(cfg: DictConfig) -> tuple[RecordSet, dict[str, VerifierCheckpoin
     accept = verifier_path(cfg.checkpoint_dir, Label("accept_prob"))
     if accept.exists():
         verifiers[f"verifier_{ACCEPT_NAME}"] = load_verifier(accept, str(cfg.experiment))
+    for name in list(verifiers):  # train.head=mlp's verifiers, beside the linear ones
+        label = (
+            Label("accept_prob")
+            if name.endswith(ACCEPT_NAME)
+            else Label("ratio", float(verifiers[name].meta["lam"]))
+        )
+        mlp = verifier_path(cfg.checkpoint_dir, label, "mlp")
+        if mlp.exists():
+            verifiers[f"{name}_mlp"] = load_verifier(mlp, str(cfg.experiment))
     for checkpoint in verifiers.values():  # the report says what each was trained on
         if not isinstance(checkpoint.meta.get("records"), dict):
             raise corrupt_input(

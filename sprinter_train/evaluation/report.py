@@ -295,6 +295,98 @@ def ceiling_section(report: dict[str, Any]) -> str | None:
     )
 
 
+def mix_section(report: dict[str, Any]) -> str | None:
+    """Each predictor's AUC (q/p <= 1) with its interval on every mix, and all together."""
+    by_mix = report.get("by_mix") or {}
+    if not by_mix:
+        return None
+    mixes = list(by_mix)
+    names = list(next(iter(by_mix.values()))["auc"])
+    rows = [
+        [name] + [fmt_ci(by_mix[m]["auc"].get(name), by_mix[m]["auc_ci"].get(name)) for m in mixes]
+        for name in names
+    ]
+    header = ["predictor"] + [f"{m} ({by_mix[m]['prompts']} prompts)" for m in mixes]
+    named = [
+        f"- {label}: {fmt_ci(entry['auc'], entry['auc_ci'])}"
+        for label, entry in (report.get("verifier_by_mix") or {}).items()
+    ]
+    parts = [
+        "## Every predictor on each prefix mix (AUC against q/p <= 1)",
+        "Each mix's interval resamples that mix's own prompts (each prompt is of one mix); "
+        "`all` is every row, the predictor table's AUC. The verifiers were trained on all "
+        "four mixes; `interleaved` is the prefix a decoder's verifier sees, `original` "
+        "SPRINTER Fig. 3's.",
+        table(header, rows),
+    ]
+    if named:
+        parts.append("\n".join(named))
+    return "\n\n".join(parts)
+
+
+def ablation_section(report: dict[str, Any]) -> str | None:
+    """evaluate.ablation: drop-one and add-one AUCs of the feature groups."""
+    entry = report.get("ablation")
+    if not entry:
+        return None
+    skipped = [f"- {g}: {why}" for g, why in (entry.get("skipped") or {}).items()]
+    if "all" not in entry:
+        return "## Feature ablation (evaluate.ablation)\n\nNo group could be built:\n" + "\n".join(
+            skipped
+        )
+    every = entry["all"]
+    rows = [
+        [
+            "all groups",
+            "+".join(every["groups"]),
+            fmt_ci(every["test_auc"], every.get("test_auc_ci")),
+            "",
+        ]
+    ]
+    for group, fit in entry["drop_one"].items():
+        rows.append(
+            [
+                f"drop {group}",
+                "+".join(fit["groups"]),
+                fmt_ci(fit["test_auc"], fit.get("test_auc_ci")),
+                f"loss {fmt(fit['loss'])}",
+            ]
+        )
+    if entry.get("base_fit"):
+        base = entry["base_fit"]
+        rows.append(
+            [
+                f"{entry['base']} alone",
+                entry["base"],
+                fmt_ci(base["test_auc"], base.get("test_auc_ci")),
+                "",
+            ]
+        )
+    for group, fit in entry["add_one"].items():
+        change = f"gain {fmt(fit['gain'])}" if "gain" in fit else ""
+        rows.append(
+            [
+                f"add {group}",
+                "+".join(fit["groups"]),
+                fmt_ci(fit["test_auc"], fit.get("test_auc_ci")),
+                change,
+            ]
+        )
+    counts = entry["rows"]
+    parts = [
+        "## Feature ablation (evaluate.ablation)",
+        f"L2 logistic probes fitted at q/p <= {entry['lam']:g} on {counts['train']} train "
+        f"records, C chosen on {counts['val']} val records, scored on the report's "
+        f"{counts['test']} rows against q/p <= 1 (prompt-bootstrap intervals). Drop-one: all "
+        f"groups but one (loss = all - it); add-one: {entry['add_one_mode']}. "
+        f"{fmt(entry['seconds'], 1)} s.",
+        table(["probe", "groups", "test AUC", ""], rows),
+    ]
+    if skipped:
+        parts.append("Left out:\n" + "\n".join(skipped))
+    return "\n\n".join(parts)
+
+
 def shortfall_lines(report: dict[str, Any]) -> list[str]:
     """Why a verifier is below evaluate.target_auc, in numbers the report already holds."""
     target = report.get("target_auc")
@@ -350,9 +442,11 @@ def render_markdown(report: dict[str, Any]) -> str:
     why = shortfall_lines(report)
     extra = [
         calibration_section(report),
+        mix_section(report),
         "## Below the target AUC, and why\n\n" + "\n".join(why) if why else None,
         learning_section(report),
         ceiling_section(report),
+        ablation_section(report),
     ]
     parts[3:3] = [section for section in extra if section]
     if report.get("transfer"):

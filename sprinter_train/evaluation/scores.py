@@ -7,6 +7,8 @@ entropy rules) need no training.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 from omegaconf import DictConfig
 
@@ -62,7 +64,10 @@ def predictor_scores(
     if table is not None:
         scores["sv_table"] = np.asarray(table.lookup(frame["S"].to_numpy(), frame["A"].to_numpy()))
     for name, score in record_scores(cfg).items():
-        columns = {column: frame[column].to_numpy() for column in score.columns}
+        if missing_columns(score, frame.columns):
+            continue  # records harvested before the column: see unscored_notes
+        wanted = [*score.columns, *(c for c in score.optional if c in frame.columns)]
+        columns = {column: frame[column].to_numpy() for column in wanted}
         scores[score.name] = score.score(columns, cfg.methods[name])
     scores["draft_q"] = np.asarray(frame["q"].to_numpy(), dtype=np.float64)
     return scores
@@ -75,6 +80,23 @@ def record_scores(cfg: DictConfig) -> dict[str, RecordScore]:
         for name, traits in all_traits(cfg.methods).items()
         if traits.record_score is not None
     }
+
+
+def missing_columns(score: RecordScore, present: Iterable[str]) -> list[str]:
+    """The record columns a record score reads that the records lack."""
+    have = set(present)
+    return [c for c in score.columns if c not in have]
+
+
+def unscored_notes(cfg: DictConfig, present: Iterable[str]) -> list[str]:
+    """A note per record score left out because the records lack a column it reads."""
+    have = list(present)
+    return [
+        f"{score.name} ({name}) was not scored: the records have no column "
+        f"{', '.join(missing_columns(score, have))} (harvested before it was recorded)"
+        for name, score in record_scores(cfg).items()
+        if missing_columns(score, have)
+    ]
 
 
 def predictor_descriptions(
@@ -92,6 +114,7 @@ def predictor_descriptions(
 
 def verifier_description(checkpoint: VerifierCheckpoint) -> str:
     """What a verifier was trained on: the label q/p <= λ, or the soft label min(1, p/q)."""
+    head = "" if checkpoint.head == "linear" else f", {checkpoint.head} head (train.head)"
     if checkpoint.label == "accept_prob":
-        return "SPRINTER verifier trained on the soft label min(1, p/q) (SpecDec++'s target)"
-    return f"SPRINTER verifier trained at λ={checkpoint.lam:g}"
+        return f"SPRINTER verifier trained on the soft label min(1, p/q) (SpecDec++'s target){head}"
+    return f"SPRINTER verifier trained at λ={checkpoint.lam:g}{head}"

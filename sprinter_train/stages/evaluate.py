@@ -22,6 +22,7 @@ from sprinter_train.core import pidlock
 from sprinter_train.core.io import write_json
 from sprinter_train.core.rules import sampled_acceptance
 from sprinter_train.core.runtime import set_threads
+from sprinter_train.evaluation.ablation import ablation_report
 from sprinter_train.evaluation.bootstrap import PromptBootstrap
 from sprinter_train.evaluation.calibration import calibration_report
 from sprinter_train.evaluation.ceiling_report import ceiling_report
@@ -30,10 +31,12 @@ from sprinter_train.evaluation.figures import make_plots
 from sprinter_train.evaluation.inputs import input_provenance, load_inputs, stale_input_notes
 from sprinter_train.evaluation.learning import summarise as summarise_learning
 from sprinter_train.evaluation.metrics import score_metrics
+from sprinter_train.evaluation.mixes import mix_metrics, named_rows
 from sprinter_train.evaluation.report import render_markdown
 from sprinter_train.evaluation.scores import (
     predictor_descriptions,
     predictor_scores,
+    unscored_notes,
     verifier_logits,
 )
 from sprinter_train.evaluation.strict_json import strict_json
@@ -65,7 +68,15 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     bootstrap = PromptBootstrap.from_cfg(ecfg.bootstrap, frame["prompt_id"].to_numpy())
     metrics = score_metrics(scores, y_label, y_event, ecfg, bootstrap)
     calibration = calibration_report(verifiers, logits, frame, y_event, int(ecfg.ece_bins))
-    notes = []
+    by_mix = mix_metrics(
+        scores,
+        y_label,
+        frame["mix"].to_numpy(),
+        frame["prompt_id"].to_numpy(),
+        ecfg.bootstrap,
+        [str(m) for m in ecfg.mixes],
+    )
+    notes = unscored_notes(cfg, frame.columns)
     if table is None:
         for key in ("auc", "auc_ci", "auc_sampled_ci"):
             metrics[key]["sv_table"] = None
@@ -99,6 +110,8 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         "auc_sampled": metrics["auc_sampled"],
         "auc_sampled_ci": metrics["auc_sampled_ci"],
         "auc_minus_draft_q": metrics["auc_minus_draft_q"],
+        "by_mix": by_mix,
+        "verifier_by_mix": named_rows(by_mix, list(verifiers)),
         "bootstrap": bootstrap.describe(),
         "calibration": metrics["calibration"],
         "verifier_calibration": calibration,
@@ -109,6 +122,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         "theorem_checks": theorems,
         "learning_curve": learning,
         "ceiling": ceiling_report(cfg, records),
+        "ablation": ablation_report(cfg, records, rows),
         "target_auc": float(ecfg.target_auc),
         "transfer": transfer_report(cfg, verifiers),
         "predictors": predictor_descriptions(cfg, verifiers),

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import sprinter_train.hf as hf_package
 from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.methods import method_verifier_path
+from sprinter_train.bench.methods import is_online, method_verifier_path
 from sprinter_train.core.io import MissingInputError, json_text
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.sweeps import job_dir
@@ -128,9 +128,22 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def verifier_file(cfg: DictConfig, node: DictConfig) -> Path:
-    """The verifier the method's config names (the bench's choice), checked to load."""
+    """The verifier the method's config names (the bench's choice), checked to load; an
+    online one (learnt while decoding, no file) is refused: the folder carries a file."""
+    if is_online(node.verifier):
+        raise ValueError(
+            "stage=export carries a trained verifier file; this method's verifier is the "
+            "online logistic (verifier.kind=online), which has none: export it with a trained "
+            "verifier (verifier.kind=checkpoint)"
+        )
     path = method_verifier_path(cfg.checkpoint_dir, node)
-    load_verifier(path, cfg.experiment)  # a missing or corrupt one names stage=train
+    checkpoint = load_verifier(path, cfg.experiment)  # a missing or corrupt one names stage=train
+    if checkpoint.head != "linear":
+        raise ValueError(
+            f"stage=export carries linear verifiers only (the folder's scorer is w·s + b); "
+            f"{path} has a {checkpoint.head} head (train.head={checkpoint.head}): export with "
+            "the linear one (the method's verifier.head=linear)"
+        )
     return path
 
 

@@ -35,10 +35,19 @@ from sprinter_train.verifier.labels import lam_name as lam_name  # the stages im
 FORMAT_VERSION = 1
 
 
-def verifier_path(checkpoint_dir: str | Path, label: Label | float) -> Path:
+def verifier_path(checkpoint_dir: str | Path, label: Label | float, head: str = "linear") -> Path:
     """verifier-lam<λ>.safetensors for a λ (or a ratio Label), verifier-accept.safetensors for
-    the accept_prob Label."""
-    return Path(checkpoint_dir) / f"verifier-{Label.of(label).name}.safetensors"
+    the accept_prob Label; an MLP head's name ends in -mlp (verifier-lam1.2-mlp.safetensors)."""
+    if head not in HEADS:
+        raise ValueError(f"a verifier head is one of {HEADS}, got {head!r}")
+    suffix = "" if head == "linear" else f"-{head}"
+    return Path(checkpoint_dir) / f"verifier-{Label.of(label).name}{suffix}.safetensors"
+
+
+def label_stem(path: Path) -> str:
+    """The file's stem without the head's suffix: verifier-lam1.2 for verifier-lam1.2-mlp."""
+    stem = Path(path).stem
+    return stem.removesuffix("-mlp")
 
 
 def sidecar_path(path: Path) -> Path:
@@ -60,9 +69,48 @@ class LinearVerifier(torch.nn.Module):
         return torch.sigmoid(self.logits(features))
 
 
+class MLPVerifier(torch.nn.Module):
+    """train.head=mlp: Linear(d, h), ReLU, Linear(h, 1), sigmoid, on raw features (the
+    standardisation folded into the first layer)."""
+
+    def __init__(self, d_in: int, hidden: int) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(d_in, hidden)
+        self.out = torch.nn.Linear(hidden, 1)
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(self.first(features.to(self.first.weight.dtype)))
+        return self.out(hidden).squeeze(-1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.logits(features))
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What the safetensors file holds."""
+        return {
+            "weight": self.first.weight.detach(),
+            "bias": self.first.bias.detach(),
+            "out_weight": self.out.weight.detach(),
+            "out_bias": self.out.bias.detach(),
+        }
+
+    @classmethod
+    def of(cls, tensors: dict[str, torch.Tensor]) -> MLPVerifier:
+        hidden, d_in = tensors["weight"].shape
+        model = cls(int(d_in), int(hidden))
+        model.first.weight.data.copy_(tensors["weight"])
+        model.first.bias.data.copy_(tensors["bias"])
+        model.out.weight.data.copy_(tensors["out_weight"].reshape(1, -1))
+        model.out.bias.data.copy_(tensors["out_bias"].reshape(1))
+        return model
+
+
+HEADS = ("linear", "mlp")
+
+
 @dataclass
 class VerifierCheckpoint:
-    model: LinearVerifier
+    model: LinearVerifier | MLPVerifier
     meta: dict[str, Any]
     path: Path
 
@@ -76,6 +124,11 @@ class VerifierCheckpoint:
         """The λ of a ratio verifier; None for the accept_prob one, which has none."""
         lam = self.meta["lam"]
         return None if lam is None else float(lam)
+
+    @property
+    def head(self) -> str:
+        """ "linear" (SPRINTER's; old sidecars) or "mlp"."""
+        return str(self.meta.get("head", "linear"))
 
     @property
     def temperature(self) -> float:
@@ -113,7 +166,13 @@ class VerifierCheckpoint:
         return torch.sigmoid(logits / self.temperature).numpy()
 
 
-def save_verifier(path: Path, weight: torch.Tensor, bias: torch.Tensor, meta: dict) -> Path:
+def save_verifier(
+    path: Path,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    meta: dict,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Both files are written aside whole, then moved into place, weights first: a write that
     fails (a full disk, a file-size limit, a signal) leaves the previous verifier as it was.
     The sidecar names its weights' sha256, so weights moved in without their sidecar (a crash
@@ -121,10 +180,17 @@ def save_verifier(path: Path, weight: torch.Tensor, bias: torch.Tensor, meta: di
     path = Path(path)
     sidecar = sidecar_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        "weight": weight.detach().float().reshape(1, -1).contiguous(),
-        "bias": bias.detach().float().reshape(1).contiguous(),
-    }
+    if meta.get("head", "linear") == "linear":
+        tensors = {
+            "weight": weight.detach().float().reshape(1, -1).contiguous(),
+            "bias": bias.detach().float().reshape(1).contiguous(),
+        }
+    else:  # an MLP's first layer, and its output layer in `extra`
+        tensors = {
+            "weight": weight.detach().float().contiguous(),
+            "bias": bias.detach().float().contiguous(),
+            **{k: v.detach().float().contiguous() for k, v in (extra or {}).items()},
+        }
     aside = {path: temp_path(path), sidecar: temp_path(sidecar)}
     try:
         save_file(tensors, str(aside[path]), metadata={"format": str(FORMAT_VERSION)})
@@ -142,10 +208,13 @@ def save_verifier(path: Path, weight: torch.Tensor, bias: torch.Tensor, meta: di
 def train_command(path: Path, experiment: str | None) -> str:
     """The `python -m sprinter_train stage=train ...` that writes the verifier at `path`."""
     exp = f" experiment={experiment}" if experiment else ""
-    if Path(path).stem == f"verifier-{ACCEPT_NAME}":
+    stem = label_stem(path)
+    if stem == f"verifier-{ACCEPT_NAME}":
         which = "train.label=accept_prob"
     else:
-        which = f"train.lam={Path(path).stem.removeprefix('verifier-lam')}"
+        which = f"train.lam={stem.removeprefix('verifier-lam')}"
+    if stem != Path(path).stem:
+        which += f" train.head={Path(path).stem.rsplit('-', 1)[1]}"
     return f"`python -m sprinter_train stage=train{exp} {which}`"
 
 
@@ -182,7 +251,8 @@ def checkpoint_of(
     sidecar = sidecar_path(path)
     if "lam" not in meta:
         raise corrupt_input(sidecar, "no lam", remedy)
-    named = path.stem.removeprefix("verifier-lam") if path.stem.startswith("verifier-lam") else None
+    stem = label_stem(path)
+    named = stem.removeprefix("verifier-lam") if stem.startswith("verifier-lam") else None
     if named and meta["lam"] is not None and lam_name(float(meta["lam"])) != named:
         raise corrupt_input(
             sidecar, f"lam {meta['lam']}, but the file is named for λ = {named}", remedy
@@ -195,6 +265,11 @@ def checkpoint_of(
     if not isinstance(features, dict) or "names" not in features:
         raise corrupt_input(sidecar, "features without names", remedy)
     d_in = features.get("d_in")
+    head = meta.get("head", "linear")
+    if head == "mlp":
+        return mlp_checkpoint(tensors, meta, path, remedy, d_in)
+    if head != "linear":
+        raise corrupt_input(sidecar, f"head {head!r}, not one of {list(HEADS)}", remedy)
     if weight.ndim != 2 or weight.shape[0] != 1 or bias.numel() != 1:
         raise corrupt_input(path, f"weight {tuple(weight.shape)}, bias {tuple(bias.shape)}", remedy)
     if d_in is not None and int(d_in) != weight.shape[1]:
@@ -206,6 +281,35 @@ def checkpoint_of(
     model.linear.weight.data.copy_(weight)
     model.linear.bias.data.copy_(tensors["bias"])
     return VerifierCheckpoint(model.eval(), meta, path)
+
+
+def mlp_checkpoint(
+    tensors: dict[str, torch.Tensor],
+    meta: dict[str, Any],
+    path: Path,
+    remedy: str,
+    d_in: int | None,
+) -> VerifierCheckpoint:
+    """An MLP head's checkpoint, its tensors' shapes checked against each other and d_in."""
+    try:
+        weight, bias = tensors["weight"], tensors["bias"]
+        out_weight, out_bias = tensors["out_weight"], tensors["out_bias"]
+    except KeyError as error:
+        raise corrupt_input(path, f"an MLP head without {error}", remedy) from error
+    hidden = weight.shape[0] if weight.ndim == 2 else -1
+    if bias.shape != (hidden,) or out_weight.numel() != hidden or out_bias.numel() != 1:
+        raise corrupt_input(
+            path,
+            f"MLP tensors weight {tuple(weight.shape)}, bias {tuple(bias.shape)}, out_weight "
+            f"{tuple(out_weight.shape)}, out_bias {tuple(out_bias.shape)}",
+            remedy,
+        )
+    if d_in is not None and int(d_in) != weight.shape[1]:
+        raise corrupt_input(
+            path, f"{weight.shape[1]} inputs, but the sidecar says d_in {d_in}", remedy
+        )
+    check_label_and_calibration(meta, sidecar_path(path), remedy)
+    return VerifierCheckpoint(MLPVerifier.of(tensors).eval(), meta, path)
 
 
 def check_label_and_calibration(meta: dict[str, Any], sidecar: Path, remedy: str) -> None:

@@ -1,4 +1,6 @@
-"""The LightningModule: SPRINTER §3.2's Linear(d, 1) + sigmoid, BCE, Adam.
+"""The LightningModule: SPRINTER §3.2's Linear(d, 1) + sigmoid (train.head=linear), or one
+hidden ReLU layer before it (train.head=mlp, evaluate's ceiling probe made a verifier); BCE,
+Adam.
 
 The BCE takes the targets as given: 0/1 for the ratio label, the soft min(1, p/q) for the
 accept_prob label (SpecDec++), whose minimiser is sigmoid(logit) = E[min(1, p/q) | s].
@@ -25,10 +27,23 @@ class VerifierModule(pl.LightningModule):
         weight_decay: float = 0.0,
         plateau_factor: float = 0.2,
         plateau_patience: int = 1,
+        head: str = "linear",
+        mlp_hidden: int = 256,
+        mlp_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.linear = torch.nn.Linear(d_in, 1)
+        if head == "linear":
+            self.linear = torch.nn.Linear(d_in, 1)
+        elif head == "mlp":  # one hidden ReLU layer; dropout regularises it in training only
+            self.mlp = torch.nn.Sequential(
+                torch.nn.Linear(d_in, mlp_hidden),
+                torch.nn.ReLU(),
+                torch.nn.Dropout(mlp_dropout),
+                torch.nn.Linear(mlp_hidden, 1),
+            )
+        else:
+            raise ValueError(f"train.head must be linear or mlp, got {head!r}")
         self.register_buffer("mean", torch.zeros(d_in))
         self.register_buffer("scale", torch.ones(d_in))
         # where the best validation loss was seen: buffers come back from DDP ranks
@@ -44,7 +59,12 @@ class VerifierModule(pl.LightningModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the label's probability: P(q/p <= λ), or E[min(1, p/q)]."""
-        return self.linear((x - self.mean) / self.scale).squeeze(-1)
+        return self.net((x - self.mean) / self.scale).squeeze(-1)
+
+    @property
+    def net(self) -> torch.nn.Module:
+        """The head: SPRINTER's Linear(d, 1), or the MLP."""
+        return self.linear if self.hparams.head == "linear" else self.mlp
 
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
@@ -81,6 +101,19 @@ class VerifierModule(pl.LightningModule):
         bias = self.linear.bias.detach()[0] - (weight * self.mean).sum()
         return weight, bias.reshape(1)
 
+    def folded_mlp(self) -> dict[str, torch.Tensor]:
+        """The MLP's tensors on raw features (checkpoint.MLPVerifier's names): the
+        standardisation folded into its first layer, as `folded` does for the linear head."""
+        first, last = self.mlp[0], self.mlp[3]
+        weight = first.weight.detach() / self.scale[None, :]
+        bias = first.bias.detach() - weight @ self.mean
+        return {
+            "weight": weight,
+            "bias": bias,
+            "out_weight": last.weight.detach().clone(),
+            "out_bias": last.bias.detach().clone(),
+        }
+
 
 class KeepBest(pl.Callback):
     """Remember the weights of the lowest validation loss and restore them at the end
@@ -97,8 +130,8 @@ class KeepBest(pl.Callback):
         if loss < float(module.best_val_loss):
             module.best_val_loss.fill_(loss)
             module.best_epoch.fill_(trainer.current_epoch)
-            self.state = copy.deepcopy(module.linear.state_dict())
+            self.state = copy.deepcopy(module.net.state_dict())
 
     def on_train_end(self, trainer: pl.Trainer, module: VerifierModule) -> None:
         if self.state is not None:
-            module.linear.load_state_dict(self.state)
+            module.net.load_state_dict(self.state)

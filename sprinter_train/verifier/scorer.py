@@ -23,7 +23,7 @@ import torch
 from sprinter_train.core.distributions import entropy
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.state import Batch, DraftStep, Round
-from sprinter_train.verifier.checkpoint import VerifierCheckpoint
+from sprinter_train.verifier.checkpoint import MLPVerifier, VerifierCheckpoint
 from sprinter_train.verifier.features import assemble
 
 
@@ -34,9 +34,13 @@ class CheckpointVerifier:
         self.checkpoint = checkpoint
         self.spec = checkpoint.spec
         self.embedding = draft_model.get_input_embeddings()
-        linear = checkpoint.model.linear
-        self.weight = linear.weight.detach().float()[0]
-        self.bias = float(linear.bias.detach().float()[0])
+        self.mlp = checkpoint.model if isinstance(checkpoint.model, MLPVerifier) else None
+        if self.mlp is None:
+            linear = checkpoint.model.linear
+            self.weight = linear.weight.detach().float()[0]
+            self.bias = float(linear.bias.detach().float()[0])
+        else:  # the MLP's input width, for the feature check
+            self.weight = torch.zeros(self.mlp.first.weight.shape[1])
         self.temperature = checkpoint.temperature
         self.prior = train_base_rate(checkpoint)
 
@@ -68,6 +72,13 @@ class CheckpointVerifier:
     def __call__(self, engine: Engine, batch: Batch, rnd: Round, step: DraftStep) -> torch.Tensor:
         """(B,) calibrated sigmoid((w . s(x, prefix) + b) / T) for each row's drafted token."""
         start = time.perf_counter()
+        if self.mlp is not None:  # train.head=mlp: moved to the draft's device once
+            self.mlp = self.mlp.to(step.q.device)
+            with torch.inference_mode():
+                logits = self.mlp.logits(self.features(step))
+            score = torch.sigmoid(logits / self.temperature)
+            batch.stats.verifier_seconds += time.perf_counter() - start
+            return score
         weight = self.weight.to(step.q.device)
         score = torch.sigmoid((self.features(step) @ weight + self.bias) / self.temperature)
         batch.stats.verifier_seconds += time.perf_counter() - start

@@ -25,6 +25,7 @@ from sprinter_train.models.loading import describe_spec
 from sprinter_train.verifier.calibration import fit_temperature
 from sprinter_train.verifier.checkpoint import (
     LinearVerifier,
+    MLPVerifier,
     VerifierCheckpoint,
     save_verifier,
     verifier_path,
@@ -100,7 +101,7 @@ SplitLogits = dict[str, tuple[torch.Tensor, np.ndarray]]
 
 
 def split_logits(
-    verifier: VerifierCheckpoint | LinearVerifier,
+    verifier: VerifierCheckpoint | LinearVerifier | MLPVerifier,
     records: RecordSet,
     spec: FeatureSpec,
     embedder: DraftEmbedder | None,
@@ -150,7 +151,7 @@ def split_metrics(
 
 
 class Fit(NamedTuple):
-    verifier: LinearVerifier
+    verifier: LinearVerifier | MLPVerifier
     metrics: dict[str, Any]
     layout: list[dict[str, Any]]
     calibration: dict[str, Any]
@@ -181,12 +182,17 @@ def fit_verifier(
     )
     layout = spec.layout(records.d, embedder.dim if embedder else None)
     d_in = sum(block["width"] for block in layout)
+    head = str(tcfg.get("head", "linear"))
+    mlp = tcfg.get("mlp") or {}
     module = VerifierModule(
         d_in,
-        lr=float(tcfg.lr),
-        weight_decay=float(tcfg.weight_decay),
+        lr=float(tcfg.lr if head == "linear" else mlp["lr"]),
+        weight_decay=float(tcfg.weight_decay if head == "linear" else mlp["weight_decay"]),
         plateau_factor=float(tcfg.plateau_factor),
         plateau_patience=int(tcfg.plateau_patience),
+        head=head,
+        mlp_hidden=int(mlp.get("hidden", 256)),
+        mlp_dropout=float(mlp.get("dropout", 0.0)),
     )
     accelerator = resolve_device(cfg.device).type
     log_dir = Path(cfg.experiment_dir) / "train"
@@ -218,10 +224,14 @@ def fit_verifier(
 
             wandb.finish()
     fit_seconds = time.perf_counter() - start
-    weight, bias = module.folded()
-    verifier = LinearVerifier(d_in)
-    verifier.linear.weight.data.copy_(weight[None])
-    verifier.linear.bias.data.copy_(bias)
+    verifier: LinearVerifier | MLPVerifier
+    if head == "linear":
+        weight, bias = module.folded()
+        verifier = LinearVerifier(d_in)
+        verifier.linear.weight.data.copy_(weight[None])
+        verifier.linear.bias.data.copy_(bias)
+    else:
+        verifier = MLPVerifier.of(module.folded_mlp())
     logits = split_logits(verifier.eval(), records, spec, embedder)
     val_logits, val_rows = logits["val"]  # the data module refused a split without val rows
     calibration = fit_temperature(
@@ -304,12 +314,19 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
         column = records.frame[label.column].to_numpy()[records.rows_of("train")]
         check_both_classes(label.targets(column), label)
     embedder = make_embedder(cfg, spec, records)
-    name = label.name
+    name = label.name + ("" if str(tcfg.get("head", "linear")) == "linear" else "-mlp")
     log_dir = Path(cfg.experiment_dir) / "train"
     verifier, metrics, layout, calibration = fit_verifier(cfg, records, label, spec, embedder, name)
     fit_seconds = metrics["fit_seconds"]
     d_in = sum(block["width"] for block in layout)
-    weight, bias = verifier.linear.weight.detach()[0], verifier.linear.bias.detach()
+    head = str(tcfg.get("head", "linear"))
+    extra = None
+    if isinstance(verifier, MLPVerifier):
+        tensors = verifier.tensors()
+        weight, bias = tensors.pop("weight"), tensors.pop("bias")
+        extra = tensors
+    else:
+        weight, bias = verifier.linear.weight.detach()[0], verifier.linear.bias.detach()
     fractions = [float(f) for f in tcfg.get("learning_curve") or []]
     if fractions:
         metrics["learning_curve"] = learning_curve(
@@ -323,6 +340,7 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
         "label": label.kind,
         "label_note": LABEL_NOTES[label.kind],
         "lam": label.lam,
+        **({} if head == "linear" else {"head": head, "mlp": {"hidden": int(weight.shape[0])}}),
         "calibration": calibration,
         "features": {"names": list(spec.names), "layout": layout, "d_in": d_in},
         "standardisation": "folded into weight and bias: apply to raw features",
@@ -344,7 +362,7 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
         "code_version": code_version(),
         "logs": str(log_dir / name),
     }
-    path = save_verifier(verifier_path(cfg.checkpoint_dir, label), weight, bias, meta)
+    path = save_verifier(verifier_path(cfg.checkpoint_dir, label, head), weight, bias, meta, extra)
     val = metrics["val"] or {}
     log.info(
         "verifier %s (%s): val AUC (q/p<=1) %s, BCE %.4f, T %.3f (val NLL %.4f -> %.4f), "

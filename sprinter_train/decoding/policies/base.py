@@ -40,6 +40,7 @@ class RecordScore:
     score: Callable[[Mapping[str, np.ndarray], Mapping[str, Any]], np.ndarray]  # (columns,
     # the method's settings) -> one score per row
     describe: Callable[[Mapping[str, Any]], str]  # settings -> one line for the report
+    optional: tuple[str, ...] = ()  # columns `score` reads where the records have them
 
 
 @dataclass(frozen=True)

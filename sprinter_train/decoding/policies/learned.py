@@ -19,7 +19,7 @@ from sprinter_train.decoding.policies.base import (
     step_features,
     verify,
 )
-from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round
+from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
 
 PRE_DRAW_FEATURES = frozenset({"hidden", "draft_entropy"})  # fixed before x_j is drawn
 
@@ -28,6 +28,9 @@ def scores_before_the_draw(verifier: object) -> bool:
     """Whether a verifier's score of x_j is fixed before x_j is drawn: every feature it reads
     is (the draft hidden state that produced q_j, H(q_j)). A verifier that names no features,
     or reads any of x_j's own (its embedding, q(x_j)), counts as scoring after the draw."""
+    declared = getattr(verifier, "pre_draw", None)  # a scorer that says (the online logistic)
+    if declared is not None:
+        return bool(declared)
     names = getattr(getattr(verifier, "spec", None), "names", None)
     return bool(names) and set(names) <= PRE_DRAW_FEATURES
 
@@ -122,6 +125,12 @@ class LearnedLength(GoodputMethod):
         room = batch.room(self.max_gamma)
         draft_round(engine, batch, room, stop, keep if informed else None, rnd)
         return verify(engine, batch, rnd)
+
+    def update(self, row: Row, drafted: int, accepted: int) -> None:
+        """A verifier that learns while decoding (the online logistic) sees the outcome."""
+        observe = getattr(self.verifier, "observe", None)
+        if observe is not None:
+            observe(row, drafted, accepted)
 
     def first_draft_keeps(
         self, engine: Engine, prompt: list[int], q: torch.Tensor, c: torch.Tensor | None

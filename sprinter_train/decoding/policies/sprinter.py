@@ -10,7 +10,7 @@ import torch
 from sprinter_train.core.rules import sprinter_check_rows
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.base import Method, Traits, Verifier, draft_round
-from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round
+from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
 
 
 @dataclass
@@ -69,3 +69,10 @@ class Sprinter(Method):
             accepted = (rejected & passed).long()
         kept = counts - rejected.long()
         return Emitted(drafts, counts, kept, counts, accepted, kept)
+
+    def update(self, row: Row, drafted: int, accepted: int) -> None:
+        """A verifier that learns while decoding sees the one outcome the target gave: the
+        row's last draft, checked where its score fell below tau."""
+        observe = getattr(self.verifier, "observe", None)
+        if observe is not None and drafted > 0:
+            observe(row, drafted, accepted, tau=self.tau)
