@@ -17,7 +17,7 @@ from sprinter_train.core.io import read_json
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.harvest import driver
-from sprinter_train.harvest.continuations import build_sequences
+from sprinter_train.harvest.continuations import RunLaw, build_sequences
 from sprinter_train.harvest.mixes import MIXES, assign_mixes
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.harvest.records import token_statistics
@@ -308,20 +308,31 @@ def test_p_zero_gives_an_infinite_ratio_never_nan() -> None:
     assert "S" not in stats and "A" not in stats
 
 
-GENERATED = ("draft", "target", "interleaved")
+GENERATED = ("draft", "target", "interleaved", "sd_interleaved")
 SEQ_PROMPTS = [
     Prompt(f"p{i}", "toy", "train", "", [1, *range(40 + i, 40 + i + 2 + (5 * i) % 9)], None)
     for i in range(12)
 ]
-SEQ_MIXES = [GENERATED[i % 3] for i in range(12)]
+SEQ_MIXES = [GENERATED[i % 4] for i in range(12)]
 SEQ_SAMPLING = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95)
+SEQ_RUNS = RunLaw(accept=0.6, max_run=3)  # interleaved runs often longer than a round
+
+
+def provenance(
+    models: Roles, prompts, mixes, n: int = 8, shared_rows: int = 8
+) -> list[tuple[list[int], tuple[bool, ...]]]:
+    """Each row's continuation and its from_draft flags over the continuation."""
+    built = build_sequences(models, prompts, mixes, n, n, 3, SEQ_RUNS, SEQ_SAMPLING, 0, shared_rows)
+    return [
+        (seq.input_ids[seq.region_start : seq.region_end], seq.from_draft[seq.region_start :])
+        for seq in built
+    ]
 
 
 def continuations(
     models: Roles, prompts, mixes, n: int = 8, shared_rows: int = 8
 ) -> list[list[int]]:
-    built = build_sequences(models, prompts, mixes, n, n, 3, SEQ_SAMPLING, 0, shared_rows)
-    return [seq.input_ids[seq.region_start : seq.region_end] for seq in built]
+    return [ids for ids, _ in provenance(models, prompts, mixes, n, shared_rows)]
 
 
 @pytest.mark.parametrize("shared_rows", [0, 8])
@@ -331,14 +342,21 @@ def test_batched_continuations_match_one_prompt_at_a_time(family: str, shared_ro
     one shared call (prompts of different lengths, rows that accept different numbers of
     drafts), equal each prompt generated alone."""
     models = generating_models(family, None)
-    batched = continuations(models, SEQ_PROMPTS, SEQ_MIXES, shared_rows=shared_rows)
+    batched = provenance(models, SEQ_PROMPTS, SEQ_MIXES, shared_rows=shared_rows)
     alone = [
-        continuations(models, [prompt], [mix])[0]
+        provenance(models, [prompt], [mix])[0]
         for prompt, mix in zip(SEQ_PROMPTS, SEQ_MIXES, strict=True)
     ]
-    assert batched == alone and all(len(row) == 8 for row in batched)
-    # the mixes really differ: the draft, the target and their interleaving
-    assert len({tuple(row) for row in batched}) == len(batched)
+    assert batched == alone and all(len(ids) == 8 for ids, _ in batched)
+    # the mixes really differ: the draft, the target and their interleavings
+    assert len({tuple(ids) for ids, _ in batched}) == len(batched)
+    # provenance: the draft mix is all draft, the target mix none (empty), both interleavings
+    # mix the two models' tokens
+    pairs = list(zip(batched, SEQ_MIXES, strict=True))
+    flags = {mix: [f for (_, f), m in pairs if m == mix] for mix in GENERATED}
+    assert all(f == (True,) * 8 for f in flags["draft"]) and flags["target"] == [()] * 3
+    for mix in ("interleaved", "sd_interleaved"):
+        assert 0 < sum(map(sum, flags[mix])) < 24, mix
 
 
 def test_continuations_end_at_the_first_eos() -> None:
