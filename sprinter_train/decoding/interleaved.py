@@ -117,15 +117,14 @@ class InterleavedRuns(Method):
         counts = rnd.counts
         assert counts is not None
         drafts = rnd.tokens()
-        # 3. one target forward in the rows whose run ended: p after the run, sampled, kept
+        # 3. one target forward in the rows whose run ended: p after the run, sampled, kept.
+        # It runs even if every row's run was cut (rare: alpha^max_run a row), since
+        # `engine.any` answers for monotone drafting flags only (stale on CUDA)
         ends = ~(drafts_here & (counts == limit))
-        if engine.any(ends):
-            p = engine.target_probs(batch, rnd, ends)
-            at = counts[:, None, None].expand(-1, 1, p.shape[-1])
-            token = engine.sample(p.gather(1, at)[:, 0], batch, ends)
-            drafts = torch.cat([drafts, drafts[:, :1]], 1).scatter(
-                1, counts[:, None], token[:, None]
-            )
+        p = engine.target_probs(batch, rnd, ends)
+        at = counts[:, None, None].expand(-1, 1, p.shape[-1])
+        token = engine.sample(p.gather(1, at)[:, 0], batch, ends)
+        drafts = torch.cat([drafts, drafts[:, :1]], 1).scatter(1, counts[:, None], token[:, None])
         # drafts are committed unchecked: they count as kept without the target's check
         return Emitted(
             drafts, counts + ends.long(), counts, counts, torch.zeros_like(counts), counts
