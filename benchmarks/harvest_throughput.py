@@ -13,7 +13,9 @@ time over the harvest's: how close the harvest comes to the one target pass it c
 runs `--repeats` times, interleaved with the other, and the ratios are the medians over the
 repeats (each repeat pairs a harvest with the target pass right after it, so a noisy moment
 on a shared machine skews one repeat, not the result). The last line is
-`ratio_original=<x> ratio_all_mixes=<y>`.
+`ratio_original=<x> ratio_all_mixes=<y>`. With `harvest.interleaved_accept=auto` the
+pair's alpha is measured once before the timed runs, as a harvest does once per record set;
+its seconds are printed apart.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from sprinter_train.harvest.driver import (
     HarvestOptions,
     harvest_prompts,
     max_context,
+    resolve_accept,
     shared_rows_of,
 )
 from sprinter_train.harvest.mixes import assign_mixes
@@ -143,6 +146,9 @@ def main() -> None:
         cfg.data, models.tokenizer, options.split, max_context(models, options.positions_per_prompt)
     )
     batch_size = int(hcfg["batch_size"])
+    start = time.perf_counter()
+    options = resolve_accept(options, models, prompts, int(hcfg["calibration_prompts"]), device)
+    calibration_s = time.perf_counter() - start
     # warm-up: first calls allocate and pick kernels; neither side should pay for it
     warm = prompts[:1]
     scenarios = {
@@ -175,6 +181,11 @@ def main() -> None:
         f"models={args.models} draft={models.draft.name} target={models.target.name} "
         f"prompts={len(prompts)} device={device} threads={torch.get_num_threads()} "
         f"repeats={max(1, args.repeats)} sampling={OmegaConf.to_container(cfg.sampling)}"
+    )
+    print(
+        f"interleaved_accept={options.interleaved_accept} ({hcfg['interleaved_accept']}; "
+        f"measured in {calibration_s:.2f} s, once per harvest) "
+        f"interleaved_max_run={options.interleaved_max_run}"
     )
     print(
         "scenario  | records | harvest s | records/s | target s | target tok/s (recorded) | "

@@ -15,9 +15,10 @@ from sprinter_train.__main__ import run_stage
 from sprinter_train.core.distributions import entropy
 from sprinter_train.core.io import read_json
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
-from sprinter_train.data.prompts import Prompt
+from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.harvest import driver
-from sprinter_train.harvest.continuations import build_sequences
+from sprinter_train.harvest.calibration import accept_setting
+from sprinter_train.harvest.continuations import RunLaw, build_sequences, original_sequence
 from sprinter_train.harvest.mixes import MIXES, assign_mixes
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.harvest.records import token_statistics
@@ -189,6 +190,53 @@ def test_hidden_layer_option_records_that_layer(tmp_path) -> None:
     assert not np.allclose(embedding, out.hidden_states[-1][0, -1].numpy(), atol=1e-2)
 
 
+def manifest_of(cfg) -> dict:
+    return read_json(Path(cfg.experiment_dir) / "records" / "manifest.json")
+
+
+def test_auto_alpha_is_the_mean_beta_of_the_first_prompts_original_sequences(
+    baseline, tmp_path
+) -> None:
+    """harvest.interleaved_accept=auto: mean sum min(p, q) over the original regions of the
+    first calibration_prompts prompts, recomputed with plain model calls; recorded in the
+    manifest and the fingerprint. A number is used as given."""
+    cfg = baseline["cfg"]
+    manifest = manifest_of(cfg)
+    models = load_roles(cfg.models, torch.device("cpu"), torch.float32)
+    sampling = SamplingConfig.from_cfg(cfg.sampling)
+    length = int(cfg.harvest.continuation_tokens)
+    prompts = load_prompts(cfg.data, models.tokenizer, None, driver.max_context(models, length))
+    betas = []
+    for prompt in prompts[: int(cfg.harvest.calibration_prompts)]:
+        ids, start, end = original_sequence(prompt, models.tokenizer, length)
+        with torch.no_grad():
+            q = warp_probs(models.draft.model(torch.tensor([ids])).logits[0], sampling)
+            p = warp_probs(models.target.model(torch.tensor([ids])).logits[0], sampling)
+        betas += torch.minimum(p, q)[start - 1 : end - 1].sum(-1).tolist()
+    note = manifest["interleaved"]
+    assert note["source"].startswith("auto") and note["max_run"] == 8
+    assert note["accept"] == pytest.approx(float(np.mean(betas)), abs=6e-5)
+    assert 0 < note["accept"] < 1
+    assert manifest["content_settings"]["interleaved_accept"] == note["accept"]
+    given = compose_at(tmp_path, "data.num_prompts=4", "harvest.interleaved_accept=0.3")
+    run_stage(given)
+    other = manifest_of(given)
+    assert other["interleaved"]["accept"] == 0.3 and other["interleaved"]["source"].startswith(
+        "given"
+    )
+    assert other["fingerprint"] != manifest["fingerprint"]  # num_prompts is not in it
+
+
+def test_interleaved_accept_is_auto_or_a_probability() -> None:
+    assert accept_setting("auto") is None and accept_setting(0.5) == 0.5
+    for bad in (0, 1, 1.5, "often", True):
+        with pytest.raises(ValueError, match="interleaved_accept"):
+            accept_setting(bad)
+    problems = driver.harvest_problems({"interleaved_accept": 2, "calibration_prompts": 0})
+    assert len(problems) == 2
+    assert "interleaved_accept" in problems[1] and "calibration_prompts" in problems[0]
+
+
 def test_same_seed_gives_identical_records_and_another_seed_does_not(baseline, tmp_path) -> None:
     again = compose_at(tmp_path / "again")
     run_stage(again)
@@ -232,7 +280,12 @@ def test_interrupted_harvest_resumes_to_the_uninterrupted_records(
     result = run_stage(cfg)
     assert (result["shards_skipped"], result["shards_written"]) == (1, 2)
     assert (records_dir / "shard-000000.parquet").stat().st_mtime_ns == first_mtime
-    assert_same_records(load_record_set(cfg), (baseline["records"], baseline["hidden"]))
+    resumed = load_record_set(cfg)
+    assert_same_records(resumed, (baseline["records"], baseline["hidden"]))
+    # the interleaved sequences too, with the alpha measured again on resume
+    pd.testing.assert_frame_equal(resumed[2], baseline["seqs"])
+    assert "interleaved" in set(resumed[2].mix)
+    assert manifest_of(cfg)["interleaved"] == manifest_of(baseline["cfg"])["interleaved"]
 
 
 def test_truncated_or_corrupt_shards_are_detected_and_redone(baseline, tmp_path) -> None:
@@ -308,20 +361,31 @@ def test_p_zero_gives_an_infinite_ratio_never_nan() -> None:
     assert "S" not in stats and "A" not in stats
 
 
-GENERATED = ("draft", "target", "interleaved")
+GENERATED = ("draft", "target", "interleaved", "sd_interleaved")
 SEQ_PROMPTS = [
     Prompt(f"p{i}", "toy", "train", "", [1, *range(40 + i, 40 + i + 2 + (5 * i) % 9)], None)
     for i in range(12)
 ]
-SEQ_MIXES = [GENERATED[i % 3] for i in range(12)]
+SEQ_MIXES = [GENERATED[i % 4] for i in range(12)]
 SEQ_SAMPLING = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95)
+SEQ_RUNS = RunLaw(accept=0.6, max_run=3)  # interleaved runs often longer than a round
+
+
+def provenance(
+    models: Roles, prompts, mixes, n: int = 8, shared_rows: int = 8
+) -> list[tuple[list[int], tuple[bool, ...]]]:
+    """Each row's continuation and its from_draft flags over the continuation."""
+    built = build_sequences(models, prompts, mixes, n, n, 3, SEQ_RUNS, SEQ_SAMPLING, 0, shared_rows)
+    return [
+        (seq.input_ids[seq.region_start : seq.region_end], seq.from_draft[seq.region_start :])
+        for seq in built
+    ]
 
 
 def continuations(
     models: Roles, prompts, mixes, n: int = 8, shared_rows: int = 8
 ) -> list[list[int]]:
-    built = build_sequences(models, prompts, mixes, n, n, 3, SEQ_SAMPLING, 0, shared_rows)
-    return [seq.input_ids[seq.region_start : seq.region_end] for seq in built]
+    return [ids for ids, _ in provenance(models, prompts, mixes, n, shared_rows)]
 
 
 @pytest.mark.parametrize("shared_rows", [0, 8])
@@ -331,14 +395,21 @@ def test_batched_continuations_match_one_prompt_at_a_time(family: str, shared_ro
     one shared call (prompts of different lengths, rows that accept different numbers of
     drafts), equal each prompt generated alone."""
     models = generating_models(family, None)
-    batched = continuations(models, SEQ_PROMPTS, SEQ_MIXES, shared_rows=shared_rows)
+    batched = provenance(models, SEQ_PROMPTS, SEQ_MIXES, shared_rows=shared_rows)
     alone = [
-        continuations(models, [prompt], [mix])[0]
+        provenance(models, [prompt], [mix])[0]
         for prompt, mix in zip(SEQ_PROMPTS, SEQ_MIXES, strict=True)
     ]
-    assert batched == alone and all(len(row) == 8 for row in batched)
-    # the mixes really differ: the draft, the target and their interleaving
-    assert len({tuple(row) for row in batched}) == len(batched)
+    assert batched == alone and all(len(ids) == 8 for ids, _ in batched)
+    # the mixes really differ: the draft, the target and their interleavings
+    assert len({tuple(ids) for ids, _ in batched}) == len(batched)
+    # provenance: the draft mix is all draft, the target mix none (empty), both interleavings
+    # mix the two models' tokens
+    pairs = list(zip(batched, SEQ_MIXES, strict=True))
+    flags = {mix: [f for (_, f), m in pairs if m == mix] for mix in GENERATED}
+    assert all(f == (True,) * 8 for f in flags["draft"]) and flags["target"] == [()] * 3
+    for mix in ("interleaved", "sd_interleaved"):
+        assert 0 < sum(map(sum, flags[mix])) < 24, mix
 
 
 def test_continuations_end_at_the_first_eos() -> None:
@@ -376,6 +447,7 @@ def test_records_do_not_depend_on_batching(baseline, tmp_path, batching) -> None
     records, hidden, seqs = load_record_set(cfg)
     assert set(seqs.mix) == set(MIXES)
     pd.testing.assert_frame_equal(seqs, baseline["seqs"])
+    assert manifest_of(cfg)["interleaved"] == manifest_of(baseline["cfg"])["interleaved"]
     assert_same_records((records, hidden), (baseline["records"], baseline["hidden"]))
 
 

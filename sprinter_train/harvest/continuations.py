@@ -2,14 +2,16 @@
 
 `original`: the prompt plus the dataset's own continuation (a chat reply, a canonical
 solution, the rest of a text). `draft` / `target`: a continuation sampled from that model.
-`interleaved`: a continuation produced as speculative decoding produces it, draft tokens the
-target accepted with min(1, p/q) and target corrections drawn from norm(max(0, p - q)).
+`interleaved`: what SPRINTER's decoder leaves behind, runs of draft tokens kept as the draft
+drew them between single target tokens, the runs geometric with the pair's acceptance
+(decoding/interleaved.py). `sd_interleaved` (weight 0 by default): the continuation lossless
+speculative decoding with block size gamma produces, which follows the target's law.
 
-The three generated mixes come from the batched decoding engine (the same loop the bench
-measures): target-only decoding of the draft or the target model, and speculative decoding
-with block size gamma; a few target and interleaved rows share one call (decoding/shared_call.py).
-Each row draws from its own stream keyed by its prompt's seed, so a sequence never depends
-on the batch or shard it was built in.
+The generated mixes come from the batched decoding engine (the same loop the bench
+measures); a few target and interleaved rows share one call, whose target forwards serve
+both. Each row draws from its own stream keyed by its prompt's seed, so a sequence never
+depends on the batch or shard it was built in. Each generated sequence notes which of its
+tokens the draft sampled and were kept as drawn (`HarvestSequence.from_draft`).
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ from transformers import PreTrainedTokenizerBase
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import PACK_EVERY, Engine
-from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
+from sprinter_train.decoding.interleaved import InterleavedRuns, RecordedSD
+from sprinter_train.decoding.policies import TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.shared_call import SharedTargetRounds
 from sprinter_train.decoding.state import Policy
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.models.roles import Roles
 
-GENERATED_MIXES = ("draft", "target", "interleaved")
+GENERATED_MIXES = ("draft", "target", "interleaved", "sd_interleaved")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,25 @@ class HarvestSequence:
     input_ids: list[int]
     region_start: int
     region_end: int
+    from_draft: tuple[bool, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunLaw:
+    """The `interleaved` mix's runs: after each draft token the run goes on with probability
+    `accept` (None: not resolved, no interleaved rows allowed); at most `max_run` drafts a
+    round (a longer run goes on in the next round, so the law is unchanged)."""
+
+    accept: float | None
+    max_run: int
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A row's generated tokens and, per token, whether the draft sampled it and it was kept."""
+
+    tokens: list[int]
+    from_draft: tuple[bool, ...]
 
 
 def original_sequence(
@@ -59,26 +80,34 @@ def continuation_engine(
     models: Roles,
     mixes: Sequence[str],
     gamma: int,
+    runs: RunLaw,
     sampling: SamplingConfig,
     pack_every: int = PACK_EVERY,
 ) -> tuple[Engine, Policy]:
     """The engine and policy that generate rows of these mixes (one per row) in one call:
-    target-only decoding of the mix's model, draft + target speculative decoding, or both
-    target and interleaved rows (SharedTargetRounds); no hidden states are needed."""
+    target-only decoding of the mix's model, the interleaved runs (with target rows sharing
+    the call: they draft nothing), or SD with block size gamma; no hidden states are needed."""
     vocab, eos = models.vocab_size, models.eos_token_id
     kinds = set(mixes)
-    if kinds <= {"target", "interleaved"} and "interleaved" in kinds:
-        engine = Engine(
+
+    def with_draft() -> Engine:
+        return Engine(
             ModelRunner(models.target.model, vocab),
             sampling,
             draft=ModelRunner(models.draft.model, vocab),
             eos_token_id=eos,
             pack_every=pack_every,
         )
-        if kinds == {"interleaved"}:
-            return engine, SpeculativeDecoding(gamma)
-        drafting = frozenset(i for i, mix in enumerate(mixes) if mix == "interleaved")
-        return engine, SharedTargetRounds(gamma, drafting)
+
+    if kinds <= {"target", "interleaved"} and "interleaved" in kinds:
+        if runs.accept is None:
+            raise ValueError("interleaved rows need harvest.interleaved_accept resolved")
+        drafting = None
+        if kinds != {"interleaved"}:
+            drafting = frozenset(i for i, mix in enumerate(mixes) if mix == "interleaved")
+        return with_draft(), InterleavedRuns(runs.accept, runs.max_run, drafting)
+    if kinds == {"sd_interleaved"}:
+        return with_draft(), RecordedSD(gamma)
     if len(kinds) != 1 or not kinds <= {"draft", "target"}:
         raise ValueError(
             f"mixes {sorted(kinds)} are not generated in one call; one of {GENERATED_MIXES}, "
@@ -95,18 +124,28 @@ def generate_continuations(
     mixes: Sequence[str],
     length: int,
     gamma: int,
+    runs: RunLaw,
     sampling: SamplingConfig,
     seed: int,
     pack_every: int = PACK_EVERY,
-) -> list[list[int]]:
+) -> list[Continuation]:
     """At most `length` tokens after each prompt (row i of mix mixes[i]), ending at the first
     EOS: one batched `generate` call, row i seeded by its prompt
     (`prompt_seed(seed, id, "continuation")`, 63 bits: a non-negative int64 key of
-    `RowStreams`)."""
-    engine, policy = continuation_engine(models, mixes, gamma, sampling, pack_every)
+    `RowStreams`). A `draft` row is all draft tokens, a `target` row none; the interleaved
+    policies say which of theirs are."""
+    engine, policy = continuation_engine(models, mixes, gamma, runs, sampling, pack_every)
     seeds = [prompt_seed(seed, p.prompt_id, "continuation") for p in prompts]
     results = engine.generate([p.input_ids for p in prompts], policy, length, seeds)
-    return [result.tokens for result in results]
+    out = []
+    for i, (mix, result) in enumerate(zip(mixes, results, strict=True)):
+        n = len(result.tokens)
+        if isinstance(policy, InterleavedRuns | RecordedSD):
+            flags = policy.from_draft(i, n)
+        else:
+            flags = (mix == "draft",) * n
+        out.append(Continuation(result.tokens, flags))
+    return out
 
 
 def generation_calls(mixes: Sequence[str], shared_rows: int) -> list[list[int]]:
@@ -116,7 +155,7 @@ def generation_calls(mixes: Sequence[str], shared_rows: int) -> list[list[int]]:
     rows = {mix: [i for i, m in enumerate(mixes) if m == mix] for mix in GENERATED_MIXES}
     together = sorted(rows["target"] + rows["interleaved"])
     if rows["target"] and rows["interleaved"] and len(together) <= shared_rows:
-        return [r for r in (rows["draft"], together) if r]
+        return [r for r in (rows["draft"], together, rows["sd_interleaved"]) if r]
     return [r for r in rows.values() if r]
 
 
@@ -127,6 +166,7 @@ def build_sequences(
     length: int,
     original_length: int,
     gamma: int,
+    runs: RunLaw,
     sampling: SamplingConfig,
     seed: int,
     shared_rows: int = 8,
@@ -135,8 +175,9 @@ def build_sequences(
     """The sequence of every prompt of one batch: `length` generated tokens, or the first
     `original_length` reference tokens. Each generated mix's rows are one engine call, or
     the target and interleaved rows share one (`generation_calls`); `pack_every`: the
-    engine's (speed only)."""
-    continuations: dict[int, list[int]] = {}
+    engine's (speed only). `from_draft` covers the whole sequence where the draft made any of
+    a row's tokens (draft and interleaved mixes), else it is empty (all False)."""
+    continuations: dict[int, Continuation] = {}
     for rows in generation_calls(mixes, shared_rows):
         generated = generate_continuations(
             models,
@@ -144,6 +185,7 @@ def build_sequences(
             [mixes[i] for i in rows],
             length,
             gamma,
+            runs,
             sampling,
             seed,
             pack_every,
@@ -151,12 +193,18 @@ def build_sequences(
         continuations.update(zip(rows, generated, strict=True))
     sequences = []
     for i, (prompt, mix) in enumerate(zip(prompts, mixes, strict=True)):
+        from_draft: tuple[bool, ...] = ()
         if mix == "original":
             ids, region_start, region_end = original_sequence(
                 prompt, models.tokenizer, original_length
             )
         else:
-            ids = list(prompt.input_ids) + continuations[i]
+            made = continuations[i]
+            ids = list(prompt.input_ids) + made.tokens
             region_start, region_end = len(prompt.input_ids), len(ids)
-        sequences.append(HarvestSequence(prompt, mix, ids, region_start, region_end))
+            if mix != "target":
+                from_draft = (False,) * len(prompt.input_ids) + made.from_draft
+        sequences.append(
+            HarvestSequence(prompt, mix, ids, region_start, region_end, from_draft=from_draft)
+        )
     return sequences

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,8 @@ from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.validation import check_whole, prompt_room
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.decoding.engine import PACK_EVERY
-from sprinter_train.harvest.continuations import HarvestSequence, build_sequences
+from sprinter_train.harvest.calibration import accept_setting, measure_accept
+from sprinter_train.harvest.continuations import HarvestSequence, RunLaw, build_sequences
 from sprinter_train.harvest.manifest import build_manifest, count_records, harvest_fingerprint
 from sprinter_train.harvest.mixes import assign_mixes
 from sprinter_train.harvest.records import RecordBatch, concat_batches, harvest_batch, hidden_dim
@@ -52,7 +53,9 @@ class HarvestOptions:
     mix_weights: dict[str, float]
     continuation_tokens: int  # generated tokens per draft/target/interleaved prompt
     positions_per_prompt: int  # records per prompt at most (the original mix's region)
-    gamma: int
+    gamma: int  # sd_interleaved's block size
+    interleaved_accept: float | None  # P(a draft run goes on); None: auto, not measured yet
+    interleaved_max_run: int  # drafts a round at most (the run goes on in the next round)
     hidden_layer: int
     seed: int
     split: str | None
@@ -63,13 +66,19 @@ class HarvestOptions:
     def from_cfg(cls, hcfg: dict[str, Any], sampling: SamplingConfig) -> HarvestOptions:
         n = int(hcfg["continuation_tokens"])
         cap = int(hcfg.get("max_positions_per_prompt") or n)
-        if n < 1 or cap < 1 or int(hcfg["gamma"]) < 1:
-            raise ValueError("harvest.continuation_tokens, max_positions_per_prompt, gamma: >= 1")
+        whole = (n, cap, int(hcfg["gamma"]), int(hcfg["interleaved_max_run"]))
+        if min(whole) < 1:
+            raise ValueError(
+                "harvest.continuation_tokens, max_positions_per_prompt, gamma, "
+                "interleaved_max_run: >= 1"
+            )
         return cls(
             mix_weights={k: float(v) for k, v in hcfg["mix_weights"].items()},
             continuation_tokens=min(n, cap),
             positions_per_prompt=cap,
             gamma=int(hcfg["gamma"]),
+            interleaved_accept=accept_setting(hcfg["interleaved_accept"]),
+            interleaved_max_run=int(hcfg["interleaved_max_run"]),
             hidden_layer=int(hcfg["hidden_layer"]),
             seed=int(hcfg["seed"]),
             split=hcfg.get("split"),
@@ -79,6 +88,35 @@ class HarvestOptions:
 
     def fingerprint_settings(self) -> dict[str, Any]:
         return {**asdict(self), "sampling": asdict(self.sampling)}
+
+    @property
+    def runs(self) -> RunLaw:
+        return RunLaw(self.interleaved_accept, self.interleaved_max_run)
+
+    def needs_accept(self) -> bool:
+        """Whether alpha is still to be measured: `auto`, and interleaved prompts exist."""
+        return self.interleaved_accept is None and self.mix_weights.get("interleaved", 0) > 0
+
+
+def resolve_accept(
+    options: HarvestOptions,
+    models: Roles,
+    prompts: Sequence[Prompt],
+    calibration_prompts: int,
+    device: torch.device,
+) -> HarvestOptions:
+    """The options with `auto` alpha measured on the first `calibration_prompts` prompts
+    (harvest/calibration.py); unchanged when it is given or no prompt is interleaved."""
+    if not options.needs_accept():
+        return options
+    alpha = measure_accept(
+        models,
+        prompts[:calibration_prompts],
+        options.positions_per_prompt,
+        options.sampling,
+        device,
+    )
+    return replace(options, interleaved_accept=alpha)
 
 
 def harvest_prompts(
@@ -114,6 +152,7 @@ def harvest_prompts(
             options.continuation_tokens,
             options.positions_per_prompt,
             options.gamma,
+            options.runs,
             options.sampling,
             options.seed,
             shared_generation_rows,
@@ -146,12 +185,35 @@ def harvest_prompts(
     return joined.take(index), [sequences[i] for i in range(len(prompts))]
 
 
+def interleaved_note(options: HarvestOptions, hcfg: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's account of the interleaved mix's alpha: its value and where it came from."""
+    measured = hcfg["interleaved_accept"] == "auto"
+    source = "given (harvest.interleaved_accept)"
+    if measured:
+        source = (
+            "auto: mean beta = sum min(p, q) over the original sequences of the first "
+            f"{hcfg['calibration_prompts']} prompts"
+        )
+    if options.interleaved_accept is None:
+        source = "auto, not measured: no interleaved prompts"
+    return {
+        "accept": options.interleaved_accept,
+        "source": source,
+        "max_run": options.interleaved_max_run,
+    }
+
+
 def harvest_problems(harvest: dict[str, Any]) -> list[str]:
     """The `harvest` section's out-of-range batch sizes, one line each."""
     problems: list[str] = []
-    for key in ("batch_size", "generation_batch_size", "statistics_rows"):
+    for key in ("batch_size", "generation_batch_size", "statistics_rows", "calibration_prompts"):
         if key in harvest:
             check_whole(problems, f"harvest.{key}", harvest[key], 1)
+    if "interleaved_accept" in harvest:
+        try:
+            accept_setting(harvest["interleaved_accept"])
+        except ValueError as error:
+            problems.append(str(error))
     return problems
 
 
@@ -225,6 +287,12 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
         raise ValueError(f"stage=harvest found no prompts in data={data_cfg.get('name')}")
     mixes = assign_mixes([p.prompt_id for p in prompts], options.mix_weights, options.seed)
     plans = plan_shards(prompts, mixes, options.prompts_per_shard)
+    if options.needs_accept():  # measured once, on rank 0: every rank uses the same alpha
+        calibration = int(hcfg["calibration_prompts"])
+        if rank == 0:
+            options = resolve_accept(options, models, prompts, calibration, device)
+        options = replace(options, interleaved_accept=fabric.broadcast(options.interleaved_accept))
+        log.info("harvest.interleaved_accept=auto measured %s", options.interleaved_accept)
     fingerprint = harvest_fingerprint(models, options.fingerprint_settings(), data_cfg, dtype)
     records_dir = Path(cfg.experiment_dir) / "records"
     records_dir.mkdir(parents=True, exist_ok=True)
@@ -277,6 +345,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
             models=models,
             settings=options.fingerprint_settings(),
             config=hcfg,
+            interleaved=interleaved_note(options, hcfg),
             sampling=asdict(options.sampling),
             seeds={
                 "harvest": options.seed,

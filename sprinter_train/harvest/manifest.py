@@ -127,6 +127,7 @@ def build_manifest(
     models: Roles,
     settings: dict[str, Any],
     config: dict[str, Any],
+    interleaved: dict[str, Any],
     sampling: dict[str, Any],
     seeds: dict[str, int],
     data_cfg: dict[str, Any],
@@ -152,6 +153,7 @@ def build_manifest(
         "seeds": seeds,
         "harvest": config,
         "content_settings": settings,
+        "interleaved": interleaved,  # the interleaved mix's alpha and its source
         "data": data_cfg,
         "counts": counts,
         "hidden": {

@@ -1,8 +1,9 @@
 """SPRINTER §3.2 prefix mixes: which kind of prefix each prompt contributes.
 
 The verifier sees, at inference, prefixes of dataset text, draft text, target text and the
-interleaving speculative decoding produces, so the harvest draws records from all four in
-equal shares by default. Assignment depends only on the prompt order, ids and the seed, so
+interleaving its own decoder produces (draft runs kept as drawn between target tokens), so
+the harvest draws records from all four in equal shares by default. `sd_interleaved`, the
+interleaving lossless speculative decoding produces (target law), can be mixed in by weight. Assignment depends only on the prompt order, ids and the seed, so
 every process, every resume and every world size agrees on it.
 """
 
@@ -12,7 +13,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
-MIXES: tuple[str, ...] = ("original", "draft", "target", "interleaved")
+MIXES: tuple[str, ...] = ("original", "draft", "target", "interleaved")  # SPRINTER's four
+KNOWN_MIXES: tuple[str, ...] = (*MIXES, "sd_interleaved")  # what harvest.mix_weights may name
 
 
 def stable_int(*parts: object) -> int:
@@ -34,22 +36,24 @@ def assign_mixes(prompt_ids: Sequence[str], weights: Mapping[str, float], seed: 
     and seed, so within each block the order of mixes is a seeded shuffle. A plain hash per
     prompt would leave the shares uneven by chance.
     """
-    unknown = set(weights) - set(MIXES)
+    unknown = set(weights) - set(KNOWN_MIXES)
     if unknown:
-        raise ValueError(f"unknown mixes {sorted(unknown)} in harvest.mix_weights; use {MIXES}")
-    shares = {m: Fraction(str(weights.get(m, 0))) for m in MIXES}
+        raise ValueError(
+            f"unknown mixes {sorted(unknown)} in harvest.mix_weights; use {KNOWN_MIXES}"
+        )
+    shares = {m: Fraction(str(weights.get(m, 0))) for m in KNOWN_MIXES}
     if any(w < 0 for w in shares.values()) or sum(shares.values()) <= 0:
         raise ValueError(f"harvest.mix_weights must be >= 0 with a positive sum, got {weights}")
     total = sum(shares.values())
     shares = {m: w / total for m, w in shares.items()}
-    counts = dict.fromkeys(MIXES, 0)
+    counts = dict.fromkeys(KNOWN_MIXES, 0)
     mixes = []
     for index, prompt_id in enumerate(prompt_ids):
 
         def deficit(m: str, index: int = index, prompt_id: str = prompt_id) -> tuple:
             return (shares[m] * (index + 1) - counts[m], stable_int("mix", seed, prompt_id, m))
 
-        chosen = max((m for m in MIXES if shares[m] > 0), key=deficit)
+        chosen = max((m for m in KNOWN_MIXES if shares[m] > 0), key=deficit)
         counts[chosen] += 1
         mixes.append(chosen)
     return mixes
