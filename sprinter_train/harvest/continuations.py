@@ -41,6 +41,13 @@ class HarvestSequence:
     input_ids: list[int]
     region_start: int
     region_end: int
+    from_draft: tuple[bool, ...] = ()  # per input_ids token: sampled by the draft and kept as
+    # drawn (empty: all False)
+
+    @property
+    def draft_flags(self) -> tuple[bool, ...]:
+        """`from_draft` at full length (one flag per token of input_ids)."""
+        return self.from_draft or (False,) * len(self.input_ids)
 
 
 def original_sequence(
@@ -98,15 +105,21 @@ def generate_continuations(
     sampling: SamplingConfig,
     seed: int,
     pack_every: int = PACK_EVERY,
-) -> list[list[int]]:
+) -> list[tuple[list[int], list[bool]]]:
     """At most `length` tokens after each prompt (row i of mix mixes[i]), ending at the first
-    EOS: one batched `generate` call, row i seeded by its prompt
-    (`prompt_seed(seed, id, "continuation")`, 63 bits: a non-negative int64 key of
-    `RowStreams`)."""
+    EOS, each with its from_draft flag: one batched `generate` call, row i seeded by its
+    prompt (`prompt_seed(seed, id, "continuation")`, 63 bits: a non-negative int64 key of
+    `RowStreams`). A `draft` row's tokens are all the draft's; an `interleaved` row's are
+    its accepted drafts (the engine's `GenerationResult.from_draft`); a `target` row's none."""
     engine, policy = continuation_engine(models, mixes, gamma, sampling, pack_every)
     seeds = [prompt_seed(seed, p.prompt_id, "continuation") for p in prompts]
     results = engine.generate([p.input_ids for p in prompts], policy, length, seeds)
-    return [result.tokens for result in results]
+    flags = {
+        "draft": lambda r: [True] * len(r.tokens),
+        "target": lambda r: [False] * len(r.tokens),
+        "interleaved": lambda r: list(r.from_draft),
+    }
+    return [(r.tokens, flags[mix](r)) for r, mix in zip(results, mixes, strict=True)]
 
 
 def generation_calls(mixes: Sequence[str], shared_rows: int) -> list[list[int]]:
@@ -136,7 +149,7 @@ def build_sequences(
     `original_length` reference tokens. Each generated mix's rows are one engine call, or
     the target and interleaved rows share one (`generation_calls`); `pack_every`: the
     engine's (speed only)."""
-    continuations: dict[int, list[int]] = {}
+    continuations: dict[int, tuple[list[int], list[bool]]] = {}
     for rows in generation_calls(mixes, shared_rows):
         generated = generate_continuations(
             models,
@@ -151,12 +164,15 @@ def build_sequences(
         continuations.update(zip(rows, generated, strict=True))
     sequences = []
     for i, (prompt, mix) in enumerate(zip(prompts, mixes, strict=True)):
+        flags: tuple[bool, ...] = ()
         if mix == "original":
             ids, region_start, region_end = original_sequence(
                 prompt, models.tokenizer, original_length
             )
         else:
-            ids = list(prompt.input_ids) + continuations[i]
+            tokens, drafted = continuations[i]
+            ids = list(prompt.input_ids) + tokens
             region_start, region_end = len(prompt.input_ids), len(ids)
-        sequences.append(HarvestSequence(prompt, mix, ids, region_start, region_end))
+            flags = (False,) * len(prompt.input_ids) + tuple(drafted)
+        sequences.append(HarvestSequence(prompt, mix, ids, region_start, region_end, flags))
     return sequences

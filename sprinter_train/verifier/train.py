@@ -178,7 +178,8 @@ def fit_verifier(
         embedder,
         int(tcfg.min_batches_per_epoch),
     )
-    layout = spec.layout(records.d, embedder.dim if embedder else None)
+    target_d = records.target_d if "target_hidden" in spec.names else None
+    layout = spec.layout(records.d, embedder.dim if embedder else None, target_d)
     d_in = sum(block["width"] for block in layout)
     module = VerifierModule(
         d_in,
@@ -289,7 +290,7 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
     learning curve of `train.learning_curve` when it lists fractions)."""
     label = Label.of(label)
     tcfg = cfg.train
-    spec = FeatureSpec.from_names(list(tcfg.features))
+    spec = FeatureSpec.from_cfg(tcfg)
     embedder = make_embedder(cfg, spec, records)
     name = label.name
     log_dir = Path(cfg.experiment_dir) / "train"
@@ -311,7 +312,12 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
         "label_note": LABEL_NOTES[label.kind],
         "lam": label.lam,
         "calibration": calibration,
-        "features": {"names": list(spec.names), "layout": layout, "d_in": d_in},
+        "features": {
+            "names": list(spec.names),
+            "layout": layout,
+            "d_in": d_in,
+            "settings": spec.describe(),
+        },
         "standardisation": "folded into weight and bias: apply to raw features",
         "hidden_layer": records.manifest["hidden"]["layer"],
         "d": records.d,
