@@ -21,6 +21,8 @@ from sprinter_train.harvest.mixes import MIXES
 from sprinter_train.harvest.schema import RECORD_SCHEMA, SCHEMA_VERSION, SEQUENCE_SCHEMA
 from sprinter_train.harvest.shards import shard_files
 
+TARGET_D = 4  # width of the synthetic target hidden state (noise: nothing is planted in it)
+
 
 def planted_direction(d: int, seed: int) -> np.ndarray:
     w = np.random.default_rng(seed + 7919).standard_normal(d)
@@ -54,7 +56,26 @@ def _columns(
         "target_entropy": np.abs(rng.normal(1.0, 0.3, n)),
         "S": np.clip(beta + rng.normal(0, 0.05, n), 0.0, 1.0),
         "A": np.clip(accept + rng.normal(0, 0.15, n), 0.0, 1.0),
+        "draft_margin": np.abs(rng.normal(2.0 * accept, 1.0)),
+        "draft_entropy_raw": np.abs(rng.normal(2.0 - accept, 0.3)),
+        "target_margin": np.abs(rng.normal(1.0, 0.5, n)),
     }
+
+
+def _history(accept: np.ndarray, positions: int, from_draft: np.ndarray) -> dict[str, np.ndarray]:
+    """Per prompt (`positions` consecutive rows): the run of draft-made tokens before each
+    position (from the prompt's `from_draft` flags over its region) and the running sum and
+    count of the earlier rows' accept_prob."""
+    n = len(accept)
+    local = np.arange(n) % positions
+    runs = np.zeros(n, dtype=np.int32)
+    for i in range(n):
+        if local[i] and from_draft[i - 1]:
+            runs[i] = runs[i - 1] + 1
+    sums = np.zeros(n)
+    for i in range(1, n):
+        sums[i] = 0.0 if local[i] == 0 else sums[i - 1] + accept[i - 1]
+    return {"run_position": runs, "accepted_before": sums, "drafts_before": local}
 
 
 def write_synthetic_records(
@@ -79,6 +100,8 @@ def write_synthetic_records(
         n = min(per_shard, rows - start)
         hidden = rng.standard_normal((n, d), dtype=np.float32).astype(np.float16)
         cols = _columns(rng, hidden, w, margin, noise)
+        from_draft = rng.uniform(size=n) < 0.6  # the region's token at each row
+        cols.update(_history(cols["accept_prob"], positions, from_draft))
         local = np.arange(n)
         prompt_idx = prompt + local // positions
         ids = np.array([f"synthetic-{i}" for i in range(prompt, int(prompt_idx[-1]) + 1)])
@@ -101,6 +124,8 @@ def write_synthetic_records(
         name = f"shard-{index:06d}"
         files = shard_files(records_dir, name)
         atomic_write(files["hidden"], lambda tmp, h=hidden: _save_npy(tmp, h))
+        target = rng.standard_normal((n, TARGET_D), dtype=np.float32).astype(np.float16)
+        atomic_write(files["target_hidden"], lambda tmp, h=target: _save_npy(tmp, h))
         seq_ids = list(dict.fromkeys(prompt_ids.tolist()))
         first = {pid: i for i, pid in reversed(list(enumerate(prompt_ids.tolist())))}
         sequences = pa.Table.from_pydict(
@@ -112,6 +137,10 @@ def write_synthetic_records(
                 "input_ids": [[1] * (16 + positions)] * len(seq_ids),
                 "region_start": [16] * len(seq_ids),
                 "region_end": [16 + positions] * len(seq_ids),
+                "from_draft": [
+                    [False] * 16 + from_draft[first[s] : first[s] + positions].tolist()
+                    for s in seq_ids
+                ],
             },
             schema=SEQUENCE_SCHEMA,
         )
@@ -128,6 +157,7 @@ def write_synthetic_records(
         "companion": True,
         "sampling": None,
         "hidden": {"layer": -1, "d": d, "dtype": "float16"},
+        "target_hidden": {"d": TARGET_D, "dtype": "float16"},
         "shards": shards,
         "counts": {"records": rows, "prompts": prompt},
         "planted": {"margin": margin, "noise": noise, "seed": seed},

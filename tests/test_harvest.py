@@ -298,12 +298,14 @@ def test_truncated_or_corrupt_shards_are_detected_and_redone(baseline, tmp_path)
     data = bytearray(parquet_file.read_bytes())
     data[len(data) // 3 : len(data) // 3 + 64] = b"\x00" * 64  # corrupt pages, footer intact
     parquet_file.write_bytes(bytes(data))
-    fingerprint = read_json(records_dir / "manifest.json")["fingerprint"]
+    manifest = read_json(records_dir / "manifest.json")
+    fingerprint = manifest["fingerprint"]
+    dims = {kind: manifest[kind]["d"] for kind in ("hidden", "target_hidden")}
     intact = records_dir / "shard-000000.parquet"
     mtime = intact.stat().st_mtime_ns
-    assert shard_is_complete(records_dir, plan_of(records_dir, 0), fingerprint, 64)
-    assert not shard_is_complete(records_dir, plan_of(records_dir, 1), fingerprint, 64)
-    assert not shard_is_complete(records_dir, plan_of(records_dir, 2), fingerprint, 64)
+    assert shard_is_complete(records_dir, plan_of(records_dir, 0), fingerprint, dims)
+    assert not shard_is_complete(records_dir, plan_of(records_dir, 1), fingerprint, dims)
+    assert not shard_is_complete(records_dir, plan_of(records_dir, 2), fingerprint, dims)
 
     result = run_stage(cfg)
     assert (result["shards_skipped"], result["shards_written"]) == (1, 2)

@@ -18,8 +18,8 @@ import pytest
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.interleaved import InterleavedRuns, RecordedSD, run_lengths
-from sprinter_train.decoding.policies import TargetOnly
+from sprinter_train.decoding.interleaved import InterleavedRuns, run_lengths
+from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.harvest.continuations import (
     RunLaw,
     build_sequences,
@@ -175,11 +175,11 @@ def test_the_engine_calls_and_their_policies(models) -> None:
     assert isinstance(policy, InterleavedRuns) and policy.drafting == frozenset({1, 3, 5, 7})
     results = engine.generate([PROMPT] * 8, policy, 16, range(8))
     assert all(len(r.tokens) == 16 for r in results)
-    assert [sum(policy.from_draft(i, 16)) > 0 for i in range(8)] == [False, True] * 4
+    assert [sum(r.from_draft) > 0 for r in results] == [False, True] * 4
     engine, policy = continuation_engine(models, ["interleaved"] * 2, 2, LAW, SAMPLING)
     assert isinstance(policy, InterleavedRuns) and policy.drafting is None
     engine, policy = continuation_engine(models, ["sd_interleaved"], 2, LAW, SAMPLING)
-    assert isinstance(policy, RecordedSD) and policy.gamma == 2
+    assert isinstance(policy, SpeculativeDecoding) and policy.gamma == 2
     engine, policy = continuation_engine(models, ["target"], 2, LAW, SAMPLING)
     assert isinstance(policy, TargetOnly)
     with pytest.raises(ValueError, match="not generated in one call"):

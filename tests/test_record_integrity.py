@@ -51,7 +51,7 @@ def records_of(root: Path) -> Path:
 def test_the_manifest_holds_every_shard_files_sha256(harvested: Path) -> None:
     manifest = read_json(records_of(harvested) / "manifest.json")
     for shard in manifest["shards"]:
-        assert set(shard["sha256"]) == {"records", "hidden", "sequences"}
+        assert set(shard["sha256"]) == {"records", "hidden", "target_hidden", "sequences"}
         assert all(len(h) == 64 for h in shard["sha256"].values())
 
 

@@ -21,10 +21,16 @@ from sprinter_train.harvest.reader import open_records
 from sprinter_train.models.loading import load_model
 from sprinter_train.verifier.checkpoint import load_verifier
 from sprinter_train.verifier.data import split_features
-from sprinter_train.verifier.features import DraftEmbedder, FeatureSpec, assemble
+from sprinter_train.verifier.features import (
+    FEATURE_ORDER,
+    DraftEmbedder,
+    FeatureSpec,
+    assemble,
+)
 from sprinter_train.verifier.scorer import CheckpointVerifier
 from tests.scorer_helpers import (
     DRAFT,
+    SETTINGS,
     VOCAB,
     D,
     draft_step,
@@ -47,18 +53,21 @@ def draft_model() -> torch.nn.Module:
         ["hidden", "token_embedding", "q", "draft_entropy"],
         ["draft_entropy", "q"],
         ["token_embedding"],
+        ["draft_margin", "draft_entropy_raw", "run_position", "accept_so_far"],
+        list(FEATURE_ORDER),
     ],
 )
 def test_training_and_decoding_score_a_record_alike(tmp_path, draft_model, names) -> None:
     record = write_records(tmp_path / "toy")
     checkpoint = load_verifier(export_verifier(tmp_path / "ck", names, width(names)))
     records = open_records(tmp_path / "toy")
-    spec = FeatureSpec.from_names(names)
+    spec = FeatureSpec.from_names(names, SETTINGS)
     features, rows = split_features(records, None, spec, DraftEmbedder(DRAFT))
     trained = checkpoint.score(features.batch())
     verifier = CheckpointVerifier(checkpoint, draft_model)
-    decoded = verifier(None, new_batch(), None, draft_step(record, list(rows))).numpy()
-    assert ((trained > 0.02) & (trained < 0.98)).mean() > 0.8  # unsaturated: errors would show
+    batch = new_batch(record, list(rows))
+    decoded = verifier(None, batch, None, draft_step(record, list(rows))).numpy()
+    assert ((trained > 0.02) & (trained < 0.98)).mean() >= 0.75  # unsaturated: errors show
     np.testing.assert_allclose(decoded, trained, rtol=0, atol=1e-5)
 
 

@@ -37,6 +37,7 @@ from sprinter_train.decoding.state import (
     Policy,
     Round,
     Row,
+    RowState,
 )
 from sprinter_train.decoding.timings import Timings
 
@@ -177,6 +178,7 @@ class Engine:
             active,
             out.support,
             self.runner("draft").vocab_size,
+            index=rnd.calls["draft"] - 1,
         )
         if keep is not None:
             step.active = active & keep(step)
@@ -230,8 +232,10 @@ class Engine:
     def target_probs(self, batch: Batch, rnd: Round, active: torch.Tensor) -> torch.Tensor:
         """(B, G + 1, V) warped target distributions at each row's drafts and one past them."""
         if not rnd.steps:
-            return self.warp(self.feed(batch, "target", active).logits)
-        out = self.feed(batch, "target", active, rnd.tokens(), rnd.counts)
+            out = self.feed(batch, "target", active)
+        else:
+            out = self.feed(batch, "target", active, rnd.tokens(), rnd.counts)
+        batch.verified = out  # its state at the round's last target token (commit keeps it)
         return self.warp(out.logits)
 
     def any(self, flags: torch.Tensor) -> bool:
@@ -265,12 +269,22 @@ class Engine:
             RowStreams(list(seeds), self.device),
             {r: self.runners[r].new_cache(len(rows)) for r in roles},
             {r: [0] * len(rows) for r in roles},
+            state=RowState.empty(len(rows), self._target_dim(), self.device),
         )
+
+    def _target_dim(self) -> int:
+        """Width of the target's final hidden state (RowState.target_hidden); 0 for a model
+        that declares none (the state takes the width of its first verify forward)."""
+        config = getattr(self.target.model, "config", None)
+        return int(getattr(config, "hidden_size", 0) or 0)
 
     def commit(self, batch: Batch, emitted: Emitted, policy: Policy | None = None) -> None:
         """One transfer: the round's tokens and the caches' lengths; then cut each row at EOS
         and its budget, drop the cache slots past what was kept, and let finished rows go."""
         self._pending = None
+        if batch.state is not None:
+            batch.state = batch.state.after(emitted, batch.verified)
+        batch.verified = None
         committed = [len(row.tokens) for row in batch.rows]
         valid = self.tensor(committed) + emitted.kept
         for cache in batch.caches.values():
@@ -302,6 +316,8 @@ class Engine:
             if self.eos_token_id is not None and self.eos_token_id in room:
                 room = room[: room.index(self.eos_token_id) + 1]
                 row.finished = True
+            made = accepted + by_verifier  # the leading drafts, committed as drawn
+            row.from_draft.extend(k < made for k in range(len(room)))
             row.tokens.extend(room)
             if row.remaining <= 0:
                 row.finished = True
@@ -313,6 +329,8 @@ class Engine:
             for cache in batch.caches.values():
                 cache.select(index)
             batch.streams = batch.streams.select(index)
+            if batch.state is not None:
+                batch.state = batch.state.select(index)
             batch.rows = [batch.rows[r] for r in live]
             batch.held = {role: [h[r] for r in live] for role, h in batch.held.items()}
         if batch.stats.rounds % self.pack_every == 0:
@@ -344,4 +362,4 @@ class Engine:
             spent = self.runners[role].seconds - before[role]
             setattr(batch.stats, f"{role}_seconds", spent)
         self.timings.feed(self.runners)  # every forward is done: none is left for later
-        return [GenerationResult(row.generated, wall, batch.stats) for row in done]
+        return [GenerationResult(row.generated, wall, batch.stats, row.from_draft) for row in done]

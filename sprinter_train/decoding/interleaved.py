@@ -1,6 +1,4 @@
-"""The harvest's generating methods that record where each token came from.
-
-`InterleavedRuns` makes the `interleaved` prefix mix as SPRINTER's decoder leaves it: runs of
+"""The harvest's `interleaved` mix: `InterleavedRuns` makes the `interleaved` prefix mix as SPRINTER's decoder leaves it: runs of
 draft tokens kept exactly as the draft drew them (x ~ q, never corrected), each followed by a
 single target token (y ~ p at that prefix). SPRINTER keeps a draft on its verifier's word and
 calls the target when the verifier says no; without a verifier, the run goes on after every
@@ -15,15 +13,14 @@ tokens; one target forward over them gives p after the run, whose sample is kept
 reaches `max_run` commits its drafts without the target and draws a fresh N next round: the
 geometric law is memoryless, so `max_run` bounds a round's width, never a run's length.
 
-`RecordedSD` is lossless speculative decoding (the old, SD-made mix `sd_interleaved`), noting
-which of its tokens are drafts it accepted. Both keep, per row index, one flag per emitted
-token (`from_draft`): True where the draft sampled the token and it was kept as drawn.
+A round reports its run as drafted and accepted, so the engine's `GenerationResult.from_draft`
+marks the run's tokens as kept drafts and the target's token as not.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -31,7 +28,6 @@ import torch
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (
     Method,
-    SpeculativeDecoding,
     Traits,
     draft_round,
     verify,
@@ -57,22 +53,6 @@ def run_lengths(u: torch.Tensor, accept: float, limit: torch.Tensor) -> torch.Te
 
 
 @dataclass
-class Provenance:
-    """Per row index (`Row.index`), whether each token a row emitted is a draft kept as drawn."""
-
-    flags: dict[int, list[bool]] = field(default_factory=dict, repr=False)
-
-    def note(self, row: Row, drafts: int, then_other: bool) -> None:
-        self.flags.setdefault(row.index, []).extend([True] * drafts + [False] * then_other)
-
-    def from_draft(self, index: int, n: int) -> tuple[bool, ...]:
-        """The first n flags of row `index` (its generated tokens; those cut at EOS or the
-        budget come last, so a prefix is exact); rows that never drafted are all False."""
-        flags = self.flags.get(index, [])[:n]
-        return tuple(flags) + (False,) * (n - len(flags))
-
-
-@dataclass
 class InterleavedRuns(Method):
     """Geometric draft runs kept as drawn, each ended by one target token (module docstring),
     in the rows listed in `drafting` (`Row.index`; None: every row). The other rows (the
@@ -85,7 +65,6 @@ class InterleavedRuns(Method):
     max_run: int
     drafting: frozenset[int] | None = None
     name: str = "harvest_interleaved"
-    provenance: Provenance = field(default_factory=Provenance)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.accept < 1.0:
@@ -104,8 +83,6 @@ class InterleavedRuns(Method):
             min(self.max_run, row.remaining) if d else 0
             for row, d in zip(batch.rows, drafting, strict=True)
         ]
-        for row, limit in zip(batch.rows, limits, strict=True):
-            row.memory["limit"] = limit  # `update` tells a cut run from an ended one
         # 1. each drafting row's run length, from one draw of its own stream
         drafts_here = engine.tensor(drafting).bool()
         limit = engine.tensor(limits)
@@ -129,26 +106,3 @@ class InterleavedRuns(Method):
         return Emitted(
             drafts, counts + ends.long(), counts, counts, torch.zeros_like(counts), counts
         )
-
-    def update(self, row: Row, drafted: int, accepted: int) -> None:
-        if self.drafts_in(row):
-            self.provenance.note(row, drafted, drafted < row.memory["limit"])
-
-    def from_draft(self, index: int, n: int) -> tuple[bool, ...]:
-        return self.provenance.from_draft(index, n)
-
-
-@dataclass
-class RecordedSD(SpeculativeDecoding):
-    """Lossless SD (the `sd_interleaved` mix) that notes its accepted drafts: a round emits
-    the accepted drafts as drawn, then one target token (a correction or the bonus)."""
-
-    name: str = "harvest_sd"
-    provenance: Provenance = field(default_factory=Provenance)
-
-    def update(self, row: Row, drafted: int, accepted: int) -> None:
-        super().update(row, drafted, accepted)
-        self.provenance.note(row, accepted, True)
-
-    def from_draft(self, index: int, n: int) -> tuple[bool, ...]:
-        return self.provenance.from_draft(index, n)

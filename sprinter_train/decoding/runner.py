@@ -36,6 +36,8 @@ class RowOutput:
     # when set, `logits` are (rows, keep, K) over these K ascending vocabulary ids only (a
     # restricted head's tokens: every other token's logit is -inf)
     support: torch.Tensor | None = None
+    # (rows, keep, d_model) the final hidden state (the head's input) at the same positions
+    final: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -185,7 +187,7 @@ class ModelRunner:
             hidden = chosen.gather(1, index[..., None].expand(-1, -1, chosen.shape[-1]))
             logits = head_logits(self.model, picked, self.vocab_size).float()
         self._watch(logits, positions, keep, counts)
-        return RowOutput(logits, hidden)
+        return RowOutput(logits, hidden, final=picked)
 
     def _lean_forward(
         self,
@@ -220,7 +222,7 @@ class ModelRunner:
             else:
                 logits = lean.head_logits(picked)[..., : self._support_size].float()
         self._watch(logits, positions, keep, counts)
-        return RowOutput(logits, hidden, support)
+        return RowOutput(logits, hidden, support, picked)
 
     def _watch(
         self,

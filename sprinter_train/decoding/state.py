@@ -3,12 +3,12 @@ streams, the drafts of a round and what a round emits, and the counts the bench 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import torch
 
-from sprinter_train.core.distributions import entropy
+from sprinter_train.core.distributions import entropy, raw_entropy, top2_margin
 from sprinter_train.core.streams import RowStreams
 from sprinter_train.decoding.cache import RowCache
 
@@ -50,6 +50,7 @@ class Row:
     max_new_tokens: int
     finished: bool = False
     memory: dict[str, Any] = field(default_factory=dict)
+    from_draft: list[bool] = field(default_factory=list)  # per generated token: a kept draft
 
     @property
     def generated(self) -> list[int]:
@@ -58,6 +59,70 @@ class Row:
     @property
     def remaining(self) -> int:
         return self.max_new_tokens - len(self.generated)
+
+
+@dataclass
+class RowState:
+    """What the decode-time verifier features read of each row's history, on the device
+    (updated once a round by `Engine.commit`, never read back to the host).
+
+    `run`: how many draft-made tokens end the row's committed tokens (a draft is draft-made
+    when it is committed as drawn: accepted by the target's check or trusted by a verifier);
+    `accepted` / `drafted`: the row's kept and proposed drafts so far.
+
+    `target_hidden` / `target_margin`: the target's final hidden state and raw top-2 logit
+    margin at the last target-verified position, exactly: the position whose output gave the
+    distribution of the row's last target-made token (the round's correction or bonus y_n, at
+    committed index n - 1, came from the target's state at n - 2). A draft at position t with
+    run position r thus reads the target's state at t - r - 2, one round stale. Zero while
+    the row's last token that is not a draft is a prompt token (the target has verified
+    nothing of the row yet)."""
+
+    run: torch.Tensor  # (B,) long
+    accepted: torch.Tensor  # (B,) float32
+    drafted: torch.Tensor  # (B,) float32
+    target_hidden: torch.Tensor  # (B, d_target)
+    target_margin: torch.Tensor  # (B,) float32
+
+    @classmethod
+    def empty(cls, rows: int, target_dim: int, device: torch.device) -> RowState:
+        zeros = torch.zeros(rows, dtype=torch.float32, device=device)
+        return cls(
+            torch.zeros(rows, dtype=torch.long, device=device),
+            zeros,
+            zeros.clone(),
+            torch.zeros((rows, target_dim), dtype=torch.float32, device=device),
+            zeros.clone(),
+        )
+
+    def select(self, index: torch.Tensor) -> RowState:
+        """The rows at `index` (the batch's live rows)."""
+        return RowState(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    def after(self, emitted: Emitted, verified: Any = None) -> RowState:
+        """The state once a round's `emitted` tokens are committed: the first
+        accepted + verifier_accepted of them are the row's drafts as drawn, the rest (the
+        target's correction or bonus) the target's; a round of drafts only extends the run.
+        `verified`: the round's target forward (a RowOutput whose offset i gave emitted token
+        i's distribution), or None when the target did not run."""
+        made = emitted.draft_made
+        only_drafts = made >= emitted.lengths
+        hidden, margin = self.target_hidden, self.target_margin
+        if verified is not None and verified.final is not None:
+            at = (emitted.lengths - 1).clamp(0, verified.final.shape[1] - 1)[:, None, None]
+            final = verified.final.gather(1, at.expand(-1, 1, verified.final.shape[-1]))[:, 0]
+            logits = verified.logits.gather(1, at.expand(-1, 1, verified.logits.shape[-1]))[:, 0]
+            if hidden.shape[-1] != final.shape[-1]:  # a target that declared no width
+                hidden = hidden.new_zeros((len(hidden), final.shape[-1]))
+            hidden = torch.where(only_drafts[:, None], hidden, final.to(hidden.dtype))
+            margin = torch.where(only_drafts, margin, top2_margin(logits))
+        return RowState(
+            torch.where(only_drafts, self.run + emitted.lengths, 0),
+            self.accepted + made,
+            self.drafted + emitted.drafted,
+            hidden,
+            margin,
+        )
 
 
 @dataclass
@@ -73,6 +138,8 @@ class Batch:
     caches: dict[str, RowCache]
     held: dict[str, list[int]]
     stats: DecodeStats = field(default_factory=DecodeStats)
+    state: RowState | None = None  # see RowState; Engine.new_batch sets it
+    verified: Any = None  # the round's latest target forward (a RowOutput), for `state`
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -109,6 +176,7 @@ class DraftStep:
     support: torch.Tensor | None = None  # (K,) vocabulary ids; None: K is the vocabulary
     vocab_size: int = 0  # V, where `support` is set
     head_tokens: torch.Tensor | None = None  # (B,) each drawn token's index into head_q
+    index: int = 0  # k: the round's k-th drafting step (0-based)
     _full: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -145,7 +213,7 @@ class DraftStep:
         At low temperature with top-p the warped q is one-hot at most positions (H = 0), so an
         entropy rule on it would never stop drafting; SVIP and AdaEDL default to the raw one.
         """
-        return entropy(self.head_q if warped else self.head_logits.float().softmax(-1))
+        return entropy(self.head_q) if warped else raw_entropy(self.head_logits)
 
 
 @dataclass
@@ -184,6 +252,13 @@ class Emitted:
 
     COUNTS = ("drafted", "accepted", "verifier_accepted")
 
+    @property
+    def draft_made(self) -> torch.Tensor:
+        """(B,) how many of the emitted tokens are drafts committed as drawn (they lead)."""
+        if self.verifier_accepted is None:
+            return self.accepted
+        return self.accepted + self.verifier_accepted
+
 
 class Policy(Protocol):
     name: str
@@ -203,3 +278,4 @@ class GenerationResult:
     tokens: list[int]  # generated ids, without the prompt
     wall_s: float  # the whole batch's wall time
     stats: DecodeStats  # the whole batch's counts
+    from_draft: list[bool] = field(default_factory=list)  # per token: a draft kept as drawn

@@ -24,8 +24,8 @@ from transformers import PreTrainedTokenizerBase
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import PACK_EVERY, Engine
-from sprinter_train.decoding.interleaved import InterleavedRuns, RecordedSD
-from sprinter_train.decoding.policies import TargetOnly
+from sprinter_train.decoding.interleaved import InterleavedRuns
+from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Policy
 from sprinter_train.harvest.mixes import prompt_seed
@@ -43,7 +43,13 @@ class HarvestSequence:
     input_ids: list[int]
     region_start: int
     region_end: int
-    from_draft: tuple[bool, ...] = ()
+    from_draft: tuple[bool, ...] = ()  # per input_ids token: sampled by the draft and kept as
+    # drawn (empty: all False)
+
+    @property
+    def draft_flags(self) -> tuple[bool, ...]:
+        """`from_draft` at full length (one flag per token of input_ids)."""
+        return self.from_draft or (False,) * len(self.input_ids)
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ def continuation_engine(
             drafting = frozenset(i for i, mix in enumerate(mixes) if mix == "interleaved")
         return with_draft(), InterleavedRuns(runs.accept, runs.max_run, drafting)
     if kinds == {"sd_interleaved"}:
-        return with_draft(), RecordedSD(gamma)
+        return with_draft(), SpeculativeDecoding(gamma)
     if len(kinds) != 1 or not kinds <= {"draft", "target"}:
         raise ValueError(
             f"mixes {sorted(kinds)} are not generated in one call; one of {GENERATED_MIXES}, "
@@ -132,20 +138,17 @@ def generate_continuations(
     """At most `length` tokens after each prompt (row i of mix mixes[i]), ending at the first
     EOS: one batched `generate` call, row i seeded by its prompt
     (`prompt_seed(seed, id, "continuation")`, 63 bits: a non-negative int64 key of
-    `RowStreams`). A `draft` row is all draft tokens, a `target` row none; the interleaved
-    policies say which of theirs are."""
+    `RowStreams`). A `draft` row is all draft tokens, a `target` row none; the engine says
+    which of an interleaved row's are (`GenerationResult.from_draft`)."""
     engine, policy = continuation_engine(models, mixes, gamma, runs, sampling, pack_every)
     seeds = [prompt_seed(seed, p.prompt_id, "continuation") for p in prompts]
     results = engine.generate([p.input_ids for p in prompts], policy, length, seeds)
-    out = []
-    for i, (mix, result) in enumerate(zip(mixes, results, strict=True)):
-        n = len(result.tokens)
-        if isinstance(policy, InterleavedRuns | RecordedSD):
-            flags = policy.from_draft(i, n)
-        else:
-            flags = (mix == "draft",) * n
-        out.append(Continuation(result.tokens, flags))
-    return out
+    # the engine notes each emitted token a round kept as drawn (accepted or run drafts); a
+    # `draft` row's model is the engine's only one, so its tokens are the draft's by the mix
+    return [
+        Continuation(r.tokens, (True,) * len(r.tokens) if mix == "draft" else tuple(r.from_draft))
+        for mix, r in zip(mixes, results, strict=True)
+    ]
 
 
 def generation_calls(mixes: Sequence[str], shared_rows: int) -> list[list[int]]:

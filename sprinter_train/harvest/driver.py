@@ -33,7 +33,13 @@ from sprinter_train.harvest.calibration import accept_setting, measure_accept
 from sprinter_train.harvest.continuations import HarvestSequence, RunLaw, build_sequences
 from sprinter_train.harvest.manifest import build_manifest, count_records, harvest_fingerprint
 from sprinter_train.harvest.mixes import assign_mixes
-from sprinter_train.harvest.records import RecordBatch, concat_batches, harvest_batch, hidden_dim
+from sprinter_train.harvest.records import (
+    RecordBatch,
+    concat_batches,
+    harvest_batch,
+    hidden_dim,
+    target_dim,
+)
 from sprinter_train.harvest.shards import (
     ShardPlan,
     plan_shards,
@@ -180,7 +186,7 @@ def harvest_prompts(
         batches.append(batch)
         if on_batch is not None:
             on_batch(len(built), batch.rows)
-    joined = concat_batches(batches, hidden_dim(models))
+    joined = concat_batches(batches, hidden_dim(models), target_dim(models))
     index = np.concatenate([rows_of[i] for i in range(len(prompts))] or [np.zeros(0, int)])
     return joined.take(index), [sequences[i] for i in range(len(prompts))]
 
@@ -297,10 +303,11 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
     records_dir = Path(cfg.experiment_dir) / "records"
     records_dir.mkdir(parents=True, exist_ok=True)
     dim = hidden_dim(models)
+    dims = {"hidden": dim, "target_hidden": target_dim(models)}
 
     # 2. this rank's shards that are not complete yet
     mine = plans[rank::world]
-    todo = [plan for plan in mine if not shard_is_complete(records_dir, plan, fingerprint, dim)]
+    todo = [plan for plan in mine if not shard_is_complete(records_dir, plan, fingerprint, dims)]
     pending = int(fabric.all_reduce(torch.tensor(float(len(todo))), reduce_op="sum"))
     if rank == 0 and pending:
         (records_dir / "manifest.json").unlink(missing_ok=True)  # the set is not whole now
@@ -356,6 +363,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
             counts=counts,
             fingerprint=fingerprint,
             dim=dim,
+            target_dim=dims["target_hidden"],
             records_dir=records_dir,
             dtype=dtype,
             device=str(device),

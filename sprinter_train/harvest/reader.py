@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from sprinter_train.core.io import MissingInputError, corrupt_input, read_json_input
-from sprinter_train.harvest.schema import HIDDEN_DTYPE
+from sprinter_train.harvest.schema import HIDDEN_DTYPE, SCHEMA_VERSION
 from sprinter_train.harvest.shards import REDO, file_sha256, read_records, shard_files
 
 log = logging.getLogger(__name__)
@@ -89,17 +89,25 @@ class RecordSet:
         frame["split"] = split
         return replace(self, frame=frame)
 
-    def hidden(self, rows: np.ndarray) -> np.ndarray:
-        """float16 (len(rows), d) hidden states of the given global rows, in that order."""
+    @property
+    def target_d(self) -> int:
+        """Width of the target's recorded hidden state."""
+        return int(self.manifest["target_hidden"]["d"])
+
+    def hidden(self, rows: np.ndarray, kind: str = "hidden") -> np.ndarray:
+        """float16 (len(rows), width) hidden states of the given global rows, in that order:
+        the draft's (`hidden`) or the target's at the last verified position
+        (`target_hidden`)."""
         rows = np.asarray(rows, dtype=np.int64)
-        out = np.empty((len(rows), self.d), dtype=HIDDEN_DTYPE)
+        width = self.d if kind == "hidden" else self.target_d
+        out = np.empty((len(rows), width), dtype=HIDDEN_DTYPE)
         shard_of = np.searchsorted(self.shard_offsets, rows, side="right") - 1
         for s in np.unique(shard_of):
             where = np.flatnonzero(shard_of == s)
             mapped = map_hidden(
-                shard_files(self.records_dir, self.shard_names[s])["hidden"],
+                shard_files(self.records_dir, self.shard_names[s])[kind],
                 int(self.shard_offsets[s + 1] - self.shard_offsets[s]),
-                self.d,
+                width,
                 HARVEST_HINT.format(exp=self.records_dir.parent.name),
             )
             local = rows[where] - self.shard_offsets[s]
@@ -152,9 +160,33 @@ def verify_shards(records_dir: Path, manifest: dict[str, Any]) -> None:
                     files[kind], "its sha256 differs from the one in manifest.json", remedy
                 )
         hint = HARVEST_HINT.format(exp=records_dir.parent.name)
-        hidden = map_hidden(files["hidden"], int(shard["rows"]), int(manifest["hidden"]["d"]), hint)
-        if not np.isfinite(hidden).all():
-            raise corrupt_input(files["hidden"], "non-finite hidden states", remedy)
+        for kind, d in array_widths(manifest).items():
+            hidden = map_hidden(files[kind], int(shard["rows"]), d, hint)
+            if not np.isfinite(hidden).all():
+                raise corrupt_input(files[kind], "non-finite hidden states", remedy)
+
+
+def array_widths(manifest: dict[str, Any]) -> dict[str, int]:
+    """The width of each float16 array a shard holds beside its records."""
+    return {kind: int(manifest[kind]["d"]) for kind in ("hidden", "target_hidden")}
+
+
+class OldRecordsError(MissingInputError):
+    """Records written under another SCHEMA_VERSION: their columns are not the ones read."""
+
+
+def check_schema_version(
+    manifest: dict[str, Any], records_dir: Path, stage: str, experiment: str
+) -> None:
+    """Refuse records of another schema version, naming the re-harvest command (the harvest's
+    fingerprint holds the version, so it redoes every shard)."""
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise OldRecordsError(
+            f"{stage}: {records_dir} holds records of schema version {version}, this code "
+            f"reads version {SCHEMA_VERSION} (harvest/schema.py); re-harvest them with "
+            f"`python -m sprinter_train stage=harvest experiment={experiment}`"
+        )
 
 
 def open_records(
@@ -184,6 +216,7 @@ def open_records(
         f"rewrite it with the same stage=harvest command ({hint})",
         keys=("shards", "hidden"),
     )
+    check_schema_version(manifest, records_dir, stage, experiment_dir.name)
     names = [s["name"] for s in manifest["shards"]]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:  # every row of the shard would be read twice
@@ -200,8 +233,8 @@ def open_records(
                     f"stage=harvest ({hint})"
                 )
     for shard in manifest["shards"]:
-        hidden = shard_files(records_dir, shard["name"])["hidden"]
-        map_hidden(hidden, int(shard["rows"]), int(manifest["hidden"]["d"]), hint)
+        for kind, d in array_widths(manifest).items():
+            map_hidden(shard_files(records_dir, shard["name"])[kind], int(shard["rows"]), d, hint)
     if verify:
         verify_shards(records_dir, manifest)
     table = read_records(records_dir, names, columns=columns)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from sprinter_train.core.broken_logits import check_logits
-from sprinter_train.core.distributions import acceptance_alpha, entropy
+from sprinter_train.core.distributions import acceptance_alpha, entropy, raw_entropy, top2_margin
 from sprinter_train.core.half import as_record_half
 from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
 from sprinter_train.harvest.continuations import HarvestSequence
@@ -38,10 +38,13 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
 
 @dataclass
 class RecordBatch:
-    """Column arrays (one entry per record) and the aligned float16 hidden states."""
+    """Column arrays (one entry per record) and the aligned float16 hidden states: the
+    draft's that produced q, and the target's at the record's last target-verified position
+    (`target_state_rows`; zero rows where there is none)."""
 
     columns: dict[str, np.ndarray]
     hidden: np.ndarray
+    target_hidden: np.ndarray
 
     @property
     def rows(self) -> int:
@@ -49,7 +52,11 @@ class RecordBatch:
 
     def take(self, index: np.ndarray) -> RecordBatch:
         """These rows, in this order (columns and hidden states together)."""
-        return RecordBatch({k: v[index] for k, v in self.columns.items()}, self.hidden[index])
+        return RecordBatch(
+            {k: v[index] for k, v in self.columns.items()},
+            self.hidden[index],
+            self.target_hidden[index],
+        )
 
 
 def token_statistics(
@@ -110,12 +117,49 @@ def _warped(
     sampling: SamplingConfig,
     role: str,
     where: Callable[[int], str],
-) -> torch.Tensor:
-    """Warped distributions from final hidden states; broken logits (NaN, +inf) stop the
-    harvest naming `role`, the prompt and the position."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Warped distributions and the raw logits they came from, from final hidden states;
+    broken logits (NaN, +inf) stop the harvest naming `role`, the prompt and the position."""
     logits = head_logits(model, final, vocab_size)
     check_logits(logits, role, where)
-    return warp_probs(logits, sampling)
+    return warp_probs(logits, sampling), logits
+
+
+def draft_runs(from_draft: Sequence[bool]) -> np.ndarray:
+    """(len + 1,) at each position t, how many draft-made tokens stand right before t (t up to
+    one past the end): the decoder's run position of a draft at t."""
+    runs = np.zeros(len(from_draft) + 1, dtype=np.int32)
+    for t, drafted in enumerate(from_draft):
+        runs[t + 1] = runs[t] + 1 if drafted else 0
+    return runs
+
+
+def target_state_rows(seq: HarvestSequence, runs: np.ndarray) -> np.ndarray:
+    """For each record of the sequence (index i of its region, run position runs[i]), the
+    index of the record whose target output is the target's state at its last verified
+    position, or -1 where there is none.
+
+    A draft at t with run position r follows the non-draft token at t - r - 1, whose
+    distribution the target gave at t - r - 2: the output the record at t - r - 1 holds (its
+    p is read at t - r - 2). The decoder has such a state only once the target verified a token
+    of the row, so a token of the prompt gives none (-1, features zero), as at decode."""
+    positions = np.arange(seq.region_start, seq.region_end)
+    last = positions - runs - 1  # the last non-draft token before t
+    first = max(len(seq.prompt.input_ids), seq.region_start)
+    return np.where(last >= first, last - seq.region_start, -1)
+
+
+def history_columns(seq: HarvestSequence, accept_prob: np.ndarray) -> dict[str, np.ndarray]:
+    """The decode-time history features of one sequence's records (positions region_start
+    .. region_end - 1, `accept_prob` theirs, in order): the run position of each, and the sum
+    of accept_prob over and the count of the sequence's earlier records."""
+    positions = np.arange(seq.region_start, seq.region_end)
+    earlier = np.concatenate([[0.0], np.cumsum(accept_prob, dtype=np.float64)[:-1]])
+    return {
+        "run_position": draft_runs(seq.draft_flags)[positions],
+        "accepted_before": earlier.astype(np.float32),
+        "drafts_before": np.arange(len(positions), dtype=np.int32),
+    }
 
 
 @torch.no_grad()
@@ -147,6 +191,7 @@ def harvest_batch(
         device
     )
     draft_final, hidden = _states(models.draft.model, ids, mask, rows, cols, hidden_layer)
+    # the target's final state at t - 1 gives p_t; a record's target_hidden is another's
     target_final, _ = _states(models.target.model, ids, mask, rows, cols)
     companion_final = None
     if models.companion is not None:
@@ -165,11 +210,15 @@ def harvest_batch(
         start = sum(s.region_end - s.region_start for s in sequences[: group.start])
         end = start + sum(s.region_end - s.region_start for s in sequences[group])
         at = slice(start, end)
-        q = _warped(models.draft.model, draft_final[at], vocab, sampling, "draft", where(start))
-        p = _warped(models.target.model, target_final[at], vocab, sampling, "target", where(start))
+        q, draft_logits = _warped(
+            models.draft.model, draft_final[at], vocab, sampling, "draft", where(start)
+        )
+        p, target_logits = _warped(
+            models.target.model, target_final[at], vocab, sampling, "target", where(start)
+        )
         c = None
         if companion_final is not None:
-            c = _warped(
+            c, _ = _warped(
                 models.companion.model,
                 companion_final[at],
                 vocab,
@@ -185,7 +234,11 @@ def harvest_batch(
             x[offset : offset + n] = sample(q[offset : offset + n], generator)
             offset += n
         tokens.append(x)
-        blocks.append({k: v.float().cpu() for k, v in token_statistics(q, p, c, x).items()})
+        stats_of = token_statistics(q, p, c, x)
+        stats_of["draft_margin"] = top2_margin(draft_logits)
+        stats_of["draft_entropy_raw"] = raw_entropy(draft_logits)
+        stats_of["own_target_margin"] = top2_margin(target_logits)
+        blocks.append({k: v.float().cpu() for k, v in stats_of.items()})
     x = torch.cat(tokens)
     stats = {name: torch.cat([b[name] for b in blocks]) for name in blocks[0]}
 
@@ -203,9 +256,31 @@ def harvest_batch(
     if companion_final is None:
         columns["S"] = np.full(len(x), np.nan, dtype=np.float32)  # written as null
         columns["A"] = np.full(len(x), np.nan, dtype=np.float32)
+    bounds = np.cumsum([0, *counts])
+    history = [
+        history_columns(seq, columns["accept_prob"][bounds[i] : bounds[i + 1]])
+        for i, seq in enumerate(sequences)
+    ]
+    for name in history[0]:
+        columns[name] = np.concatenate([h[name] for h in history])
+    # the target's state at each record's last verified position: another record's own
+    source = np.concatenate(
+        [
+            np.where(j >= 0, j + bounds[i], -1)
+            for i, seq in enumerate(sequences)
+            for j in [target_state_rows(seq, history[i]["run_position"])]
+        ]
+    )
+    has = source >= 0
+    own_margin = columns.pop("own_target_margin")
+    columns["target_margin"] = np.where(has, own_margin[np.maximum(source, 0)], 0).astype(
+        np.float32
+    )
+    target_hidden = as_record_half(target_final).cpu().numpy()[np.maximum(source, 0)]
+    target_hidden[~has] = 0
     columns = {name: columns[name] for name in NUMPY_DTYPES}
     hidden_np = as_record_half(hidden).cpu().numpy()
-    return RecordBatch(columns, hidden_np)
+    return RecordBatch(columns, hidden_np, target_hidden)
 
 
 def _groups(sequences: Sequence[HarvestSequence], rows: int) -> list[slice]:
@@ -227,14 +302,21 @@ def hidden_dim(models: Roles) -> int:
     return int(models.draft.model.config.hidden_size)
 
 
+def target_dim(models: Roles) -> int:
+    """Width of the recorded target hidden state (its final one)."""
+    return int(models.target.model.config.hidden_size)
+
+
 def empty_batch(models: Roles) -> RecordBatch:
-    return concat_batches([], hidden_dim(models))
+    return concat_batches([], hidden_dim(models), target_dim(models))
 
 
-def concat_batches(batches: Sequence[RecordBatch], dim: int) -> RecordBatch:
+def concat_batches(batches: Sequence[RecordBatch], dim: int, target_width: int) -> RecordBatch:
     """Join batches; with none, typed empty columns so an empty shard still has the schema."""
     if not batches:
         columns = {name: np.array([], dtype=dtype) for name, dtype in NUMPY_DTYPES.items()}
-        return RecordBatch(columns, np.zeros((0, dim), dtype=np.float16))
+        empty = np.zeros((0, target_width), dtype=np.float16)
+        return RecordBatch(columns, np.zeros((0, dim), dtype=np.float16), empty)
     columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in batches[0].columns}
-    return RecordBatch(columns, np.concatenate([b.hidden for b in batches]))
+    hidden = np.concatenate([b.hidden for b in batches])
+    return RecordBatch(columns, hidden, np.concatenate([b.target_hidden for b in batches]))

@@ -1,9 +1,15 @@
 """The record schema (**contract**, DESIGN.md "Records"): fixed column types, one version number.
 
-A shard `shard-<index>` is three files in `records/`:
+A shard `shard-<index>` is four files in `records/`:
   shard-<index>.parquet            one row per harvested draft token (RECORD_SCHEMA)
   shard-<index>.hidden.npy         float16 (rows, d): row i is parquet row i's draft hidden state
   shard-<index>.sequences.parquet  one row per prompt: the full token sequence and its region
+  shard-<index>.target_hidden.npy  float16 (rows, d_target): the target's final hidden state at
+                                   row i's last target-verified position (zero where none)
+
+Version 2 added the decode-time feature columns (draft_margin .. target_margin), the
+target_hidden array and the sequences' `from_draft`; a folder of another version is refused
+(harvest/reader.py).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 HIDDEN_DTYPE = "float16"
 
 RECORD_SCHEMA = pa.schema(
@@ -31,6 +37,16 @@ RECORD_SCHEMA = pa.schema(
         ("target_entropy", pa.float32()),  # H(p_t), nats
         ("S", pa.float32()),  # SV: sum_v min(q_t(v), c_t(v)); null without a companion
         ("A", pa.float32()),  # SV: min(1, c_t(x)/q_t(x)); null without a companion
+        # decode-time features (verifier/features.py), each known at t without a target call
+        ("draft_margin", pa.float32()),  # raw draft logits at t: top-1 minus top-2
+        ("draft_entropy_raw", pa.float32()),  # H(softmax(raw draft logits at t)), nats
+        ("run_position", pa.int32()),  # consecutive draft-made tokens right before t
+        (
+            "accepted_before",
+            pa.float32(),
+        ),  # sum of accept_prob over this sequence's earlier records
+        ("drafts_before", pa.int32()),  # how many earlier records this sequence has
+        ("target_margin", pa.float32()),  # raw target top-1 - top-2 at t - run_position - 2
     ]
 )
 NULLABLE = ("S", "A")
@@ -44,6 +60,7 @@ SEQUENCE_SCHEMA = pa.schema(
         ("input_ids", pa.list_(pa.int32())),
         ("region_start", pa.int32()),  # first recorded position
         ("region_end", pa.int32()),  # one past the last recorded position
+        ("from_draft", pa.list_(pa.bool_())),  # per input_ids token: sampled by the draft, kept
     ]
 )
 

@@ -40,14 +40,29 @@ META_FINGERPRINT = b"sprinter.fingerprint"
 META_PROMPTS = b"sprinter.prompts"
 META_HIDDEN_DIM = b"sprinter.hidden_dim"
 META_SCHEMA = b"sprinter.schema_version"
-META_SHA256 = {"hidden": b"sprinter.hidden_sha256", "sequences": b"sprinter.sequences_sha256"}
+META_SHA256 = {
+    "hidden": b"sprinter.hidden_sha256",
+    "target_hidden": b"sprinter.target_hidden_sha256",
+    "sequences": b"sprinter.sequences_sha256",
+}
+ARRAYS = ("hidden", "target_hidden")  # float16 (rows, width) arrays beside the records
 REDO = (
     "rerun `python -m sprinter_train stage=harvest experiment={exp}`, which redoes only this shard"
 )
 
 # Columns whose range the record definitions fix (schema.py); NaN is never in range.
 UNIT_COLUMNS = ("q", "p", "accept_prob", "beta", "S", "A")
-NONNEGATIVE_COLUMNS = ("ratio", "draft_entropy", "target_entropy")
+NONNEGATIVE_COLUMNS = (
+    "ratio",
+    "draft_entropy",
+    "target_entropy",
+    "draft_margin",
+    "draft_entropy_raw",
+    "run_position",
+    "accepted_before",
+    "drafts_before",
+    "target_margin",
+)
 RANGE_SLACK = 1e-3  # float32 rounding of sums of probabilities, e.g. beta = 1 + 1e-7
 
 
@@ -86,6 +101,7 @@ def shard_files(records_dir: Path, name: str) -> dict[str, Path]:
     return {
         "records": records_dir / f"{name}.parquet",
         "hidden": records_dir / f"{name}.hidden.npy",
+        "target_hidden": records_dir / f"{name}.target_hidden.npy",
         "sequences": records_dir / f"{name}.sequences.parquet",
     }
 
@@ -107,6 +123,7 @@ def _sequence_table(sequences: Sequence[HarvestSequence]) -> pa.Table:
         "input_ids": [s.input_ids for s in sequences],
         "region_start": [s.region_start for s in sequences],
         "region_end": [s.region_end for s in sequences],
+        "from_draft": [list(s.draft_flags) for s in sequences],
     }
     return pa.Table.from_pydict(columns, schema=SEQUENCE_SCHEMA)
 
@@ -125,12 +142,14 @@ def write_shard(
     """Write one shard (hidden states, sequences, then records last); returns its row count."""
     files = shard_files(records_dir, plan.name)
     hidden = np.ascontiguousarray(batch.hidden, dtype=HIDDEN_DTYPE)
+    arrays = {"hidden": hidden, "target_hidden": batch.target_hidden}
+    for kind, values in arrays.items():
 
-    def _save_hidden(tmp: Path) -> None:
-        with open(tmp, "wb") as handle:
-            np.save(handle, hidden)
+        def _save(tmp: Path, values: np.ndarray = values) -> None:
+            with open(tmp, "wb") as handle:
+                np.save(handle, np.ascontiguousarray(values, dtype=HIDDEN_DTYPE))
 
-    atomic_write(files["hidden"], _save_hidden)
+        atomic_write(files[kind], _save)
     _write_parquet(files["sequences"], _sequence_table(sequences))
     metadata = {
         META_FINGERPRINT: fingerprint.encode(),
@@ -143,8 +162,11 @@ def write_shard(
     return batch.rows
 
 
-def shard_is_complete(records_dir: Path, plan: ShardPlan, fingerprint: str, dim: int) -> bool:
-    """True only for a whole shard of this plan and config; the hidden array is only mapped.
+def shard_is_complete(
+    records_dir: Path, plan: ShardPlan, fingerprint: str, dims: dict[str, int]
+) -> bool:
+    """True only for a whole shard of this plan and config (`dims`: the width of each of
+    ARRAYS); the hidden arrays are only mapped.
 
     A truncated or corrupt file, a shard of other prompts or an older config all answer
     False, and the caller redoes the shard.
@@ -177,12 +199,11 @@ def shard_is_complete(records_dir: Path, plan: ShardPlan, fingerprint: str, dim:
             )
             return False
         sequences = pq.read_table(files["sequences"], page_checksum_verification=True)
-        hidden = np.load(files["hidden"], mmap_mode="r")
-        complete = (
-            sequences.num_rows == len(plan.prompts)
-            and hidden.dtype == np.dtype(HIDDEN_DTYPE)
-            and hidden.shape == (table.num_rows, dim)
-        )
+        complete = sequences.num_rows == len(plan.prompts)
+        for kind in ARRAYS:
+            mapped = np.load(files[kind], mmap_mode="r")
+            complete &= mapped.dtype == np.dtype(HIDDEN_DTYPE)
+            complete &= mapped.shape == (table.num_rows, dims[kind])
     except (OSError, ValueError, EOFError, pa.ArrowException) as error:
         log.warning("%s is unreadable (%s); redoing it", plan.name, error)
         return False

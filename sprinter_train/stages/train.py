@@ -48,7 +48,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def _run(cfg: DictConfig) -> dict[str, Any]:
     set_threads(cfg.get("num_threads"))
-    spec = FeatureSpec.from_names(list(cfg.train.features))
+    spec = FeatureSpec.from_cfg(cfg.train)
     labels = labels_of(cfg)
     label_columns = {label.column for label in labels}
     columns = sorted({"split", "ratio", "prompt_id", *label_columns, *spec.record_columns()})

@@ -137,7 +137,8 @@ class VerifierCheckpoint:
 
     @property
     def spec(self) -> FeatureSpec:
-        return FeatureSpec.from_names(self.meta["features"]["names"])
+        features = self.meta["features"]
+        return FeatureSpec.from_names(features["names"], features.get("settings"))
 
     def calibrated(self, logits: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
         """sigmoid(logit / T), as a tensor for a tensor and as an array for an array."""

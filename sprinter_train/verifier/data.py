@@ -35,7 +35,8 @@ def split_features(
     hidden = (
         records.hidden(rows) if "hidden" in spec.names else np.zeros((len(rows), 0), np.float16)
     )
-    return build_features(spec, hidden, columns, embedder), rows
+    target = records.hidden(rows, "target_hidden") if "target_hidden" in spec.names else None
+    return build_features(spec, hidden, columns, embedder, target), rows
 
 
 class BatchIterator:

@@ -2,7 +2,10 @@
 
 The parts of the feature vector come from the DraftStep (the draft's hidden state that
 produced q, which is the record's `hidden` at t-1; the drafted token's input embedding; q(x);
-H(q)) and are put together by verifier/features.py's `assemble`, the function training uses.
+H(q); the raw logits' margin and entropy) and from the batch's `RowState` (the row's run of
+draft-made tokens, its acceptance so far, the target's state at its last verified position),
+and are put together by verifier/features.py's
+`assemble`, the function training uses.
 The score is calibrated, sigmoid((w·s + b) / T) with the sidecar's temperature (1 for old
 checkpoints): probabilities a length policy can plan with. SPRINTER's tau = 0.5 keeps the same
 decisions under any T, since sigmoid(z / T) >= 0.5 exactly when z >= 0.
@@ -20,11 +23,11 @@ import time
 
 import torch
 
-from sprinter_train.core.distributions import entropy
+from sprinter_train.core.distributions import entropy, top2_margin
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.state import Batch, DraftStep, Round
+from sprinter_train.decoding.state import Batch, DraftStep, Round, RowState
 from sprinter_train.verifier.checkpoint import MLPVerifier, VerifierCheckpoint
-from sprinter_train.verifier.features import assemble
+from sprinter_train.verifier.features import assemble, clipped_run, smoothed_acceptance
 
 
 class CheckpointVerifier:
@@ -44,8 +47,9 @@ class CheckpointVerifier:
         self.temperature = checkpoint.temperature
         self.prior = train_base_rate(checkpoint)
 
-    def parts(self, step: DraftStep) -> dict[str, torch.Tensor]:
-        """The spec's inputs of each row's drafted token, (B, width) or (B,), on its device."""
+    def parts(self, step: DraftStep, state: RowState | None = None) -> dict[str, torch.Tensor]:
+        """The spec's inputs of each row's drafted token, (B, width) or (B,), on its device;
+        `state`: the batch's, for the features of the row's history."""
         names = self.spec.names
         parts = {}
         if "hidden" in names:
@@ -56,12 +60,33 @@ class CheckpointVerifier:
             parts["q"] = step.q.gather(1, step.tokens[:, None])[:, 0].float()
         if "draft_entropy" in names:
             parts["draft_entropy"] = entropy(step.q.float())
+        if "draft_margin" in names:
+            parts["draft_margin"] = top2_margin(step.head_logits)
+        if "draft_entropy_raw" in names:
+            parts["draft_entropy_raw"] = step.entropy(warped=False)
+        history = {"run_position", "accept_so_far", "target_hidden", "target_margin"} & set(names)
+        if history and state is None:
+            raise ValueError(f"the verifier features {sorted(history)} need the batch's state")
+        if "run_position" in names:
+            cap = int(self.spec.setting("run_position_cap"))
+            parts["run_position"] = clipped_run(state.run + step.index, cap)  # type: ignore[union-attr]
+        if "accept_so_far" in names:
+            parts["accept_so_far"] = smoothed_acceptance(
+                state.accepted,  # type: ignore[union-attr]
+                state.drafted,  # type: ignore[union-attr]
+                self.spec.setting("accept_prior"),
+                self.spec.setting("accept_n0"),
+            )
+        if "target_hidden" in names:
+            parts["target_hidden"] = state.target_hidden  # type: ignore[union-attr]
+        if "target_margin" in names:
+            parts["target_margin"] = state.target_margin  # type: ignore[union-attr]
         return parts
 
     @torch.inference_mode()
-    def features(self, step: DraftStep) -> torch.Tensor:
+    def features(self, step: DraftStep, state: RowState | None = None) -> torch.Tensor:
         """(B, F) feature rows, built by the function training builds them with."""
-        rows = assemble(self.spec, self.parts(step)).batch()
+        rows = assemble(self.spec, self.parts(step, state)).batch()
         if rows.shape[1] != self.weight.numel():
             raise ValueError(
                 f"verifier {self.checkpoint.path} expects {self.weight.numel()} features, the "
@@ -72,15 +97,16 @@ class CheckpointVerifier:
     def __call__(self, engine: Engine, batch: Batch, rnd: Round, step: DraftStep) -> torch.Tensor:
         """(B,) calibrated sigmoid((w . s(x, prefix) + b) / T) for each row's drafted token."""
         start = time.perf_counter()
+        state = getattr(batch, "state", None)
         if self.mlp is not None:  # train.head=mlp: moved to the draft's device once
             self.mlp = self.mlp.to(step.q.device)
             with torch.inference_mode():
-                logits = self.mlp.logits(self.features(step))
+                logits = self.mlp.logits(self.features(step, state))
             score = torch.sigmoid(logits / self.temperature)
             batch.stats.verifier_seconds += time.perf_counter() - start
             return score
         weight = self.weight.to(step.q.device)
-        score = torch.sigmoid((self.features(step) @ weight + self.bias) / self.temperature)
+        score = torch.sigmoid((self.features(step, state) @ weight + self.bias) / self.temperature)
         batch.stats.verifier_seconds += time.perf_counter() - start
         return score
 

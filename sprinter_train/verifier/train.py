@@ -180,7 +180,8 @@ def fit_verifier(
         embedder,
         int(tcfg.min_batches_per_epoch),
     )
-    layout = spec.layout(records.d, embedder.dim if embedder else None)
+    target_d = records.target_d if "target_hidden" in spec.names else None
+    layout = spec.layout(records.d, embedder.dim if embedder else None, target_d)
     d_in = sum(block["width"] for block in layout)
     head = str(tcfg.get("head", "linear"))
     mlp = tcfg.get("mlp") or {}
@@ -309,7 +310,7 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
     learning curve of `train.learning_curve` when it lists fractions)."""
     label = Label.of(label)
     tcfg = cfg.train
-    spec = FeatureSpec.from_names(list(tcfg.features))
+    spec = FeatureSpec.from_cfg(tcfg)
     if label.kind == "ratio":  # before any fit: an all-one-class split learns only a bias
         column = records.frame[label.column].to_numpy()[records.rows_of("train")]
         check_both_classes(label.targets(column), label)
@@ -342,7 +343,12 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
         "lam": label.lam,
         **({} if head == "linear" else {"head": head, "mlp": {"hidden": int(weight.shape[0])}}),
         "calibration": calibration,
-        "features": {"names": list(spec.names), "layout": layout, "d_in": d_in},
+        "features": {
+            "names": list(spec.names),
+            "layout": layout,
+            "d_in": d_in,
+            "settings": spec.describe(),
+        },
         "standardisation": "folded into weight and bias: apply to raw features",
         "hidden_layer": records.manifest["hidden"]["layer"],
         "d": records.d,
