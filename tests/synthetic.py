@@ -88,8 +88,10 @@ def write_synthetic_records(
     noise: float = 0.5,
     seed: int = 0,
     split_seed: int = 0,
+    models: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write records/ (shards + manifest) for `rows` records of `positions` per prompt."""
+    """Write records/ (shards + manifest) for `rows` records of `positions` per prompt;
+    `models`: the manifest's role -> model_identity (default: placeholders no bench runs)."""
     records_dir = Path(experiment_dir) / "records"
     records_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -153,7 +155,7 @@ def write_synthetic_records(
         "stage": "synthetic",
         "experiment": Path(experiment_dir).name,
         "fingerprint": f"synthetic-{seed}-{rows}-{d}",
-        "models": {"draft": {"id": "synthetic"}, "companion": {"id": "synthetic"}},
+        "models": models or {"draft": {"id": "synthetic"}, "companion": {"id": "synthetic"}},
         "companion": True,
         "sampling": None,
         "hidden": {"layer": -1, "d": d, "dtype": "float16"},

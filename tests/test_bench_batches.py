@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.latency import LatencyProfile
@@ -23,6 +24,8 @@ from sprinter_train.decoding.registry import greedy_exact
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats
 from sprinter_train.decoding.timings import Timings
+from sprinter_train.harvest.manifest import model_identity
+from sprinter_train.models.roles import load_roles
 from sprinter_train.models.tiny import build_tiny_model
 from tests.synthetic import write_synthetic_records
 
@@ -128,7 +131,11 @@ def bench(tmp_path_factory) -> dict:
         "bench.law_distance_prompts=3",
         "bench.methods=[target_only,sd,svip,sv,sv_paper,hf_assisted]",
     )
-    write_synthetic_records(Path(cfg.experiment_dir), rows=2048, d=8, shard_rows=1024)
+    roles = load_roles(cfg.models, torch.device("cpu"), torch.float32)  # the bench's models
+    models = {m.role: model_identity(m) for m in roles.all()}  # sv's table must name them
+    write_synthetic_records(
+        Path(cfg.experiment_dir), rows=2048, d=8, shard_rows=1024, models=models
+    )
     run_stage(compose_config(f"artifacts_root={root}", "stage=tables", "experiment=batches"))
     run_stage(cfg)
     out = Path(cfg.experiment_dir) / "bench"

@@ -126,9 +126,9 @@ def test_evaluate_states_which_entropy_its_svip_and_adaedl_scores_used(compose_c
         f"methods.svip.warped_entropy={flag}", f"methods.adaedl.warped_entropy={flag}"
     )
     described = predictor_descriptions(cfg, {})
-    for name in ("svip_entropy", "adaedl_bound"):
-        assert "warped draft distribution" in described[name]
-        assert ("raw softmax entropy" in described[name]) != warped
+    for name in ("svip_entropy", "adaedl_bound"):  # the records' H_q that the rule reads
+        assert ("draft_entropy (of the warped q)" in described[name]) == warped
+        assert ("draft_entropy_raw (of the draft's raw softmax)" in described[name]) != warped
 
 
 def test_a_bench_on_prompts_the_verifier_was_trained_on_is_refused(bench_cfg, draft) -> None:

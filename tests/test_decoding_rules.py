@@ -194,7 +194,7 @@ def test_evaluation_score_and_policy_stop_agree(method: str) -> None:
     score = traits_of(node, method).record_score  # what stage=evaluate scores records with
 
     def evaluation_score(H: np.ndarray) -> np.ndarray:
-        return score.score({"draft_entropy": H}, node)
+        return score.score({"draft_entropy": H, "draft_entropy_raw": H}, node)
 
     if method == "svip":  # stops after the token whose score falls below 1 - h
         threshold = node.h**2 / node.c

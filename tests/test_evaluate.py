@@ -27,6 +27,7 @@ from sprinter_train.decoding.registry import MethodError, greedy_exact, traits_o
 from sprinter_train.evaluation.scores import predictor_descriptions
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
+from sprinter_train.verifier.features import FEATURE_ORDER
 from tests.synthetic import write_synthetic_records
 
 # 16 tiny-model prompts, 8 records each; a quarter of the prompts each in val and test
@@ -63,6 +64,7 @@ REPORT_AUC_KEYS = {
     "svip_entropy",
     "adaedl_bound",
     "draft_q",
+    "online_margin",
 }
 
 
@@ -116,12 +118,15 @@ def test_eta_rates_and_baseline_scores() -> None:
     assert eta_rates(y, s, 0.5) == {"eta_TP": pytest.approx(2 / 3), "eta_FP": pytest.approx(0.5)}
     h = np.array([0.0, 1.0, 4.0])
     methods = compose_config().methods  # the constants the bench's policies use
-    assert svip_records({"draft_entropy": h}, methods.svip).tolist() == pytest.approx(
+    both = {"draft_entropy": np.zeros(3), "draft_entropy_raw": h}  # the rules read the raw H
+    assert svip_records(both, methods.svip).tolist() == pytest.approx(
         [1.0, 1 - np.sqrt(0.15), 1 - np.sqrt(0.6)]
     )
-    assert adaedl_records({"draft_entropy": h}, methods.adaedl)[2] == pytest.approx(
-        1 - np.sqrt(2.0)
-    )  # not clipped
+    assert adaedl_records(both, methods.adaedl)[2] == pytest.approx(1 - np.sqrt(2.0))  # unclipped
+    warped = {"draft_entropy": h, "draft_entropy_raw": np.zeros(3)}
+    assert svip_records(warped, {**methods.svip, "warped_entropy": True})[2] == pytest.approx(
+        1 - np.sqrt(0.6)
+    )
     event = sampled_acceptance(np.full(100_000, 0.3), seed=1)
     assert event.mean() == pytest.approx(0.3, abs=0.006)
     assert (sampled_acceptance(np.ones(10), 0)).all() and not sampled_acceptance(
@@ -472,7 +477,8 @@ def test_the_report_has_every_mix_and_the_feature_ablation(chained) -> None:
     for mix in set(by_mix) & {"original", "interleaved"}:
         assert f"verifier_lam1.2 on {mix}" in " ".join(report["verifier_by_mix"])
     ablation = report["ablation"]
-    assert ablation["groups"] == ["hidden", "token_embedding", "q", "draft_entropy"]
+    assert ablation["groups"] == list(FEATURE_ORDER)  # the records give every group
+    assert not ablation["skipped"]
     assert ablation["rows"]["test"] == report["rows"] and ablation["seconds"] > 0
     assert set(ablation["drop_one"]) == set(ablation["groups"])
     text = (eval_dir / "report.md").read_text()

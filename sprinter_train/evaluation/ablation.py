@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from sklearn.linear_model import LogisticRegression
 
 from sprinter_train.evaluation.bootstrap import PromptBootstrap
@@ -94,23 +94,26 @@ def group_blocks(
     rows: np.ndarray,
     wanted: Sequence[str],
     embedder_of: Callable[[], Any],
+    settings: Mapping[str, Any] | None = None,
 ) -> tuple[Blocks, dict[str, str]]:
-    """Each wanted group's float32 block on `rows`, built by the verifier's own build_features;
+    """Each wanted group's float32 block on `rows`, built by the verifier's own build_features
+    with `settings` (train.feature_settings: the run position's cap, the acceptance prior);
     a group the records cannot give is returned in the second dict with the reason."""
     frame = records.frame
     hidden = records.hidden(rows)
     blocks: Blocks = {}
     skipped: dict[str, str] = {}
     for group in wanted:
-        spec = FeatureSpec((group,))
-        missing = [c for c in spec.record_columns() if c not in frame.columns]
-        if missing:
-            skipped[group] = f"the records have no column {', '.join(missing)}"
-            continue
-        columns = {c: frame[c].to_numpy()[rows] for c in spec.record_columns()}
         try:
+            spec = FeatureSpec.from_names([group], settings)
+            missing = [c for c in spec.record_columns() if c not in frame.columns]
+            if missing:
+                skipped[group] = f"the records have no column {', '.join(missing)}"
+                continue
+            columns = {c: frame[c].to_numpy()[rows] for c in spec.record_columns()}
             embedder = embedder_of() if group == "token_embedding" else None
-            features = build_features(spec, hidden, columns, embedder)
+            target = records.hidden(rows, "target_hidden") if group == "target_hidden" else None
+            features = build_features(spec, hidden, columns, embedder, target)
         except (ValueError, OSError, KeyError, TypeError) as error:
             skipped[group] = f"{type(error).__name__}: {error}"
             continue
@@ -154,7 +157,8 @@ def ablation_report(
             raise ValueError("evaluate.ablation.embedding is false")
         return make_embedder(cfg, FeatureSpec(("hidden", "token_embedding")), records)
 
-    blocks, skipped = group_blocks(records, rows, wanted, embedder)
+    settings = OmegaConf.to_container(cfg.train.feature_settings, resolve=True)
+    blocks, skipped = group_blocks(records, rows, wanted, embedder, settings)
     for group, why in skipped.items():
         log.warning("evaluate.ablation: %s left out: %s", group, why)
     if not blocks:

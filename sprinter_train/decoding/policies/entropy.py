@@ -14,26 +14,30 @@ from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.base import Method, RecordScore, Traits, draft_round, verify
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted
 
-RECORDS_ENTROPY = ", H_q = the records' draft_entropy (of the warped draft distribution)"
+ENTROPY_COLUMNS = ("draft_entropy", "draft_entropy_raw")  # warped H(q), raw softmax H
+
+
+def records_entropy(columns: Mapping[str, np.ndarray], settings: Mapping[str, Any]) -> np.ndarray:
+    """The records' H_q that the bench's rule reads: of the draft's raw softmax
+    (`draft_entropy_raw`, the default) or of the warped q (`warped_entropy: true`)."""
+    column = ENTROPY_COLUMNS[0] if settings.get("warped_entropy", False) else ENTROPY_COLUMNS[1]
+    return np.asarray(columns[column], dtype=np.float64)
 
 
 def entropy_note(settings: Mapping[str, Any]) -> str:
-    """Which H_q a record score used: always the records' (warped q); when the bench's rule
-    reads the raw softmax entropy, say that the two differ instead of hiding it. The scores
-    are not clipped (they can be negative at high entropy): clipping at 0 would tie every such
-    record and flatten the ROC."""
+    """Which H_q a record score used: the one the bench's rule reads. The scores are not
+    clipped (they can be negative at high entropy): clipping at 0 would tie every such record
+    and flatten the ROC."""
     if settings.get("warped_entropy", False):
-        return RECORDS_ENTROPY + ", as the bench's rule"
+        return ", H_q = the records' draft_entropy (of the warped q), as the bench's rule"
     return (
-        RECORDS_ENTROPY + "; the bench's rule reads the raw softmax entropy (warped_entropy="
-        "false), which the records do not hold, so this AUC describes the warped-H rule"
+        ", H_q = the records' draft_entropy_raw (of the draft's raw softmax), as the bench's rule"
     )
 
 
 def svip_records(columns: Mapping[str, np.ndarray], settings: Mapping[str, Any]) -> np.ndarray:
     """SVIP's 1 - sqrt(c H_q): the svip policy stops when this falls below 1 - h."""
-    entropy = np.asarray(columns["draft_entropy"], dtype=np.float64)
-    return svip_score(entropy, float(settings["c"]))
+    return svip_score(records_entropy(columns, settings), float(settings["c"]))
 
 
 def svip_text(settings: Mapping[str, Any]) -> str:
@@ -42,8 +46,7 @@ def svip_text(settings: Mapping[str, Any]) -> str:
 
 def adaedl_records(columns: Mapping[str, np.ndarray], settings: Mapping[str, Any]) -> np.ndarray:
     """AdaEDL's 1 - sqrt(gamma H_q), the bound the adaedl policy stops on."""
-    entropy = np.asarray(columns["draft_entropy"], dtype=np.float64)
-    return adaedl_score(entropy, float(settings["gamma"]))
+    return adaedl_score(records_entropy(columns, settings), float(settings["gamma"]))
 
 
 def adaedl_text(settings: Mapping[str, Any]) -> str:
@@ -62,7 +65,7 @@ class SVIP(Method):
         law_computed=False,
         exports=True,
         rivals=("sd",),
-        record_score=RecordScore("svip_entropy", ("draft_entropy",), svip_records, svip_text),
+        record_score=RecordScore("svip_entropy", ENTROPY_COLUMNS, svip_records, svip_text),
     )
 
     h: float
@@ -95,7 +98,7 @@ class AdaEDL(Method):
         law_computed=False,
         exports=False,
         rivals=("sd",),
-        record_score=RecordScore("adaedl_bound", ("draft_entropy",), adaedl_records, adaedl_text),
+        record_score=RecordScore("adaedl_bound", ENTROPY_COLUMNS, adaedl_records, adaedl_text),
     )
 
     gamma: float
