@@ -406,6 +406,29 @@ def test_token_embedding_feature_reads_the_drafts_embedding(chained) -> None:
     ]
 
 
+def test_evaluate_scores_a_verifier_of_every_decode_time_feature(tmp_path) -> None:
+    """A verifier trained on the decode-time features (and the target's stale hidden state)
+    is scored by evaluate on the features training built for the same rows (evaluate once
+    read only q, H(q) and the token and failed on the others)."""
+    from sprinter_train.harvest.reader import open_records
+    from sprinter_train.verifier.data import split_features
+
+    names = [n for n in FEATURE_ORDER if n != "token_embedding"]  # the synthetic ids: no draft
+    overrides = (f"train.features=[{','.join(names)}]", "train.lam=1.2", "evaluate.lams=[1.2]")
+    exp = tmp_path / "artifacts" / "feat"
+    write_synthetic_records(exp, rows=2048, d=8, shard_rows=1024)
+    for stage in ("train", "tables", "evaluate"):
+        run_stage(compose_at(tmp_path, f"stage={stage}", "experiment=feat", *overrides))
+    report = read_json(exp / "eval" / "report.json")
+    checkpoint = load_verifier(verifier_path(tmp_path / "checkpoints" / "feat", 1.2))
+    assert checkpoint.spec.names == tuple(names)
+    features, rows = split_features(open_records(exp), "test", checkpoint.spec)
+    y = open_records(exp).frame["ratio"].to_numpy()[rows] <= 1.0
+    assert report["auc"]["verifier_lam1.2"] == pytest.approx(
+        auc(y, checkpoint.score(features.batch()))
+    )
+
+
 def test_missing_inputs_name_the_stage_that_makes_them(tmp_path, chained) -> None:
     with pytest.raises(MissingInputError, match="stage=harvest"):
         run_stage(compose_at(tmp_path, "stage=evaluate", "experiment=none"))

@@ -28,7 +28,7 @@ def verifier_logits(
     """Each verifier's logit on the given rows (hidden states read once); the logits, not the
     scores, so that a temperature can be applied without losing the tails to rounding."""
     hidden = records.hidden(rows)
-    columns = {c: records.frame[c].to_numpy()[rows] for c in ("q", "draft_entropy", "token_id")}
+    frame, target = records.frame, None
     out = {}
     for name, checkpoint in verifiers.items():
         if int(checkpoint.meta["d"]) != records.d:
@@ -36,8 +36,12 @@ def verifier_logits(
                 f"{name} was trained on d={checkpoint.meta['d']} hidden states; the records of "
                 f"{records.records_dir} have d={records.d} (another draft or layer)"
             )
-        embedder = make_embedder(cfg, checkpoint.spec, records)
-        features = build_features(checkpoint.spec, hidden, columns, embedder)
+        spec = checkpoint.spec
+        columns = {c: frame[c].to_numpy()[rows] for c in spec.record_columns()}
+        if "target_hidden" in spec.names and target is None:
+            target = records.hidden(rows, "target_hidden")
+        embedder = make_embedder(cfg, spec, records)
+        features = build_features(spec, hidden, columns, embedder, target)
         out[name] = checkpoint.logits(features.batch())
     return out
 
