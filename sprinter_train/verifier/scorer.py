@@ -42,8 +42,9 @@ class CheckpointVerifier:
             linear = checkpoint.model.linear
             self.weight = linear.weight.detach().float()[0]
             self.bias = float(linear.bias.detach().float()[0])
-        else:  # the MLP's input width, for the feature check
-            self.weight = torch.zeros(self.mlp.first.weight.shape[1])
+            self.width = self.weight.numel()
+        else:
+            self.width = int(self.mlp.first.weight.shape[1])
         self.temperature = checkpoint.temperature
         self.prior = train_base_rate(checkpoint)
 
@@ -87,9 +88,9 @@ class CheckpointVerifier:
     def features(self, step: DraftStep, state: RowState | None = None) -> torch.Tensor:
         """(B, F) feature rows, built by the function training builds them with."""
         rows = assemble(self.spec, self.parts(step, state)).batch()
-        if rows.shape[1] != self.weight.numel():
+        if rows.shape[1] != self.width:
             raise ValueError(
-                f"verifier {self.checkpoint.path} expects {self.weight.numel()} features, the "
+                f"verifier {self.checkpoint.path} expects {self.width} features, the "
                 f"draft gives {rows.shape[1]}: was it trained on this draft's records?"
             )
         return rows
@@ -97,16 +98,14 @@ class CheckpointVerifier:
     def __call__(self, engine: Engine, batch: Batch, rnd: Round, step: DraftStep) -> torch.Tensor:
         """(B,) calibrated sigmoid((w . s(x, prefix) + b) / T) for each row's drafted token."""
         start = time.perf_counter()
-        state = getattr(batch, "state", None)
+        rows = self.features(step, getattr(batch, "state", None))
         if self.mlp is not None:  # train.head=mlp: moved to the draft's device once
-            self.mlp = self.mlp.to(step.q.device)
+            self.mlp = self.mlp.to(rows.device)
             with torch.inference_mode():
-                logits = self.mlp.logits(self.features(step, state))
-            score = torch.sigmoid(logits / self.temperature)
-            batch.stats.verifier_seconds += time.perf_counter() - start
-            return score
-        weight = self.weight.to(step.q.device)
-        score = torch.sigmoid((self.features(step, state) @ weight + self.bias) / self.temperature)
+                logits = self.mlp.logits(rows)
+        else:
+            logits = rows @ self.weight.to(rows.device) + self.bias
+        score = torch.sigmoid(logits / self.temperature)
         batch.stats.verifier_seconds += time.perf_counter() - start
         return score
 
