@@ -9,10 +9,11 @@ Llama arithmetic, in the same order and dtype, as plain tensor operations: rotar
 computed once (and grown when needed), the visibility mask taken from the caller, and the
 keys and values written into preallocated buffers (`StaticKV`).
 
-On a CPU with native bf16, a bf16 draft's matrices are also kept prepacked in oneDNN's
-blocked layout (`pack`): F.linear hands oneDNN the plain (out, in) weight on every call, and
-on the 2-core CPU at batch 1 its products took about twice as long as the packed ones with
-the weights in cache, 1.2x with them in memory (the same values, checked bit for bit).
+On a CPU (float32, and bf16 where native), the draft's matrices are also kept prepacked in
+oneDNN's blocked layout (`pack`): F.linear hands oneDNN the plain (out, in) weight on every
+call, and on the 2-core CPU at batch 1 its bf16 products took about twice as long as the
+packed ones with the weights in cache, 1.2x with them in memory (the same values, checked
+bit for bit; float32: `models.packed`).
 
 `StaticKV` offers the parts of `transformers.DynamicCache` the decoding engine's row cache
 uses (`layers[i].keys / .values`, `update`, `get_seq_length`, `batch_select_indices`), so
@@ -32,15 +33,16 @@ LEAN_ALLOWED = "sprinter_lean_allowed"  # the attribute `allow_lean` sets on a m
 
 
 def packs(weight: torch.Tensor) -> bool:
-    """Whether `pack` prepacks this weight: bf16 on a CPU whose oneDNN has native bf16 (there
-    F.linear is a oneDNN product too, and the packed one gave its values bit for bit at every
-    shape and batch tried); other dtypes and devices keep F.linear."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    )
+    """Whether `pack` prepacks this weight: float32 on a CPU with oneDNN (F.linear is MKL's
+    sgemm there, several times slower at the engine's 2-8 rows: `models.packed`), and bf16 on
+    a CPU whose oneDNN has native bf16 (there F.linear is a oneDNN product too, and the packed
+    one gave its values bit for bit at every shape and batch tried); other dtypes and devices
+    keep F.linear."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.float32:
+        return True
+    return weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

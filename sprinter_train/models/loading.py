@@ -174,7 +174,8 @@ def load_model(
     """Load one model and its tokenizer; a hub failure names the offline default.
 
     `pack_linear`: its nn.Linear layers multiply by prepacked copies of their weights where
-    no gradient is needed (`models.packed.pack_linears`; bf16 on a CPU with native bf16 only)."""
+    no gradient is needed (`models.packed.pack_linears`; on a CPU: float32, and bf16 where it
+    is native)."""
     loaded = _load(spec, role, device, dtype, cache_dir)
     if pack_linear:
         count = pack_linears(loaded.model)

@@ -4,9 +4,19 @@ On a CPU with native bf16, F.linear hands oneDNN the plain (out, in) weight on e
 a copy reordered once into oneDNN's blocked layout (`models.lean.pack`) gives the same values
 bit for bit, faster. SmolLM2-135M's forward over a 128-token context on the 2-core EPYC
 (avx512_bf16) took 11-25% less time (1.13-1.33x) with its linears packed (`pack_linears`) at
-the engine's blocks of 1-16 rows by 1-3 tokens, with bit-identical logits. `LeanDraft` packs the distilled draft's
-matrices itself; this does the same for any Hugging Face model's nn.Linear modules, so the
-target's verify forwards, Hugging Face `generate` and harvest's forwards get it too.
+the engine's blocks of 1-16 rows by 1-3 tokens, with bit-identical logits.
+
+In float32, F.linear is MKL's sgemm, whose small-M path is slow: on a 2-core EPYC without
+AVX-512 one (1536, 576) product took 147 us for 1 row, 219 for 2 and 315 for 4, and the
+(49152, 576) head 11.6 ms for 1 row and 28 ms for 2, so a 2-token verify of SmolLM2-135M cost
+1.7x a 1-token step and no speculative method paid. oneDNN's prepacked float32 product took
+124 / 100 / 155 us and 5.2 / 5.4 ms: the 2-token verify became 1.05x the step (docs/results/
+draft-eval.md). Its values are F.linear's to a few ulps (another summation order), and a
+row's values do not depend on how many rows share the call, which sgemm's do not promise.
+
+`LeanDraft` packs the distilled draft's matrices itself; this does the same for any Hugging
+Face model's nn.Linear modules, so the target's verify forwards, Hugging Face `generate` and
+harvest's forwards get it too.
 
 A packed module stays the same object with the same parameters: state_dict keys, tied
 weights, hooks, casts and moves are untouched. The packed copy is only read where no gradient
@@ -77,9 +87,10 @@ class PackedLinear(nn.Linear):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Turn every plain nn.Linear of `model` whose weight `packs` (bf16 on a CPU with native
-    bf16) into a `PackedLinear`; return how many. Elsewhere (float32, CUDA) nothing changes,
-    so those forwards pay no per-call check. Subclasses of nn.Linear keep their own forward."""
+    """Turn every plain nn.Linear of `model` whose weight `packs` (float32, or bf16 on a CPU
+    with native bf16) into a `PackedLinear`; return how many. Elsewhere (CUDA, other dtypes)
+    nothing changes, so those forwards pay no per-call check. Subclasses of nn.Linear keep
+    their own forward."""
     count = 0
     for module in model.modules():
         if type(module) is nn.Linear and packs(module.weight):
