@@ -4,6 +4,7 @@ with its tables and goodput plot."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,18 @@ def test_few_groups_are_decoded_again_and_keep_their_median_run() -> None:
     walls = {"a": iter([1.0] * 4), "b": iter([1.0] * 4)}
     runs = run_methods(decode, ["a", "b"], [prompt] * 4, 1, 0, warmup_runs=0, min_timed_runs=4)
     assert len(calls) == 8 and len(runs["a"]) == 4
+
+
+def test_each_methods_warm_up_is_timed_apart_from_its_runs() -> None:
+    """Warm-up seconds (compilation lands there) are reported per method, never in a run."""
+    prompt = Prompt("p0", "syn", "test", "", [3, 4], None)
+    slow = {"a": iter([0.05, 0.0]), "b": iter([0.0, 0.0])}
+
+    def decode(name, group, seeds):
+        time.sleep(next(slow[name]))
+        return [[1]], 1.0, DecodeStats(target_calls=1)
+
+    warmup_s: dict[str, float] = {}
+    runs = run_methods(decode, ["a", "b"], [prompt], 1, 0, warmup_runs=1, warmup_s=warmup_s)
+    assert set(warmup_s) == {"a", "b"} and warmup_s["a"] >= 0.05 > warmup_s["b"]
+    assert runs["a"][0].wall_s == 1.0

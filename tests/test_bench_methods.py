@@ -10,7 +10,7 @@ import torch
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.methods import MethodPlan, plan_methods
+from sprinter_train.bench.methods import MethodPlan, at_batch_size, plan_methods
 from sprinter_train.decoding.registry import MethodError
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.models.tiny import build_tiny_model
@@ -47,6 +47,11 @@ def test_overrides_of_cfg_methods_reach_the_policies(compose_cfg) -> None:
     assert result.settings["target_only"] == {}
     assert result.peers["hf_assisted"] == {"schedule": "constant", "num_assistant_tokens": SD_GAMMA}
     assert result.peers["hf_assisted_heuristic"]["num_assistant_tokens"] == 5
+    # hf_static: compile as decoding.compile resolves on the device (auto: off on the CPU)
+    assert result.peers["hf_static"] == {"compile": False, "compile_mode": "reduce-overhead"}
+    forced = plan(compose_cfg("stage=bench", "decoding.compile=true", "bench.methods=[hf_static]"))
+    assert forced.peers["hf_static"]["compile"] is True
+    assert at_batch_size(forced, cfg, 2).peers == forced.peers  # no gamma for it to take
 
 
 def test_bench_methods_selects_what_runs(compose_cfg) -> None:

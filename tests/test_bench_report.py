@@ -198,3 +198,21 @@ def test_a_bench_after_another_stage_is_judged_by_the_cores_others_keep_busy(
     assert not quiet.measured_under_load
     quiet.load_average["busy_start"] = None  # an older profile: the load average decides
     assert quiet.measured_under_load
+
+
+def test_results_md_reports_the_untimed_warm_up_and_hf_statics_compile(tmp_path: Path) -> None:
+    results = hand_made_results()
+    write_results(tmp_path, results)
+    assert "Warm-up (untimed)" not in (tmp_path / "results.md").read_text()  # none recorded
+    results["settings"] = {"hf_static": {"compile": True, "compile_s": 12.34}}
+    results["batches"] = {
+        "1": {"methods": {}, "sd_gamma": 3, "groups": 2, "warmup_s": {"sd": 0.5, "hf_static": 1.25}},
+        "4": {"methods": {"sd": row(3.0, 0.3, None)}, "sd_gamma": 2, "groups": 1,
+              "warmup_s": {"sd": 0.75}},
+    }  # fmt: skip
+    write_results(tmp_path, results)
+    lines = (tmp_path / "results.md").read_text().splitlines()
+    warm = lines[lines.index("## Warm-up (untimed)") :]
+    assert "| method | batch 1 | batch 4 |" in warm
+    assert "| sd | 0.50 | 0.75 |" in warm and "| hf_static | 1.25 | – |" in warm
+    assert any("compiled its decode step in 12.3 s" in line for line in warm)

@@ -15,6 +15,7 @@ import pytest
 from omegaconf import open_dict
 
 from sprinter_train.__main__ import run_stage
+from sprinter_train.bench.methods import PEER_NAMES
 from sprinter_train.core.classification import auc, brier, ece, eta_rates
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import CorruptInputError, read_json
@@ -55,6 +56,7 @@ GREEDY_EXACT = (
     *greedy_exact(compose_config().methods, {"verifier"}),
     "hf_assisted",
     "hf_assisted_heuristic",
+    "hf_static",
 )
 # stage=all trains train.all_labels: the λ sweep, then the soft-label verifier
 VERIFIERS = {"verifier_lam1", "verifier_lam1.2", "verifier_lam1.5", "verifier_accept"}
@@ -157,6 +159,8 @@ def check_bench_arithmetic(methods: dict[str, dict], most_tokens: int, batch: in
             continue
         if name == "sd" and row["draft_calls"] == 0:  # gamma auto chose 0: target-only decoding
             assert row["target_calls"] == row["tokens"] or batch > 1, name
+        elif name == "hf_static":  # the target alone through HF: one call a token
+            assert row["target_calls"] == row["tokens"] and row["draft_calls"] == 0, name
         elif name != "target_only":
             assert row["draft_calls"] > 0, name
     # target_only: one target call per token (a batched call: one per live row), no draft,
@@ -195,7 +199,7 @@ def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
     for size, batch in bench["batches"].items():
         most = cfg.bench.num_prompts * cfg.bench.max_new_tokens
         check_bench_arithmetic(batch["methods"], most, int(size))
-    assert set(bench["batches"]["2"]["unsupported"]) == {"hf_assisted", "hf_assisted_heuristic"}
+    assert set(bench["batches"]["2"]["unsupported"]) == {*PEER_NAMES}
     assert bench["methods"]["sv"]["tv_first_token"] == pytest.approx(0.0, abs=1e-6)
     assert 0.0 <= bench["methods"]["sv_paper"]["tv_first_token"] <= 1.0
     bench_md = (Path(cfg.experiment_dir) / "bench" / "results.md").read_text()
@@ -312,7 +316,7 @@ def test_greedy_lossless_methods_emit_target_onlys_tokens(chained) -> None:
         assert row["target_ppl"] == base["target_ppl"], name
         assert row["rouge_l_vs_target"] == base["rouge_l_vs_target"], name
     batched = bench["batches"]["2"]["methods"]  # the engine's methods, both prompts at once
-    for name in {"target_only", *GREEDY_EXACT} - {"hf_assisted", "hf_assisted_heuristic"}:
+    for name in {"target_only", *GREEDY_EXACT} - {*PEER_NAMES}:
         assert batched[name]["tokens"] == base["tokens"], name
         assert batched[name]["rouge_l_vs_target"] == base["rouge_l_vs_target"], name
 

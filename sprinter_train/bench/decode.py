@@ -4,32 +4,63 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from sprinter_train.bench.methods import at_batch_size
-from sprinter_train.bench.peer import run_hf_assisted
+from sprinter_train.bench.hf_static import StaticPeer
+from sprinter_train.bench.methods import HF_STATIC, at_batch_size
+from sprinter_train.bench.peer import PeerRun, run_hf_assisted
 from sprinter_train.bench.prepare import Setup
 from sprinter_train.bench.runs import Decoded, GroupRun, engine_decode, run_methods
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.state import DecodeStats
 
+WarmUps = dict[int, dict[str, float]]  # batch size -> method -> warm-up seconds
 
-def decode_all(cfg: DictConfig, setup: Setup) -> dict[int, dict[str, list[GroupRun]]]:
+
+def static_peer(cfg: DictConfig, setup: Setup) -> StaticPeer | None:
+    """hf_static's generator, its one static cache sized to the longest prompt + budget (so
+    no prompt re-allocates it or recompiles); None when the bench does not run it."""
+    if HF_STATIC not in setup.plan.peers:
+        return None
+    longest = max(len(p.input_ids) for p in setup.prompts)
+    return StaticPeer(
+        setup.models.target.model,
+        max_cache_len=longest + int(cfg.bench.max_new_tokens),
+        device=setup.device,
+        **setup.plan.peers[HF_STATIC],
+    )
+
+
+def decode_all(
+    cfg: DictConfig, setup: Setup, warmups: WarmUps | None = None
+) -> dict[int, dict[str, list[GroupRun]]]:
     """Every method on every group of prompts at every batch size, side by side (HF's peers
-    at batch 1 only: they decode one sequence)."""
+    at batch 1 only: they decode one sequence); each method's warm-up seconds per batch size
+    go into `warmups` when given."""
     b, plan, models = cfg.bench, setup.plan, setup.models
+    static = static_peer(cfg, setup)
+    if static is not None and static.compile:  # compiled before any run, whatever warmup_runs
+        first = setup.prompts[0].input_ids
+        plan.settings[HF_STATIC]["compile_s"] = static.warm_up(first, int(b.max_new_tokens))
 
     def decode_peer(name: str, group: list[Prompt], seeds: list[int]) -> Decoded:
         (prompt,), (seed,) = group, seeds
-        peer = run_hf_assisted(
-            models.target.model,
-            models.draft.model,
-            prompt.input_ids,
-            sampling=setup.engine.sampling,
-            max_new_tokens=int(b.max_new_tokens),
-            seed=seed,
-            eos_token_id=models.eos_token_id,
-            device=setup.device,
-            **plan.peers[name],
-        )
+        common = {
+            "sampling": setup.engine.sampling,
+            "max_new_tokens": int(b.max_new_tokens),
+            "seed": seed,
+            "eos_token_id": models.eos_token_id,
+        }
+        peer: PeerRun
+        if name == HF_STATIC and static is not None:
+            peer = static.run(prompt.input_ids, **common)
+        else:
+            peer = run_hf_assisted(
+                models.target.model,
+                models.draft.model,
+                prompt.input_ids,
+                device=setup.device,
+                **common,
+                **plan.peers[name],
+            )
         stats = DecodeStats(target_calls=peer.target_calls, draft_calls=peer.draft_calls)
         return [peer.tokens], peer.wall_s, stats
 
@@ -41,6 +72,7 @@ def decode_all(cfg: DictConfig, setup: Setup) -> dict[int, dict[str, list[GroupR
         def decode(name: str, group: list[Prompt], seeds: list[int], on_engine=on_engine):
             return (decode_peer if name in plan.peers else on_engine)(name, group, seeds)
 
+        seconds: dict[str, float] = {}
         runs[size] = run_methods(
             decode,
             [n for n in setup.names if size == 1 or n not in plan.peers],
@@ -50,5 +82,8 @@ def decode_all(cfg: DictConfig, setup: Setup) -> dict[int, dict[str, list[GroupR
             int(b.warmup_runs),
             setup.device if b.energy and size == 1 else None,
             int(b.min_timed_runs),
+            seconds,
         )
+        if warmups is not None:
+            warmups[size] = seconds
     return runs

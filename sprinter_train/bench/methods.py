@@ -21,6 +21,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.core.runtime import resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.validation import check_whole
 from sprinter_train.data.overlap import check_overlap
@@ -42,7 +43,9 @@ from sprinter_train.verifier.scorer import CheckpointVerifier
 
 log = logging.getLogger(__name__)
 
-PEERS = {"hf_assisted": "constant", "hf_assisted_heuristic": "heuristic"}
+PEERS = {"hf_assisted": "constant", "hf_assisted_heuristic": "heuristic"}  # name -> schedule
+HF_STATIC = "hf_static"  # the target alone through HF's static cache + compile (bench/hf_static.py)
+PEER_NAMES = (*PEERS, HF_STATIC)  # every HF peer: batch 1 only, settings in cfg.bench.<name>
 COUNTS = {  # bench.<key> -> its least value
     "num_prompts": 1,
     "max_new_tokens": 1,
@@ -72,7 +75,7 @@ def bench_problems(bench: dict[str, Any]) -> list[str]:
 
 def unknown_methods(methods: Mapping[str, Any], names: Iterable[str]) -> list[str]:
     """The names that are neither a configured method nor an HF peer, sorted."""
-    return sorted({name for name in names if name not in methods and name not in PEERS})
+    return sorted({name for name in names if name not in methods and name not in PEER_NAMES})
 
 
 def method_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
@@ -82,18 +85,25 @@ def method_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         return []
     methods, bench = cfg.get("methods") or {}, cfg.get("bench") or {}
     names = list(dict.fromkeys(bench.get("methods") or []))
-    known = (*methods, *PEERS)
+    known = (*methods, *PEER_NAMES)
     problems = [
         f"bench.methods: unknown method {name!r}; choose from {', '.join(known)}"
         for name in unknown_methods(methods, names)
     ]
     for name in names:
-        if name in methods and name not in PEERS:
+        if name in methods and name not in PEER_NAMES:
             try:
                 traits_of(methods[name], name)
             except MethodError as err:
                 problems.append(str(err))
     return problems
+
+
+def static_settings(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
+    """hf_static's settings: compiled as `decoding.compile` resolves on this device, in
+    `bench.hf_static.compile_mode`."""
+    compiled = resolve_compile(cfg.get("decoding", {}).get("compile", "auto"), device)
+    return {"compile": compiled, "compile_mode": str(cfg.bench[HF_STATIC].compile_mode)}
 
 
 @dataclass
@@ -149,7 +159,7 @@ def verifier_hidden_layer(cfg: DictConfig) -> int:
     the final normed state, without any): the draft's runner must hand them that layer."""
     layers = set()
     for name in cfg.bench.methods:
-        if name in PEERS or "verifier" not in runtime_entries(cfg.methods[name]):
+        if name in PEER_NAMES or "verifier" not in runtime_entries(cfg.methods[name]):
             continue
         if is_online(cfg.methods[name].verifier):
             continue  # reads no hidden state
@@ -330,7 +340,7 @@ def plan_methods(
     b = cfg.bench
     unknown = unknown_methods(cfg.methods, b.methods)
     if unknown:
-        known = ", ".join((*cfg.methods, *PEERS))
+        known = ", ".join((*cfg.methods, *PEER_NAMES))
         raise ValueError(f"unknown bench.methods {unknown}; choose from {known}")
     run = RunInputs(
         cfg,
@@ -350,6 +360,9 @@ def plan_methods(
                 tokens = b[name].num_assistant_tokens
                 n = max(1, sd_gamma) if tokens == "auto" else int(tokens)  # HF drafts >= 1
                 plan.peers[name] = {"schedule": PEERS[name], "num_assistant_tokens": n}
+                plan.settings[name] = dict(plan.peers[name])
+            elif name == HF_STATIC:
+                plan.peers[name] = static_settings(cfg, run.device)
                 plan.settings[name] = dict(plan.peers[name])
             else:
                 plan.policies[name], plan.settings[name] = build_policy(
@@ -371,6 +384,8 @@ def at_batch_size(plan: MethodPlan, cfg: DictConfig, sd_gamma: int) -> MethodPla
             settings[name]["gamma"] = sd_gamma
     peers = {k: dict(v) for k, v in plan.peers.items()}
     for name, peer in peers.items():
-        if cfg.bench[name].num_assistant_tokens == "auto":  # HF drafts at least one token
+        if (
+            name in PEERS and cfg.bench[name].num_assistant_tokens == "auto"
+        ):  # HF drafts at least one token
             peer["num_assistant_tokens"] = settings[name]["num_assistant_tokens"] = max(1, sd_gamma)
     return MethodPlan(policies, peers, dict(plan.skipped), settings)

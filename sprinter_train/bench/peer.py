@@ -77,7 +77,7 @@ def _draft_config(
     )
 
 
-def _cut_after_eos(tokens: list[int], eos_token_id: int | None) -> list[int]:
+def cut_after_eos(tokens: list[int], eos_token_id: int | None) -> list[int]:
     if eos_token_id is not None and eos_token_id in tokens:
         return tokens[: tokens.index(eos_token_id) + 1]
     return tokens
@@ -153,7 +153,7 @@ def run_hf_assisted(
         draft.generation_config = own_config
     tokens = output[0, input_ids.shape[1] :].tolist()
     return PeerRun(
-        tokens=_cut_after_eos(tokens, eos_token_id),
+        tokens=cut_after_eos(tokens, eos_token_id),
         wall_s=wall_s,
         target_calls=target_counter.calls,
         draft_calls=draft_counter.calls,

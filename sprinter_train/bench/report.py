@@ -152,7 +152,33 @@ def batch_sections(results: dict[str, Any]) -> list[str]:
         ]
     if len(batches) > 1:
         lines += ["## Goodput against batch size", "", "![goodput](goodput_vs_batch.png)", ""]
-    return lines
+    return lines + warmup_lines(results)
+
+
+def warmup_lines(results: dict[str, Any]) -> list[str]:
+    """Seconds each method's untimed warm-up took per batch size (compilation and CUDA-graph
+    capture land here, never in tokens/s), and hf_static's compile before its warm-up."""
+    batches = results.get("batches") or {}
+    sizes = sorted((s for s in batches if batches[s].get("warmup_s")), key=int)
+    if not sizes:
+        return []
+    names = dict.fromkeys(n for s in sizes for n in batches[s]["warmup_s"])
+    lines = [
+        "## Warm-up (untimed)",
+        "",
+        "Seconds of each method's warm-up runs (`bench.warmup_runs`) per batch size: compile",
+        "time lands here, never in tokens/s.",
+        "",
+        "| method | " + " | ".join(f"batch {s}" for s in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    for name in names:
+        cells = [_cell(batches[s]["warmup_s"].get(name), "{:.2f}") for s in sizes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    compile_s = (results.get("settings") or {}).get("hf_static", {}).get("compile_s")
+    if compile_s is not None:
+        lines += ["", f"hf_static compiled its decode step in {compile_s:.1f} s before that."]
+    return [*lines, ""]
 
 
 def _ratio(methods: dict[str, Any], a: str, b: str) -> float | None:

@@ -21,10 +21,14 @@ from sprinter_train.decoding.registry import as_record, traits_of, with_trait
 
 
 def summarise_runs(
-    cfg: DictConfig, setup: Setup, runs: dict[int, dict[str, list[GroupRun]]]
+    cfg: DictConfig,
+    setup: Setup,
+    runs: dict[int, dict[str, list[GroupRun]]],
+    warmups: dict[int, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """results.json's figures: the batch-1 run with quality and law distances, one section
-    per batch size, and what the run was measured with (profile, alpha, settings, traits)."""
+    per batch size (with each method's untimed warm-up seconds, compilation included), and
+    what the run was measured with (profile, alpha, settings, traits)."""
     b, models, plan, names = cfg.bench, setup.models, setup.plan, setup.names
     tokenizer, greedy = models.tokenizer, setup.engine.sampling.greedy
     results = summarise(runs[1], models, tokenizer, cfg)
@@ -40,6 +44,7 @@ def summarise_runs(
             "methods": summarise_batch(runs[size], tokenizer),
             "sd_gamma": setup.gammas[size],
             "groups": len(groups(len(setup.prompts), size)),
+            "warmup_s": (warmups or {}).get(size, {}),
             "unsupported": {n: f"{UNSUPPORTED}: HF decodes one sequence" for n in peers}
             if size > 1
             else {},

@@ -10,6 +10,7 @@ warmed up on the first group first (caches, allocator, the kernels of that batch
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -62,9 +63,11 @@ def run_methods(
     warmup_runs: int,
     energy_device: torch.device | None = None,
     min_timed_runs: int = 1,
+    warmup_s: dict[str, float] | None = None,
 ) -> dict[str, list[GroupRun]]:
     """Every method on every group, methods interleaved per group; energy metered per group
-    when `energy_device` is given.
+    when `energy_device` is given; each method's warm-up seconds (compilation included: they
+    are never in its tokens/s) written into `warmup_s` when given.
 
     With fewer groups than `min_timed_runs` (a batch size near the prompt count leaves one
     or two), the groups are decoded again until each method has that many timed runs, the
@@ -74,8 +77,11 @@ def run_methods(
     passes = max(1, -(-int(min_timed_runs) // len(chunks)))
     first = [prompts[i] for i in chunks[0]]
     for name in names:
+        start = time.perf_counter()
         for run in range(warmup_runs):
             decode(name, first, [seed + run + i for i in range(len(first))])
+        if warmup_s is not None:
+            warmup_s[name] = time.perf_counter() - start
     runs: dict[str, list[GroupRun]] = {name: [] for name in names}
     label = f"bench batch {batch_size}" + (f" ({passes} passes)" if passes > 1 else "")
     for chunk in tqdm(chunks, desc=label, unit="group"):

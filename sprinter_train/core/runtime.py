@@ -46,6 +46,20 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+COMPILE_SETTINGS = ("auto", True, False)  # decoding.compile's values
+
+
+def resolve_compile(setting: str | bool, device: torch.device) -> bool:
+    """`decoding.compile`: `auto` compiles on CUDA only, where a decode step is launch-bound
+    (docs/results/gpu.md: a batch-1 step kept the H100 9% busy); on a CPU the compile time
+    buys no measured speed."""
+    if setting not in COMPILE_SETTINGS:
+        raise ValueError(f"decoding.compile={setting!r}: choose auto, true or false")
+    if setting == "auto":
+        return device.type == "cuda"
+    return bool(setting)
+
+
 def set_threads(num_threads: int | None) -> int:
     """Pin intra-op threads: `num_threads`, or for 0 / None as many as the machine has free
     cores (core/machine.py says why). Returns the count."""

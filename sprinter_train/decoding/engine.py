@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from sprinter_train.core.runtime import synchronize
+from sprinter_train.core.runtime import COMPILE_SETTINGS, synchronize
 from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
 from sprinter_train.core.streams import RowStreams
 from sprinter_train.core.validation import check_whole
@@ -50,6 +50,10 @@ def decoding_problems(decoding: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     if "pack_every" in decoding:
         check_whole(problems, "decoding.pack_every", decoding["pack_every"], 1)
+    if decoding.get("compile", "auto") not in COMPILE_SETTINGS:
+        problems.append(
+            f"decoding.compile={decoding['compile']!r} is out of range: auto, true or false"
+        )
     return problems
 
 

@@ -7,6 +7,7 @@ At each batch size the prompts are decoded in consecutive groups of that size; p
 method runs in turn (prompt i with seed + i), so machine noise hits all alike; wall time is
 taken after warm-up with device synchronisation, never CPU time. The batch-1 run also gets
 the quality figures (ROUGE-L, perplexity, judge, energy); HF's peers run at batch 1 only.
+Warm-up (and compilation) seconds are reported per batch size apart from the timed runs.
 Results go to artifacts/<exp>/bench/ (a multirun job writes bench/sweep/<job>-<hash>/, its
 overrides inside), and the Pareto plot is redrawn from every results.json of the experiment.
 """
@@ -48,8 +49,9 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     dtype = resolve_dtype(cfg.dtype, device)
     started = provenance.start(cfg, device, dtype)
     setup = prepare(cfg, device, dtype)
-    runs = decode_all(cfg, setup)
-    results = summarise_runs(cfg, setup, runs)
+    warmups: dict[int, dict[str, float]] = {}
+    runs = decode_all(cfg, setup, warmups)
+    results = summarise_runs(cfg, setup, runs, warmups)
     results["provenance"] = provenance.finish(
         started,
         models=provenance.model_hashes(

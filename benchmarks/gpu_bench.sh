@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# One command for a lent GPU with no network: install what travelled, run the gpu tests,
+# stage=draft_eval and one stage=bench of the offline pair at batch sizes 1, 8, 32 and 64,
+# and profile a batch-1 target step; everything lands in one folder (docs/results/gpu.md).
+#
+#   benchmarks/gpu_bench.sh                          # on the GPU, defaults sized for < 10 min on an H100
+#   DEVICE=cpu MODELS=tiny_random PROMPTS=2 MAX_NEW_TOKENS=8 BATCH_SIZES=1,2 benchmarks/gpu_bench.sh
+#
+# Settings (environment): DEVICE (cuda), DTYPE (auto), MODELS (offline_default), PROMPTS (64),
+# MAX_NEW_TOKENS (32), BATCH_SIZES (1,8,32,64), METHODS (target_only,sd,svip,hf_static),
+# COMPILE (decoding.compile: true), PROFILE_STEPS (32), PYTHON (python3), WHEELS (a folder of
+# wheels; default: shared/wheels or wheels/ when present), PYTEST_PATHS (tests), BENCH_ARGS and
+# DRAFT_EVAL_ARGS (extra Hydra overrides, space-separated), OUT (gpu_bench_out/<timestamp>),
+# and each step's time limit in seconds: T_INSTALL (120), T_TESTS (120), T_DRAFT_EVAL (120),
+# T_BENCH (330), T_PROFILE (90). A failed or timed-out step is reported and the next one
+# runs; the exit status is 1 when any step failed.
+set -u
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO" || exit 2
+PYTHON=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+DTYPE=${DTYPE:-auto}
+MODELS=${MODELS:-offline_default}
+PROMPTS=${PROMPTS:-64}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
+BATCH_SIZES=${BATCH_SIZES:-1,8,32,64}
+METHODS=${METHODS:-target_only,sd,svip,hf_static}
+COMPILE=${COMPILE:-true}
+PROFILE_STEPS=${PROFILE_STEPS:-32}
+PYTEST_PATHS=${PYTEST_PATHS:-tests}
+BENCH_ARGS=${BENCH_ARGS:-}
+DRAFT_EVAL_ARGS=${DRAFT_EVAL_ARGS:-}
+OUT=${OUT:-gpu_bench_out/$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT/logs" || exit 2
+OUT=$(cd "$OUT" && pwd)
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+STARTED=$(date +%s)
+FAILED=()
+: >"$OUT/steps.tsv"
+
+# step <name> <seconds> <command...>: run it under a time limit, log to logs/<name>.log
+step() {
+  local name=$1 limit=$2 start rc verdict
+  shift 2
+  echo "== $name (limit ${limit}s): $*"
+  start=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
+  rc=$?
+  if [ "$rc" -eq 0 ]; then
+    verdict=ok
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    verdict="TIMED OUT after ${limit}s"
+  else
+    verdict="FAILED (exit $rc)"
+  fi
+  [ "$verdict" = ok ] || { FAILED+=("$name"); tail -n 15 "$OUT/logs/$name.log"; }
+  printf '%s\t%s\t%ss\n' "$name" "$verdict" "$(($(date +%s) - start))" | tee -a "$OUT/steps.tsv"
+}
+
+install_deps() {  # wheels that travelled with the repo; never the network
+  local dir=${WHEELS:-}
+  if [ -z "$dir" ]; then
+    for candidate in shared/wheels wheels; do
+      [ -d "$candidate" ] && { dir=$candidate; break; }
+    done
+  fi
+  if [ -n "$dir" ] && compgen -G "$dir/*.whl" >/dev/null; then
+    echo "installing the wheels of $dir"
+    "$PYTHON" -m pip install --no-index --find-links "$dir" "$dir"/*.whl || return 1
+  else
+    echo "no wheels folder (shared/wheels, wheels/ or WHEELS): using what is installed"
+  fi
+  "$PYTHON" - "$DEVICE" <<'PY'
+import importlib, sys
+import torch
+missing = [m for m in ("hydra", "omegaconf", "transformers", "gguf", "sprinter_train") if importlib.util.find_spec(m) is None]
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(0))
+if missing:
+    sys.exit(f"missing packages: {', '.join(missing)}")
+if sys.argv[1].startswith("cuda") and not torch.cuda.is_available():
+    sys.exit("DEVICE=cuda but torch sees no CUDA device")
+PY
+}
+
+# shellcheck disable=SC2086  # BENCH_ARGS and DRAFT_EVAL_ARGS are word lists on purpose
+export PYTHON DEVICE WHEELS=${WHEELS:-}
+export -f install_deps  # `timeout` runs programs, so the function runs in a child bash
+step install "${T_INSTALL:-120}" bash -c install_deps
+step gpu_tests "${T_TESTS:-120}" "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider $PYTEST_PATHS
+COMMON=("models=$MODELS" "device=$DEVICE" "dtype=$DTYPE" "decoding.compile=$COMPILE")
+step draft_eval "${T_DRAFT_EVAL:-120}" "$PYTHON" -m sprinter_train stage=draft_eval \
+  "${COMMON[@]}" experiment=gpu_bench "experiment_dir=$OUT/draft_eval" $DRAFT_EVAL_ARGS
+step bench "${T_BENCH:-330}" "$PYTHON" -m sprinter_train stage=bench "${COMMON[@]}" \
+  experiment=gpu_bench "experiment_dir=$OUT/bench_run" "bench.methods=[$METHODS]" \
+  "bench.num_prompts=$PROMPTS" "bench.max_new_tokens=$MAX_NEW_TOKENS" \
+  "bench.batch_sizes=[$BATCH_SIZES]" bench.min_timed_runs=1 bench.gamma_max=4 \
+  bench.law_distance_prompts=0 bench.judge.enabled=false bench.latency.reuse=false $BENCH_ARGS
+step profile "${T_PROFILE:-90}" "$PYTHON" benchmarks/profile_step.py --models "$MODELS" \
+  --steps "$PROFILE_STEPS" --out "$OUT/profile.txt" --trace "device=$DEVICE" "dtype=$DTYPE" \
+  "decoding.compile=$COMPILE"
+
+# the figures at the folder's top level
+for f in bench_run/bench/results.json bench_run/bench/results.md draft_eval/draft_eval.json; do
+  [ -f "$OUT/$f" ] && cp "$OUT/$f" "$OUT/"
+done
+"$PYTHON" - "$OUT" <<'PY' | tee "$OUT/summary.txt"
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+results = out / "results.json"
+if results.exists():
+    r = json.loads(results.read_text())
+    print(f"bench on {r['device']} ({r['dtype']}), {r['num_prompts']} prompts x {r['max_new_tokens']} tokens; tokens/s:")
+    for size, batch in sorted(r["batches"].items(), key=lambda kv: int(kv[0])):
+        row = ", ".join(f"{n} {m['tokens_per_s']:.1f}" for n, m in batch["methods"].items())
+        print(f"  batch {size}: {row}")
+    if r.get("skipped"):
+        print("  skipped:", "; ".join(r["skipped"]))
+draft = out / "draft_eval.json"
+if draft.exists():
+    d = json.loads(draft.read_text())
+    keys = ("alpha", "c", "best_gamma", "implied_speedup", "target_step_ms", "draft_step_ms")
+    print("draft_eval:", ", ".join(f"{k} {d[k]:.3g}" for k in keys if isinstance(d.get(k), (int, float))))
+profile = out / "profile.json"
+if profile.exists():
+    p = json.loads(profile.read_text())
+    print("profile:", ", ".join(f"{k} {v:.3g}" for k, v in p.items() if v is not None))
+PY
+echo "steps:"
+cat "$OUT/steps.tsv"
+echo "wall time: $(($(date +%s) - STARTED)) s; folder: $OUT"
+if [ "${#FAILED[@]}" -gt 0 ]; then
+  echo "failed: ${FAILED[*]}"
+  exit 1
+fi
