@@ -45,12 +45,42 @@ ROLES = ("target", "draft", "companion")
 PACK_EVERY = 8  # decoding.pack_every's default: rounds between squeezing empty cache slots out
 
 
+SWITCHES = ("auto", True, False)  # decoding.static_cache's and decoding.compile's values
+CAPACITY_SLACK = 16  # slots a static cache holds past prompt + budget (drafts past the budget)
+
+
 def decoding_problems(decoding: dict[str, Any]) -> list[str]:
     """The `decoding` section's out-of-range settings, one line each."""
     problems: list[str] = []
     if "pack_every" in decoding:
         check_whole(problems, "decoding.pack_every", decoding["pack_every"], 1)
+    for key in ("static_cache", "compile"):
+        if key in decoding and _switch(decoding[key]) is None:
+            problems.append(f"decoding.{key}={decoding[key]!r}: expected auto, true or false")
+    if _switch(decoding.get("static_cache")) is False and _switch(decoding.get("compile")) is True:
+        problems.append(
+            "decoding.compile=true needs the static layout: decoding.static_cache=false forbids it"
+        )
     return problems
+
+
+def _switch(value: Any) -> str | bool | None:
+    """auto, True or False from a config value (YAML booleans or their strings); None if
+    it is none of them."""
+    if isinstance(value, str):
+        value = {"auto": "auto", "true": True, "false": False}.get(value.lower())
+    return value if value in SWITCHES else None
+
+
+def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str, bool]:
+    """ModelRunner's `static` and `compiled` from `decoding.static_cache` and
+    `decoding.compile`: compile's auto is on for CUDA only (on this project's CPUs the eager
+    forward measured as fast, see docs), static_cache's auto follows compile."""
+    compile_on = _switch(decoding.get("compile", "auto"))
+    compiled = device.type == "cuda" if compile_on == "auto" else bool(compile_on)
+    static_on = _switch(decoding.get("static_cache", "auto"))
+    static = compiled if static_on == "auto" else bool(static_on)
+    return {"static": static, "compiled": compiled and static}
 
 
 class Engine:
@@ -264,10 +294,11 @@ class Engine:
         for row in rows:
             row.finished = max_new_tokens <= 0
         roles = [r for r in ROLES if self.runners[r] is not None]
+        capacity = max(len(p) for p in prompts) + max(max_new_tokens, 0) + CAPACITY_SLACK
         return Batch(
             rows,
             RowStreams(list(seeds), self.device),
-            {r: self.runners[r].new_cache(len(rows)) for r in roles},
+            {r: self.runners[r].new_cache(len(rows), capacity) for r in roles},
             {r: [0] * len(rows) for r in roles},
             state=RowState.empty(len(rows), self._target_dim(), self.device),
         )
@@ -333,8 +364,9 @@ class Engine:
                 batch.state = batch.state.select(index)
             batch.rows = [batch.rows[r] for r in live]
             batch.held = {role: [h[r] for r in live] for role, h in batch.held.items()}
-        if batch.stats.rounds % self.pack_every == 0:
-            for role, cache in batch.caches.items():
+        due = batch.stats.rounds % self.pack_every == 0
+        for role, cache in batch.caches.items():
+            if cache.crowded() or due:  # a static cache near its capacity packs early
                 cache.pack(max(batch.held[role]), min(batch.held[role]))
 
     def generate(
@@ -352,12 +384,15 @@ class Engine:
         roles = [r for r in ROLES if self.runners[r] is not None]
         synchronize(self.device)
         before = {role: self.runners[role].seconds for role in roles}
+        compiling = sum(self.runners[role].compile_seconds for role in roles)
         start = time.perf_counter()
         while batch.rows and not all(row.finished for row in batch.rows):
             self.timings.feed(self.runners)  # the earlier rounds' forwards, before planning
             self.commit(batch, policy.round(self, batch), policy)
         synchronize(self.device)
-        wall = time.perf_counter() - start
+        compiling = sum(self.runners[role].compile_seconds for role in roles) - compiling
+        wall = time.perf_counter() - start - compiling  # compile time is reported apart
+        batch.stats.compile_seconds = compiling
         for role in roles:  # CUDA events are read here, after the clock stopped
             spent = self.runners[role].seconds - before[role]
             setattr(batch.stats, f"{role}_seconds", spent)
