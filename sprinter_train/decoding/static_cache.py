@@ -74,8 +74,9 @@ class StaticRowCache(RowCache):
         heads = config.num_key_value_heads or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         dtype = next(self.model.parameters()).dtype
-        kv = StaticCache(config, max_cache_len=capacity)
-        kv.early_initialization(rows, heads, head_dim, dtype, self.lengths.device)
+        with torch.inference_mode():  # inference tensors, whenever allocated (see `_set_slots`)
+            kv = StaticCache(config, max_cache_len=capacity)
+            kv.early_initialization(rows, heads, head_dim, dtype, self.lengths.device)
         return kv
 
     @property
@@ -84,8 +85,9 @@ class StaticRowCache(RowCache):
 
     def _set_slots(self, slots: int) -> None:
         """Point every layer's write counter at slot `slots` (in place: a static address)."""
-        for layer in self.kv.layers:
-            layer.cumulative_length.fill_(slots)
+        with torch.inference_mode():  # the buffers and counters are inference tensors
+            for layer in self.kv.layers:
+                layer.cumulative_length.fill_(slots)
 
     def reserve(self, width: int) -> None:
         """Make room for a block of `width` slots: grow to the next capacity bucket when the
