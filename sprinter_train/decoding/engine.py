@@ -75,7 +75,7 @@ def _switch(value: Any) -> str | bool | None:
 def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str, bool]:
     """ModelRunner's `static` and `compiled` from `decoding.static_cache` and
     `decoding.compile`: compile's auto is on for CUDA only (on the 2-core CPU a shape of the
-    135M target compiles for ~1 min and the bench's gain was mixed: NOTES/docs), and
+    135M target compiles for ~1 min and the bench's gain was mixed, see docs/architecture.md), and
     static_cache's auto follows compile."""
     compile_on = _switch(decoding.get("compile", "auto"))
     compiled = device.type == "cuda" if compile_on == "auto" else bool(compile_on)
