@@ -53,6 +53,8 @@ def resolve_compile(setting: str | bool, device: torch.device) -> bool:
     """`decoding.compile`: `auto` compiles on CUDA only, where a decode step is launch-bound
     (docs/results/gpu.md: a batch-1 step kept the H100 9% busy); on a CPU the compile time
     buys no measured speed."""
+    if isinstance(setting, str):  # a command line's or YAML string's "true" / "false"
+        setting = {"true": True, "false": False}.get(setting.lower(), setting.lower())
     if setting not in COMPILE_SETTINGS:
         raise ValueError(f"decoding.compile={setting!r}: choose auto, true or false")
     if setting == "auto":

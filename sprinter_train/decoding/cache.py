@@ -96,6 +96,11 @@ class RowCache:
         self.append(kv, counts_t, width)
         self.settled = min(counts)
 
+    def crowded(self) -> bool:
+        """Whether the cache needs packing before the next rounds fit (only a static cache
+        can be full); asked once a round."""
+        return False
+
     def truncate(self, lengths: torch.Tensor, floor: int = 0) -> None:
         """Keep positions below lengths[r] in row r (a rejected draft's slot becomes empty).
         `floor`: a bound on the host that no lengths[r] is below (the engine's committed
@@ -126,13 +131,7 @@ class RowCache:
         if self.slots == longest or self.kv.get_seq_length() == 0:
             return
         start = min(self.settled, longest)
-        tail = self.position[:, start:]
-        width = longest - start
-        target = torch.where(tail >= 0, tail - start, width)  # empty slots go to a spare column
-        source = torch.arange(start, self.slots, device=target.device).expand_as(target)
-        index = torch.zeros((self.rows, width + 1), dtype=torch.long, device=target.device)
-        index.scatter_(1, target, source)
-        index = index[:, None, :width, None]
+        index = self._pack_index(start, longest)
         spreads: dict[tuple[int, int], torch.Tensor] = {}  # by (heads, head dim)
         with torch.inference_mode():  # the buffers are inference tensors
             for layer in self.kv.layers:
@@ -145,6 +144,21 @@ class RowCache:
                 values[:, :, start:longest] = values.gather(2, spread)
                 layer.keys = keys[:, :, :longest]
                 layer.values = values[:, :, :longest]
-        columns = torch.arange(longest, device=target.device)
+        self._after_pack(longest, shortest)
+
+    def _pack_index(self, start: int, longest: int) -> torch.Tensor:
+        """(rows, 1, longest - start, 1): the slot each of slots start .. longest - 1 takes
+        its keys and values from when the held slots move down."""
+        tail = self.position[:, start:]
+        width = longest - start
+        target = torch.where(tail >= 0, tail - start, width)  # empty slots go to a spare column
+        source = torch.arange(start, self.slots, device=target.device).expand_as(target)
+        index = torch.zeros((self.rows, width + 1), dtype=torch.long, device=target.device)
+        index.scatter_(1, target, source)
+        return index[:, None, :width, None]
+
+    def _after_pack(self, longest: int, shortest: int) -> None:
+        """Every row's tokens now sit in slots 0 .. length - 1."""
+        columns = torch.arange(longest, device=self.lengths.device)
         self.position = torch.where(columns[None, :] < self.lengths[:, None], columns, -1)
         self.settled = shortest

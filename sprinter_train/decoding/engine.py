@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from sprinter_train.core.runtime import COMPILE_SETTINGS, synchronize
+from sprinter_train.core.runtime import COMPILE_SETTINGS, resolve_compile, synchronize
 from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
 from sprinter_train.core.streams import RowStreams
 from sprinter_train.core.validation import check_whole
@@ -45,16 +45,41 @@ ROLES = ("target", "draft", "companion")
 PACK_EVERY = 8  # decoding.pack_every's default: rounds between squeezing empty cache slots out
 
 
+CAPACITY_SLACK = 16  # slots a static cache holds past prompt + budget (drafts past the budget)
+
+
 def decoding_problems(decoding: dict[str, Any]) -> list[str]:
     """The `decoding` section's out-of-range settings, one line each."""
     problems: list[str] = []
     if "pack_every" in decoding:
         check_whole(problems, "decoding.pack_every", decoding["pack_every"], 1)
-    if decoding.get("compile", "auto") not in COMPILE_SETTINGS:
+    for key in ("static_cache", "compile"):
+        if key in decoding and _switch(decoding[key]) is None:
+            problems.append(f"decoding.{key}={decoding[key]!r}: expected auto, true or false")
+    if _switch(decoding.get("static_cache")) is False and _switch(decoding.get("compile")) is True:
         problems.append(
-            f"decoding.compile={decoding['compile']!r} is out of range: auto, true or false"
+            "decoding.compile=true needs the static layout: decoding.static_cache=false forbids it"
         )
     return problems
+
+
+def _switch(value: Any) -> str | bool | None:
+    """auto, True or False from a config value (YAML booleans or their strings); None if
+    it is none of them."""
+    if isinstance(value, str):
+        value = {"auto": "auto", "true": True, "false": False}.get(value.lower())
+    return value if value in COMPILE_SETTINGS else None  # static_cache takes compile's values
+
+
+def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str, bool]:
+    """ModelRunner's `static` and `compiled` from `decoding.static_cache` and
+    `decoding.compile`: compile's auto is on for CUDA only (on the 2-core CPU a shape of the
+    135M target compiles for ~1 min and the bench's gain was mixed, see docs/architecture.md), and
+    static_cache's auto follows compile."""
+    compiled = resolve_compile(_switch(decoding.get("compile", "auto")), device)
+    static_on = _switch(decoding.get("static_cache", "auto"))
+    static = compiled if static_on == "auto" else bool(static_on)
+    return {"static": static, "compiled": compiled and static}
 
 
 class Engine:
@@ -268,10 +293,11 @@ class Engine:
         for row in rows:
             row.finished = max_new_tokens <= 0
         roles = [r for r in ROLES if self.runners[r] is not None]
+        capacity = max(len(p) for p in prompts) + max(max_new_tokens, 0) + CAPACITY_SLACK
         return Batch(
             rows,
             RowStreams(list(seeds), self.device),
-            {r: self.runners[r].new_cache(len(rows)) for r in roles},
+            {r: self.runners[r].new_cache(len(rows), capacity) for r in roles},
             {r: [0] * len(rows) for r in roles},
             state=RowState.empty(len(rows), self._target_dim(), self.device),
         )
@@ -337,8 +363,9 @@ class Engine:
                 batch.state = batch.state.select(index)
             batch.rows = [batch.rows[r] for r in live]
             batch.held = {role: [h[r] for r in live] for role, h in batch.held.items()}
-        if batch.stats.rounds % self.pack_every == 0:
-            for role, cache in batch.caches.items():
+        due = batch.stats.rounds % self.pack_every == 0
+        for role, cache in batch.caches.items():
+            if cache.crowded() or due:  # a static cache near its capacity packs early
                 cache.pack(max(batch.held[role]), min(batch.held[role]))
 
     def generate(
@@ -356,12 +383,15 @@ class Engine:
         roles = [r for r in ROLES if self.runners[r] is not None]
         synchronize(self.device)
         before = {role: self.runners[role].seconds for role in roles}
+        compiling = sum(self.runners[role].compile_seconds for role in roles)
         start = time.perf_counter()
         while batch.rows and not all(row.finished for row in batch.rows):
             self.timings.feed(self.runners)  # the earlier rounds' forwards, before planning
             self.commit(batch, policy.round(self, batch), policy)
         synchronize(self.device)
-        wall = time.perf_counter() - start
+        compiling = sum(self.runners[role].compile_seconds for role in roles) - compiling
+        wall = time.perf_counter() - start - compiling  # compile time is reported apart
+        batch.stats.compile_seconds = compiling
         for role in roles:  # CUDA events are read here, after the clock stopped
             spent = self.runners[role].seconds - before[role]
             setattr(batch.stats, f"{role}_seconds", spent)

@@ -5,7 +5,9 @@ empty) and returns the logits and hidden states only at the positions the caller
 a full-vocabulary head over every fed position would cost as much as the body. The
 distilled draft runs through `models.lean.LeanDraft` (the same arithmetic without Hugging
 Face's per-step mask and cache machinery) and can hand back its logits over its own head's
-tokens only (`restricted`), which is all a draft step needs.
+tokens only (`restricted`), which is all a draft step needs. A Hugging Face model may instead
+keep its keys and values in preallocated buffers (`static`, see `decoding.static_cache`), and
+its body then runs at a few static shapes, compiled once per shape when `compiled`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from transformers import DynamicCache
 from sprinter_train.core.broken_logits import broken_rows, nonfinite_error
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.decoding.cache import RowCache
+from sprinter_train.decoding.static_cache import StaticRowCache, supports_static
 from sprinter_train.models.body import body, head_logits
 from sprinter_train.models.lean import LeanDraft, StaticKV, uses_lean
 
@@ -51,6 +54,10 @@ class ModelRunner:
     `lean` (default: `uses_lean`, i.e. a model that supports it, unless loaded with
     `models.lean_draft=false`) runs the distilled draft's forwards through `LeanDraft` over a
     `StaticKV`; prefills still go through the model's own forward.
+    `static`: any other model that supports it keeps its cache in a `StaticRowCache`;
+    `compiled` (static only) runs its body through `torch.compile(fullgraph=True)`, one graph
+    per (row bucket, width, capacity); the first call of each shape is compile time
+    (`compile_seconds`), kept out of `seconds` and `forward_times`.
     """
 
     def __init__(
@@ -59,6 +66,8 @@ class ModelRunner:
         vocab_size: int,
         hidden_layer: int = -1,
         lean: bool | None = None,
+        static: bool = False,
+        compiled: bool = False,
     ) -> None:
         self.model = model
         self.vocab_size = vocab_size
@@ -66,6 +75,13 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         use_lean = uses_lean(model) if lean is None else lean
         self.lean = LeanDraft(model) if use_lean else None
+        self.static = static and self.lean is None and supports_static(model)
+        self.compiled = compiled and self.static
+        self._step = self._body_step
+        if self.compiled:
+            self._step = compiled_step(self._body_step, self.device)
+        self._shapes_seen: set[tuple[int, int, int]] = set()
+        self.compile_seconds = 0.0  # first calls of new compiled shapes (not in `seconds`)
         self.support: torch.Tensor | None = None  # the head's ids on the shared vocabulary
         if self.lean is not None and self.lean.head_ids is not None:
             ids = self.lean.head_ids
@@ -78,7 +94,11 @@ class ModelRunner:
         # (rows, block width, seconds or CUDA events) of the latest forwards (not prefills)
         self._shapes: deque[tuple[int, int, Any]] = deque(maxlen=256)
 
-    def new_cache(self, rows: int) -> RowCache:
+    def new_cache(self, rows: int, capacity: int = 0) -> RowCache:
+        """An empty cache for `rows` rows; `capacity`: the slots a static cache starts with
+        (it grows when a block needs more)."""
+        if self.static:
+            return StaticRowCache(rows, self.device, self.model, capacity)
         return RowCache(rows, self.device, None if self.lean is None else StaticKV())
 
     @property
@@ -108,9 +128,20 @@ class ModelRunner:
         return done
 
     @contextmanager
-    def _timed(self, shape: tuple[int, int] | None = None) -> Iterator[None]:
+    def _timed(
+        self, shape: tuple[int, int] | None = None, compiling: bool = False
+    ) -> Iterator[None]:
         """Time the block: CUDA events on a GPU (read later, no sync), the wall clock on CPU;
-        a forward's (rows, width) `shape` is kept with its time for `forward_times`."""
+        a forward's (rows, width) `shape` is kept with its time for `forward_times`.
+        `compiling`: the block compiles a new shape; its wall time goes to `compile_seconds`
+        alone (after a sync, as a warm-up is timed)."""
+        if compiling:
+            synchronize(self.device)
+            began = time.perf_counter()
+            yield
+            synchronize(self.device)
+            self.compile_seconds += time.perf_counter() - began
+            return
         start = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
         if start is not None:
             start.record()
@@ -169,6 +200,8 @@ class ModelRunner:
         head's own tokens where the model has a restricted head (`RowOutput.support`)."""
         if self.lean is not None:
             return self._lean_forward(cache, ids, counts, keep, restricted)
+        if isinstance(cache, StaticRowCache):
+            return self._static_forward(cache, ids, counts, keep)
         width = ids.shape[1]
         positions, mask = cache.block(counts, width)
         with self._timed((ids.shape[0], width)):
@@ -187,6 +220,43 @@ class ModelRunner:
             hidden = chosen.gather(1, index[..., None].expand(-1, -1, chosen.shape[-1]))
             logits = head_logits(self.model, picked, self.vocab_size).float()
         self._watch(logits, positions, keep, counts)
+        return RowOutput(logits, hidden, final=picked)
+
+    def _body_step(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, kv: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The body over one static-shape block (what `compiled` compiles)."""
+        final, chosen, _ = body(
+            self.model,
+            ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=kv,
+            hidden_layer=self.hidden_layer,
+            use_cache=True,
+        )
+        return final, chosen
+
+    def _static_forward(
+        self, cache: StaticRowCache, ids: torch.Tensor, counts: torch.Tensor, keep: torch.Tensor
+    ) -> RowOutput:
+        """`forward` over a `StaticRowCache`: the block and the mask padded to the cache's row
+        bucket and capacity, the body at that static shape, the inert rows' outputs dropped."""
+        rows, width = ids.shape
+        cache.reserve(width)
+        positions, mask = cache.block(counts, width)
+        key = (cache.bucket, width, cache.capacity)
+        compiling = self.compiled and key not in self._shapes_seen
+        self._shapes_seen.add(key)
+        with self._timed((rows, width), compiling):
+            final, chosen = self._step(cache.pad_rows(ids), positions, mask, cache.kv)
+            final, chosen = final[:rows], chosen[:rows]
+            cache.append(cache.kv, counts, width)
+            index = keep.clamp(0, width - 1)
+            picked = final.gather(1, index[..., None].expand(-1, -1, final.shape[-1]))
+            hidden = chosen.gather(1, index[..., None].expand(-1, -1, chosen.shape[-1]))
+            logits = head_logits(self.model, picked, self.vocab_size).float()
+        self._watch(logits, positions[:rows], keep, counts)
         return RowOutput(logits, hidden, final=picked)
 
     def _lean_forward(
@@ -259,6 +329,18 @@ class ModelRunner:
                 raise nonfinite_error(
                     role, f"at position {position} (the next-token distribution after it)"
                 )
+
+
+def compiled_step(step: Any, device: torch.device) -> Any:
+    """`step` under `torch.compile(fullgraph=True, dynamic=False)`: one graph per shape (the
+    shapes are bucketed, so their number is bounded; dynamo's recompile limit is raised to
+    cover them). On CUDA the graphs replay as CUDA graphs (`reduce-overhead`)."""
+    limit = 256  # row buckets x widths x capacities of a run stay far below this
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, limit)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, limit)
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    return torch.compile(step, fullgraph=True, dynamic=False, mode=mode)
 
 
 def _row_of(kv: DynamicCache, index: int) -> DynamicCache:

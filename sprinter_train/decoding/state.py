@@ -34,6 +34,7 @@ class DecodeStats:
     draft_seconds: float = 0.0
     companion_seconds: float = 0.0
     verifier_seconds: float = 0.0
+    compile_seconds: float = 0.0  # compiling new shapes, outside the wall time
 
     def add(self, other: DecodeStats) -> None:
         for name in self.__dataclass_fields__:

@@ -48,7 +48,9 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
-        if not self._packable(x):
+        # a compiled forward (decoding.compile) traces the plain product: the copy's checks
+        # break dynamo's graph, and the compiler chooses its own kernels
+        if torch.compiler.is_compiling() or not self._packable(x):
             return F.linear(x, weight, bias)
         stamp = (weight._version, weight.data_ptr(), weight.dtype, weight.device)
         if stamp != self._stamp:

@@ -1,0 +1,71 @@
+"""Median ms of the target's KV-cached forward through `ModelRunner` by block width, in the
+dynamic layout, the static layout (eager) and the static layout compiled (decoding.compile).
+
+`stage=draft_eval` times raw Hugging Face forwards over a `DynamicCache`; this times the
+engine's own forward, the one `decoding.static_cache` / `decoding.compile` change.
+Usage: python benchmarks/static_forward_ms.py [rows=1] [context=128] [widths=1,2,3,4,7] [reps=10]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from sprinter_train.core.config import compose_config
+from sprinter_train.core.runtime import resolve_device, resolve_dtype
+from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.models.roles import load_role, model_specs
+
+
+def forward_ms(runner: ModelRunner, rows: int, context: int, widths: list[int], reps: int):
+    """{width: median ms} of `reps` forwards after one untimed call per width (warm-up and,
+    when compiled, compile), each from the same `context` held tokens."""
+    vocab = runner.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    cache = runner.new_cache(rows, context + max(widths) + 16)
+    runner.prime(cache, torch.randint(0, vocab, (rows, context), generator=gen).tolist())
+    held = torch.full((rows,), context)
+    out = {}
+    for width in widths:
+        ids = torch.randint(0, vocab, (rows, width), generator=gen)
+        counts = torch.full((rows,), width)
+        keep = torch.arange(width).expand(rows, -1)
+        times = []
+        for rep in range(reps + 1):
+            start = time.perf_counter()
+            runner.forward(cache, ids, counts, keep)
+            if rep:
+                times.append(time.perf_counter() - start)
+            cache.truncate(held, context)
+            cache.pack(context, context)
+        out[width] = round(statistics.median(times) * 1e3, 2)
+    return out
+
+
+def main() -> None:
+    args = dict(a.split("=") for a in sys.argv[1:])
+    rows, context = int(args.get("rows", 1)), int(args.get("context", 128))
+    widths = [int(w) for w in args.get("widths", "1,2,3,4,7").split(",")]
+    reps = int(args.get("reps", 10))
+    cfg = compose_config()
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    target = load_role(model_specs(cfg.models), "target", device, dtype)
+    vocab = int(target.model.config.vocab_size)
+    for name, layout in {
+        "dynamic": {},
+        "static": {"static": True},
+        "compiled": {"static": True, "compiled": True},
+    }.items():
+        runner = ModelRunner(target.model, vocab, **layout)
+        ms = forward_ms(runner, rows, context, widths, reps)
+        print(
+            name, dtype, f"rows={rows}", ms, f"compile_s={runner.compile_seconds:.0f}", flush=True
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""The static KV layout (`decoding.static_cache`) and its compiled forward (`decoding.compile`).
+
+The static layout must not change a single token: every method of the registry emits, greedy
+and sampled with the same seeds, exactly what the dynamic `RowCache` layout emits (float32),
+while rows finish at different rounds (EOS), the row bucket shrinks, and the capacity fills,
+packs and grows. The compiled forward must trace into one graph at every shape bucket and
+emit the eager tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from sprinter_train.core.config import compose_config
+from sprinter_train.decoding import static_cache
+from sprinter_train.decoding.engine import Engine, decoding_problems, static_settings
+from sprinter_train.decoding.policies import (
+    MTAD,
+    SVIP,
+    AdaEDL,
+    HeuristicSD,
+    SpeculativeDecoding,
+    SpecVerification,
+    SpecVerificationPaper,
+    Sprinter,
+    TargetOnly,
+)
+from sprinter_train.decoding.policies.online import OnlineLength
+from sprinter_train.decoding.registry import method_class
+from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.static_cache import StaticRowCache, capacity_bucket, row_bucket
+from sprinter_train.models.packed import pack_linears
+from tests.decoding_helpers import (
+    GREEDY,
+    PROMPTS,
+    RUNS,
+    SAMPLING,
+    VOCAB,
+    ATable,
+    assert_target_law_with_power,
+    first_tokens,
+    fixed_timings,
+    ragged_rows,
+    tiny_trio,
+)
+from tests.sd_learned_helpers import before_draw
+
+ROWS = PROMPTS * 2  # 8 rows: the row bucket shrinks 8 -> 4 -> 2 -> 1 as rows finish
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, torch.nn.Module]:
+    return tiny_trio()
+
+
+def engine(models, sampling, eos: int | None, **layout: bool) -> Engine:
+    """The trio's engine with every runner in the given layout (`static`, `compiled`)."""
+    return Engine(
+        ModelRunner(models["target"], VOCAB, **layout),
+        sampling,
+        draft=ModelRunner(models["draft"], VOCAB, **layout),
+        companion=ModelRunner(models["companion"], VOCAB, **layout),
+        eos_token_id=eos,
+        timings=fixed_timings(),
+    )
+
+
+@pytest.fixture(scope="module")
+def eos(models) -> int:
+    """A token the first prompt's greedy continuation reaches mid-way: rows stop at it at
+    different rounds, so finished rows leave a batch of several buckets."""
+    tokens = engine(models, GREEDY, None).generate([PROMPTS[0]], TargetOnly(), NEW_TOKENS)
+    return tokens[0].tokens[NEW_TOKENS // 3]
+
+
+def every_method(models) -> list:
+    """One policy of each class the registry's methods name (conf/methods)."""
+    parity = Sprinter(lambda e, b, r, step: (step.tokens % 2).float(), tau=0.5, max_run=5)
+    online = dict(compose_config().methods.sd_online.online)
+    return [
+        TargetOnly(),
+        SpeculativeDecoding(gamma=3),
+        HeuristicSD(gamma_init=2),
+        SVIP(h=0.25, max_gamma=4, c=0.15),
+        AdaEDL(gamma=0.3, lam=0.4, max_gamma=4),
+        SpecVerification(ATable(), max_gamma=4),
+        SpecVerificationPaper(ATable(), max_gamma=4),
+        parity,
+        MTAD(gamma=3, beam_width=3, tau=0.5),
+        OnlineLength(max_gamma=4, online={**online, "refit_interval": 8}),
+        before_draw(models),
+    ]
+
+
+def test_every_registry_method_is_covered(models) -> None:
+    methods = compose_config().methods
+    registry = {method_class(node, name) for name, node in methods.items()}
+    assert registry == {type(policy) for policy in every_method(models)}
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
+def test_static_layout_emits_the_dynamic_layouts_tokens_for_every_method(
+    models, eos, sampling
+) -> None:
+    ragged = 0
+    for fresh, again in zip(every_method(models), every_method(models), strict=True):
+        dynamic = engine(models, sampling, eos).generate(ROWS, fresh, NEW_TOKENS)
+        static = engine(models, sampling, eos, static=True)
+        caches = static.new_batch(ROWS, 1, range(len(ROWS))).caches
+        assert all(isinstance(cache, StaticRowCache) for cache in caches.values())
+        out = static.generate(ROWS, again, NEW_TOKENS)
+        assert [r.tokens for r in out] == [r.tokens for r in dynamic], fresh.name
+        ragged += len({len(r.tokens) for r in dynamic}) > 1  # rows left at different rounds
+    assert ragged >= len(every_method(models)) // 2
+
+
+def test_a_full_cache_packs_early_and_grows_without_changing_tokens(models, monkeypatch) -> None:
+    """At a capacity bucket of 8 slots the buffers fill within a round or two: the engine packs
+    when `crowded` and `reserve` grows the buffers past a bucket."""
+    monkeypatch.setattr(static_cache, "MIN_CAPACITY", 8)
+    # the buffers start at 8 slots (prompt + budget would ask for 47)
+    monkeypatch.setattr("sprinter_train.decoding.engine.CAPACITY_SLACK", -40)
+    dynamic = engine(models, SAMPLING, None).generate(ROWS, SVIP(0.25, 4, 0.15), 40)
+    static = engine(models, SAMPLING, None, static=True)
+    grown = []
+    reserve = StaticRowCache.reserve
+
+    def spy(cache: StaticRowCache, width: int) -> None:
+        before = cache.capacity
+        reserve(cache, width)
+        if cache.capacity != before:
+            grown.append((before, cache.capacity))
+
+    monkeypatch.setattr(StaticRowCache, "reserve", spy)
+    out = static.generate(ROWS, SVIP(0.25, 4, 0.15), 40)
+    assert [r.tokens for r in out] == [r.tokens for r in dynamic]
+    assert grown[0][0] == 8 and len(grown) >= 2  # the capacity really ran out, twice
+
+
+def test_buckets_are_bounded_powers_of_two() -> None:
+    assert [row_bucket(n) for n in (1, 2, 3, 5, 64, 65, 1000)] == [1, 2, 4, 8, 64, 128, 1024]
+    assert [capacity_bucket(n) for n in (1, 64, 65, 300)] == [64, 64, 128, 512]
+
+
+def test_the_switches_resolve_and_are_validated() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert static_settings({}, cpu) == {"static": False, "compiled": False}
+    assert static_settings({}, cuda) == {"static": True, "compiled": True}
+    assert static_settings({"static_cache": True}, cpu) == {"static": True, "compiled": False}
+    assert static_settings({"compile": "true"}, cpu) == {"static": True, "compiled": True}
+    assert decoding_problems({"compile": "auto", "static_cache": "auto"}) == []
+    assert decoding_problems({"compile": "yes"}) == [
+        "decoding.compile='yes': expected auto, true or false"
+    ]
+    assert len(decoding_problems({"compile": True, "static_cache": False})) == 1
+    config = compose_config()
+    assert config.decoding.compile == "auto" and config.decoding.static_cache == "auto"
+
+
+def test_the_target_forward_is_one_graph_at_every_bucket(models) -> None:
+    """Dynamo traces the static-shape body with no graph break at batch buckets 1, 2, 4 and
+    block widths 1 .. gamma_max + 1 (gamma_max 4 here), also through prepacked linears."""
+    target = copy.deepcopy(models["target"])
+    assert pack_linears(target) > 0  # the bench's float32 target multiplies by packed copies
+    runner = ModelRunner(target, VOCAB, static=True)
+    for rows in (1, 2, 4):
+        cache = runner.new_cache(rows, 16)
+        for width in range(1, 6):
+            ids = torch.zeros((rows, width), dtype=torch.long)
+            positions, mask = cache.block(torch.full((rows,), width), width)
+            with torch.inference_mode():
+                report = torch._dynamo.explain(runner._body_step)(ids, positions, mask, cache.kv)
+            assert report.graph_break_count == 0, (rows, width, report.break_reasons)
+            assert report.graph_count == 1
+
+
+def compiled_trio(models) -> dict[str, ModelRunner]:
+    """The target compiled (inductor), the draft in the static layout run eagerly."""
+    return {
+        "target": ModelRunner(models["target"], VOCAB, static=True, compiled=True),
+        "draft": ModelRunner(models["draft"], VOCAB, static=True),
+    }
+
+
+def assert_compiled_equals_eager(models, runners, rows, eos, policies, samplings) -> None:
+    """The compiled runners emit what the same static layout run eagerly emits; compile time
+    is kept out of the generation's wall time and out of the runner's forward seconds."""
+    for sampling in samplings:
+        compiled = Engine(
+            runners["target"],
+            sampling,
+            draft=runners["draft"],
+            eos_token_id=eos,
+            timings=fixed_timings(),
+        )
+        for policy in policies:
+            eager = engine(models, sampling, eos, static=True).generate(rows, policy, NEW_TOKENS)
+            out = compiled.generate(rows, policy, NEW_TOKENS)
+            assert [r.tokens for r in out] == [r.tokens for r in eager], policy.name
+    target = runners["target"]
+    assert target.compiled and target.compile_seconds > 0
+    assert target.seconds < target.compile_seconds  # the first calls of each shape left out
+
+
+@pytest.mark.slow
+@pytest.mark.smoke
+def test_compiled_target_only_emits_the_eager_tokens(models) -> None:
+    """One compiled shape (4 rows, width 1): the CI's compile budget (~30 s cold)."""
+    runners = compiled_trio(models)
+    assert_compiled_equals_eager(models, runners, PROMPTS, None, [TargetOnly()], [GREEDY, SAMPLING])
+
+
+@pytest.mark.slow
+def test_compiled_forwards_emit_the_eager_tokens(models) -> None:
+    """target_only and sd, greedy and sampled: sd's rows overshoot their budgets at different
+    rounds, so the batch runs at row buckets 4, 2, 1 and widths 1 .. 4."""
+    policies = [TargetOnly(), SpeculativeDecoding(gamma=3)]
+    runners = compiled_trio(models)
+    assert_compiled_equals_eager(models, runners, PROMPTS, None, policies, [GREEDY, SAMPLING])
+
+
+@pytest.mark.slow
+def test_compiled_forwards_emit_the_eager_tokens_as_rows_leave(models, eos) -> None:
+    """Rows stopping at EOS take the batch through the row buckets 8, 4, 2, 1."""
+    policies = [TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)]
+    runners = compiled_trio(models)
+    assert_compiled_equals_eager(models, runners, ROWS, eos, policies, [GREEDY, SAMPLING])
+
+
+@pytest.mark.law
+@pytest.mark.slow
+def test_sd_keeps_the_target_law_with_a_compiled_static_target(models) -> None:
+    runner = ModelRunner(models["target"], VOCAB, static=True, compiled=True)
+    compiled = Engine(
+        runner,
+        SAMPLING,
+        draft=ModelRunner(models["draft"], VOCAB),
+        timings=fixed_timings(),
+    )
+    counts = first_tokens(compiled, SpeculativeDecoding(gamma=2), ragged_rows(RUNS))
+    assert_target_law_with_power(models, PROMPTS, counts, SAMPLING, VOCAB)
