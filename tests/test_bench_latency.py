@@ -193,6 +193,7 @@ def test_a_profile_measured_under_load_is_measured_again(
     stored = profile()
     stored.dtype, stored.load_average = "float32", load
     stored.models = bench_stage.timed_models(models)
+    stored.kernels = bench_stage.timed_kernels(models)
     stored.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
     fresh = profile()
     monkeypatch.setattr(bench_stage, "profile_models", lambda *args: fresh)
@@ -219,9 +220,45 @@ def test_a_profile_of_other_models_is_measured_again(compose_cfg, monkeypatch) -
     stored = profile()
     stored.dtype, stored.load_average = "float32", {"start": 0.0, "end": 0.0}
     stored.models = bench_stage.timed_models(pair)
+    stored.kernels = bench_stage.timed_kernels(pair)
     stored.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
     fresh = profile()
     monkeypatch.setattr(bench_stage, "profile_models", lambda *args: fresh)
     monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
     assert bench_stage.latency_profile(cfg, pair, torch.device("cpu"), [1]) is not fresh
     assert bench_stage.latency_profile(cfg, trio, torch.device("cpu"), [1]) is fresh
+
+
+@pytest.mark.parametrize("change", ["pack", "threads", "unrecorded"])
+def test_a_profile_of_other_kernels_is_measured_again(compose_cfg, monkeypatch, change) -> None:
+    """Prepacking float32 linears halved a 2-token verify and left the 1-token step (what the
+    run's own check compares) where it was: a profile of the plain linears was reused and
+    priced every verify block at twice its cost. So are other thread counts and profiles
+    that recorded no kernels."""
+    import torch
+
+    from sprinter_train.bench import prepare as bench_stage
+    from sprinter_train.models.loading import LoadedModel
+    from sprinter_train.models.packed import pack_linears
+    from sprinter_train.models.roles import Roles
+
+    cfg = compose_cfg("bench.gamma_max=3")
+    loaded = LoadedModel("tiny", build_tiny_model({}, seed=0), None)
+    pair = Roles(loaded, loaded, None, 128, None)
+    stored = profile()
+    stored.dtype, stored.load_average = "float32", {"start": 0.0, "end": 0.0}
+    stored.models = bench_stage.timed_models(pair)
+    stored.kernels = None if change == "unrecorded" else bench_stage.timed_kernels(pair)
+    stored.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
+    fresh = profile()
+    monkeypatch.setattr(bench_stage, "profile_models", lambda *args: fresh)
+    monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
+    if change == "pack":
+        assert pack_linears(loaded.model) > 0
+    threads = torch.get_num_threads()
+    if change == "threads":
+        torch.set_num_threads(threads + 1)
+    try:
+        assert bench_stage.latency_profile(cfg, pair, torch.device("cpu"), [1]) is fresh
+    finally:
+        torch.set_num_threads(threads)

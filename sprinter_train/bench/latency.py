@@ -65,6 +65,10 @@ class LatencyProfile:
     # role -> model_identity of the models it timed (None: not recorded); a profile of other
     # models (another draft, no companion) is never reused
     models: dict[str, Any] | None = None
+    # what beside the models sets a forward's cost (torch version, threads, prepacked linears
+    # per role: `bench.prepare.timed_kernels`); a profile of other kernels is never reused
+    # (None: not recorded)
+    kernels: dict[str, Any] | None = None
 
     @property
     def measured_under_load(self) -> bool:

@@ -30,6 +30,7 @@ from sprinter_train.decoding.state import DecodeStats
 from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.harvest.reader import open_records, verify_hashes
 from sprinter_train.models.identity import roles_differences
+from sprinter_train.models.packed import PackedLinear
 from sprinter_train.models.roles import Roles, load_roles
 
 log = logging.getLogger(__name__)
@@ -128,10 +129,13 @@ def latency_profile(
             f"{r}: not in this run"
             for r in set(profile.models or {}) - {m.role for m in models.all()}
         ]
+        kernels = timed_kernels(models)
+        if profile.kernels != kernels:
+            differences.append(f"kernels {profile.kernels} (now {kernels})")
         same = not differences
         if not same:
             log.info(
-                "bench: re-measuring latency: %s timed other models (%s)",
+                "bench: re-measuring latency: %s timed other models or kernels (%s)",
                 path,
                 "; ".join(differences),
             )
@@ -165,6 +169,7 @@ def measure_profile(
         batch_sizes,
     )
     profile.models = timed_models(models)
+    profile.kernels = timed_kernels(models)
     profile.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
     return profile
 
@@ -172,6 +177,22 @@ def measure_profile(
 def timed_models(models: Roles) -> dict[str, Any]:
     """What a latency profile records of the models it timed (role -> model_identity)."""
     return provenance.model_hashes({m.role: m for m in models.all()})
+
+
+def timed_kernels(models: Roles) -> dict[str, Any]:
+    """What a latency profile records of the kernels it timed, beside the models: the torch
+    version, its threads, and how many linears of each role multiply by prepacked copies
+    (`models.packed`). Prepacking float32 linears halved a 2-token verify on a CPU without
+    bf16 while the 1-token step (all the run's check compares) stayed put, so a profile of
+    the plain linears was reused and priced verify blocks at twice their cost."""
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "packed_linears": {
+            m.role: sum(isinstance(module, PackedLinear) for module in m.model.modules())
+            for m in models.all()
+        },
+    }
 
 
 def checked_profile(
