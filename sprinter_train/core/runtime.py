@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from sprinter_train.core.machine import fit_threads
@@ -49,17 +51,25 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 COMPILE_SETTINGS = ("auto", True, False)  # decoding.compile's values
 
 
+def parse_switch(value: Any) -> str | bool | None:
+    """ "auto", True or False from a config value (YAML booleans or their strings, as a command
+    line gives them); None if it is none of them. `decoding.compile` and
+    `decoding.static_cache` take these values."""
+    if isinstance(value, str):
+        value = {"auto": "auto", "true": True, "false": False}.get(value.lower())
+    return value if value in COMPILE_SETTINGS else None
+
+
 def resolve_compile(setting: str | bool, device: torch.device) -> bool:
     """`decoding.compile`: `auto` compiles on CUDA only, where a decode step is launch-bound
     (docs/results/gpu.md: a batch-1 step kept the H100 9% busy); on a CPU the compile time
     buys no measured speed."""
-    if isinstance(setting, str):  # a command line's or YAML string's "true" / "false"
-        setting = {"true": True, "false": False}.get(setting.lower(), setting.lower())
-    if setting not in COMPILE_SETTINGS:
+    switch = parse_switch(setting)
+    if switch is None:
         raise ValueError(f"decoding.compile={setting!r}: choose auto, true or false")
-    if setting == "auto":
+    if switch == "auto":
         return device.type == "cuda"
-    return bool(setting)
+    return bool(switch)
 
 
 def set_threads(num_threads: int | None) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from sprinter_train.core.runtime import COMPILE_SETTINGS, resolve_compile, synchronize
+from sprinter_train.core.runtime import parse_switch, resolve_compile, synchronize
 from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
 from sprinter_train.core.streams import RowStreams
 from sprinter_train.core.validation import check_whole
@@ -54,21 +54,16 @@ def decoding_problems(decoding: dict[str, Any]) -> list[str]:
     if "pack_every" in decoding:
         check_whole(problems, "decoding.pack_every", decoding["pack_every"], 1)
     for key in ("static_cache", "compile"):
-        if key in decoding and _switch(decoding[key]) is None:
+        if key in decoding and parse_switch(decoding[key]) is None:
             problems.append(f"decoding.{key}={decoding[key]!r}: expected auto, true or false")
-    if _switch(decoding.get("static_cache")) is False and _switch(decoding.get("compile")) is True:
+    if (
+        parse_switch(decoding.get("static_cache")) is False
+        and parse_switch(decoding.get("compile")) is True
+    ):
         problems.append(
             "decoding.compile=true needs the static layout: decoding.static_cache=false forbids it"
         )
     return problems
-
-
-def _switch(value: Any) -> str | bool | None:
-    """auto, True or False from a config value (YAML booleans or their strings); None if
-    it is none of them."""
-    if isinstance(value, str):
-        value = {"auto": "auto", "true": True, "false": False}.get(value.lower())
-    return value if value in COMPILE_SETTINGS else None  # static_cache takes compile's values
 
 
 def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str, bool]:
@@ -76,8 +71,8 @@ def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str,
     `decoding.compile`: compile's auto is on for CUDA only (on the 2-core CPU a shape of the
     135M target compiles for ~1 min and the bench's gain was mixed, see docs/architecture.md), and
     static_cache's auto follows compile."""
-    compiled = resolve_compile(_switch(decoding.get("compile", "auto")), device)
-    static_on = _switch(decoding.get("static_cache", "auto"))
+    compiled = resolve_compile(decoding.get("compile", "auto"), device)
+    static_on = parse_switch(decoding.get("static_cache", "auto"))
     static = compiled if static_on == "auto" else bool(static_on)
     return {"static": static, "compiled": compiled and static}
 

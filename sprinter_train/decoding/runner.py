@@ -215,9 +215,7 @@ class ModelRunner:
                 use_cache=True,
             )
             cache.append(kv, counts, width)
-            index = keep.clamp(0, width - 1)
-            picked = final.gather(1, index[..., None].expand(-1, -1, final.shape[-1]))
-            hidden = chosen.gather(1, index[..., None].expand(-1, -1, chosen.shape[-1]))
+            picked, hidden = _pick(final, chosen, keep, width)
             logits = head_logits(self.model, picked, self.vocab_size).float()
         self._watch(logits, positions, keep, counts)
         return RowOutput(logits, hidden, final=picked)
@@ -252,9 +250,7 @@ class ModelRunner:
             final, chosen = self._step(cache.pad_rows(ids), positions, mask, cache.kv)
             final, chosen = final[:rows], chosen[:rows]
             cache.append(cache.kv, counts, width)
-            index = keep.clamp(0, width - 1)
-            picked = final.gather(1, index[..., None].expand(-1, -1, final.shape[-1]))
-            hidden = chosen.gather(1, index[..., None].expand(-1, -1, chosen.shape[-1]))
+            picked, hidden = _pick(final, chosen, keep, width)
             logits = head_logits(self.model, picked, self.vocab_size).float()
         self._watch(logits, positions[:rows], keep, counts)
         return RowOutput(logits, hidden, final=picked)
@@ -283,9 +279,7 @@ class ModelRunner:
             if width == 1 and keep.shape[1] == 1:  # keep is clamped to the only offset
                 picked, hidden = final, chosen
             else:
-                index = keep.clamp(0, width - 1)[..., None]
-                picked = final.gather(1, index.expand(-1, -1, final.shape[-1]))
-                hidden = chosen.gather(1, index.expand(-1, -1, chosen.shape[-1]))
+                picked, hidden = _pick(final, chosen, keep, width)
             support = self.support if restricted else None
             if support is None:
                 logits = head_logits(self.model, picked, self.vocab_size).float()
@@ -329,6 +323,16 @@ class ModelRunner:
                 raise nonfinite_error(
                     role, f"at position {position} (the next-token distribution after it)"
                 )
+
+
+def _pick(
+    final: torch.Tensor, chosen: torch.Tensor, keep: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final and chosen hidden states of a block at offsets keep[r, k] (clamped into the
+    block: a row's unused entries may point anywhere)."""
+    index = keep.clamp(0, width - 1)[..., None]
+    picked = final.gather(1, index.expand(-1, -1, final.shape[-1]))
+    return picked, chosen.gather(1, index.expand(-1, -1, chosen.shape[-1]))
 
 
 def compiled_step(step: Any, device: torch.device) -> Any:
