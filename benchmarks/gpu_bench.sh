@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# One command for a lent GPU with no network: install what travelled, run the gpu tests,
-# stage=draft_eval and one stage=bench of the offline pair at batch sizes 1, 8, 32 and 64,
-# and profile a batch-1 target step; everything lands in one folder (docs/results/gpu.md).
+# One command for a lent GPU with no network: install what travelled, profile a batch-1 target
+# step compiled and eager, run the gpu tests, one stage=bench of the offline pair at batch
+# sizes 1, 8, 32 and 64, and stage=draft_eval; everything lands in one folder
+# (docs/results/gpu.md). The steps run in the order of what a short lease most needs: the
+# compiled step, the bench, the gpu tests, the eager step (today's dynamic engine), draft_eval.
 #
 #   benchmarks/gpu_bench.sh                          # on the GPU, defaults sized for < 10 min on an H100
 #   DEVICE=cpu MODELS=tiny_random PROMPTS=2 MAX_NEW_TOKENS=8 BATCH_SIZES=1,2 benchmarks/gpu_bench.sh
 #
 # Settings (environment): DEVICE (cuda), DTYPE (auto), MODELS (offline_default), PROMPTS (64),
 # MAX_NEW_TOKENS (32), BATCH_SIZES (1,8,32,64), METHODS (target_only,sd,svip,hf_static),
-# COMPILE (decoding.compile: true), PROFILE_STEPS (32), PYTHON (python3), WHEELS (a folder of
-# wheels; default: shared/wheels or wheels/ when present), PYTEST_PATHS (tests), BENCH_ARGS and
-# DRAFT_EVAL_ARGS (extra Hydra overrides, space-separated), OUT (gpu_bench_out/<timestamp>),
-# and each step's time limit in seconds: T_INSTALL (120), T_TESTS (120), T_DRAFT_EVAL (120),
-# T_BENCH (330), T_PROFILE (90). A failed or timed-out step is reported and the next one
-# runs; the exit status is 1 when any step failed.
+# COMPILE (decoding.compile: true), STATIC_CAPACITY (decoding.static_capacity: 1024, one KV
+# capacity for every generation, so one compiled shape per rows and width), MAX_PROMPT_TOKENS
+# (data.max_prompt_tokens: 960, so prompt + budget fit that capacity), GAMMA_MAX (3: block widths
+# 1-4), SD_GAMMA (3: one verify width), PROFILE_STEPS (32), PYTHON (python3), WHEELS (a folder
+# of wheels, installed --no-deps; default: shared/wheels or wheels/ when present), PYTEST_PATHS
+# (tests), BENCH_ARGS and DRAFT_EVAL_ARGS (extra Hydra overrides, space-separated), OUT
+# (gpu_bench_out/<timestamp>), and each step's time limit in seconds: T_INSTALL (30),
+# T_PROFILE (100), T_BENCH (250), T_TESTS (75), T_PROFILE_EAGER (40), T_DRAFT_EVAL (50). A failed
+# or timed-out step is reported and the next one runs; the exit status is 1 when any step
+# failed. A bench cut short keeps the batch sizes it finished (bench/partial/).
 set -u
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 2
@@ -26,6 +32,10 @@ MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
 BATCH_SIZES=${BATCH_SIZES:-1,8,32,64}
 METHODS=${METHODS:-target_only,sd,svip,hf_static}
 COMPILE=${COMPILE:-true}
+STATIC_CAPACITY=${STATIC_CAPACITY:-1024}
+MAX_PROMPT_TOKENS=${MAX_PROMPT_TOKENS:-960}
+GAMMA_MAX=${GAMMA_MAX:-3}
+SD_GAMMA=${SD_GAMMA:-3}
 PROFILE_STEPS=${PROFILE_STEPS:-32}
 PYTEST_PATHS=${PYTEST_PATHS:-tests}
 BENCH_ARGS=${BENCH_ARGS:-}
@@ -67,7 +77,7 @@ install_deps() {  # wheels that travelled with the repo; never the network
   fi
   if [ -n "$dir" ] && compgen -G "$dir/*.whl" >/dev/null; then
     echo "installing the wheels of $dir"
-    "$PYTHON" -m pip install --no-index --find-links "$dir" "$dir"/*.whl || return 1
+    "$PYTHON" -m pip install --no-deps --no-index --find-links "$dir" "$dir"/*.whl || return 1
   else
     echo "no wheels folder (shared/wheels, wheels/ or WHEELS): using what is installed"
   fi
@@ -88,24 +98,33 @@ PY
 # shellcheck disable=SC2086  # BENCH_ARGS and DRAFT_EVAL_ARGS are word lists on purpose
 export PYTHON DEVICE WHEELS=${WHEELS:-}
 export -f install_deps  # `timeout` runs programs, so the function runs in a child bash
-step install "${T_INSTALL:-120}" bash -c install_deps
-step gpu_tests "${T_TESTS:-120}" "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider $PYTEST_PATHS
-COMMON=("models=$MODELS" "device=$DEVICE" "dtype=$DTYPE" "decoding.compile=$COMPILE")
-step draft_eval "${T_DRAFT_EVAL:-120}" "$PYTHON" -m sprinter_train stage=draft_eval \
-  "${COMMON[@]}" experiment=gpu_bench "experiment_dir=$OUT/draft_eval" $DRAFT_EVAL_ARGS
-step bench "${T_BENCH:-330}" "$PYTHON" -m sprinter_train stage=bench "${COMMON[@]}" \
+step install "${T_INSTALL:-30}" bash -c install_deps
+BASE=("models=$MODELS" "device=$DEVICE" "dtype=$DTYPE" "decoding.static_capacity=$STATIC_CAPACITY")
+step profile "${T_PROFILE:-100}" "$PYTHON" benchmarks/profile_step.py --models "$MODELS" \
+  --steps "$PROFILE_STEPS" --out "$OUT/profile.txt" --trace "${BASE[@]}" \
+  "decoding.compile=$COMPILE"
+BASE+=("data.max_prompt_tokens=$MAX_PROMPT_TOKENS")
+step bench "${T_BENCH:-250}" "$PYTHON" -m sprinter_train stage=bench "${BASE[@]}" \
+  "decoding.compile=$COMPILE" \
   experiment=gpu_bench "experiment_dir=$OUT/bench_run" "bench.methods=[$METHODS]" \
   "bench.num_prompts=$PROMPTS" "bench.max_new_tokens=$MAX_NEW_TOKENS" \
-  "bench.batch_sizes=[$BATCH_SIZES]" bench.min_timed_runs=1 bench.gamma_max=4 \
-  bench.law_distance_prompts=0 bench.judge.enabled=false bench.latency.reuse=false $BENCH_ARGS
-step profile "${T_PROFILE:-90}" "$PYTHON" benchmarks/profile_step.py --models "$MODELS" \
-  --steps "$PROFILE_STEPS" --out "$OUT/profile.txt" --trace "device=$DEVICE" "dtype=$DTYPE" \
-  "decoding.compile=$COMPILE"
+  "bench.batch_sizes=[$BATCH_SIZES]" bench.min_timed_runs=1 "bench.gamma_max=$GAMMA_MAX" \
+  "methods.sd.gamma=$SD_GAMMA" bench.law_distance_prompts=0 bench.judge.enabled=false \
+  bench.latency.reuse=false $BENCH_ARGS
+step gpu_tests "${T_TESTS:-75}" "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider $PYTEST_PATHS
+step profile_eager "${T_PROFILE_EAGER:-40}" "$PYTHON" benchmarks/profile_step.py \
+  --models "$MODELS" --steps "$PROFILE_STEPS" --out "$OUT/profile_eager.txt" "${BASE[@]}" \
+  decoding.compile=false
+step draft_eval "${T_DRAFT_EVAL:-50}" "$PYTHON" -m sprinter_train stage=draft_eval \
+  "${BASE[@]}" experiment=gpu_bench "experiment_dir=$OUT/draft_eval" $DRAFT_EVAL_ARGS
 
 # the figures at the folder's top level
 for f in bench_run/bench/results.json bench_run/bench/results.md draft_eval/draft_eval.json; do
   [ -f "$OUT/$f" ] && cp "$OUT/$f" "$OUT/"
 done
+if [ ! -f "$OUT/results.json" ] && [ -f "$OUT/bench_run/bench/partial/results.json" ]; then
+  cp "$OUT/bench_run/bench/partial/results."* "$OUT/"  # the batch sizes a cut-short bench finished
+fi
 "$PYTHON" - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
 from pathlib import Path
@@ -124,10 +143,11 @@ if draft.exists():
     d = json.loads(draft.read_text())
     keys = ("alpha", "c", "best_gamma", "implied_speedup", "target_step_ms", "draft_step_ms")
     print("draft_eval:", ", ".join(f"{k} {d[k]:.3g}" for k in keys if isinstance(d.get(k), (int, float))))
-profile = out / "profile.json"
-if profile.exists():
-    p = json.loads(profile.read_text())
-    print("profile:", ", ".join(f"{k} {v:.3g}" for k, v in p.items() if v is not None))
+for name in ("profile", "profile_eager"):
+    profile = out / f"{name}.json"
+    if profile.exists():
+        p = json.loads(profile.read_text())
+        print(f"{name}:", ", ".join(f"{k} {v:.3g}" for k, v in p.items() if v is not None))
 PY
 echo "steps:"
 cat "$OUT/steps.tsv"

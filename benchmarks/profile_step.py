@@ -5,11 +5,14 @@ python benchmarks/profile_step.py --models tiny_random --steps 8 --out /tmp/p.tx
 
 On a GPU the step is launch-bound when the kernels' time is a small share of the step's wall
 time (docs/results/gpu.md, session 7: 31 ms a step, the H100 9% busy, ~1,100 kernel launches
-a step). This writes that diagnosis: the per-step wall time unprofiled (median of `--reps`
-generations, after two warm-up generations that also absorb any compilation), the profiled
+a step). This writes that diagnosis: the per-step wall time unprofiled (the median of `--reps`
+generations of 2 x `--steps` tokens less that of `--steps` tokens, over `--steps`: the
+prefill cancels out; after two warm-up generations that also absorb any compilation and CUDA
+graph recording, whose seconds are reported), the profiled
 run's device time per step, the device's busy share, kernel launches per step, and the top
-ops by self time; `--trace` also writes a Chrome trace (chrome://tracing, Perfetto). The last
-line is `step_ms=<x> busy=<share>` for scripts.
+ops by self time; `--trace` also writes a Chrome trace (chrome://tracing, Perfetto). The target runs
+in the layout `decoding.static_cache` / `decoding.compile` / `decoding.static_capacity` give
+(compiled on CUDA by default). The last line is `step_ms=<x> busy=<share>` for scripts.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads, synchronize
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.engine import Engine, static_settings
 from sprinter_train.decoding.policies import TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.roles import load_roles
@@ -92,21 +95,35 @@ def main() -> None:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     models = load_roles(cfg.models, device, dtype, companion=False)
-    engine = Engine(ModelRunner(models.target.model, models.vocab_size), SamplingConfig(0.0))
+    layout = static_settings(cfg.decoding, device)
+    runner = ModelRunner(models.target.model, models.vocab_size, **layout)
+    engine = Engine(runner, SamplingConfig(0.0))
     prompt = prompt_ids(models.tokenizer, args.context)
 
-    timed_steps(engine, prompt, args.steps, 2)  # warm-up: allocator, kernels, any compilation
-    step_ms = statistics.median(timed_steps(engine, prompt, args.steps, args.reps))
+    began = time.perf_counter()
+    timed_steps(engine, prompt, 2 * args.steps, 2)  # warm-up: allocator, kernels, compilation
+    warmup_s = time.perf_counter() - began
+    short = statistics.median(timed_steps(engine, prompt, args.steps, args.reps))
+    long = statistics.median(timed_steps(engine, prompt, 2 * args.steps, args.reps))
+    step_ms = 2 * long - short  # ms/token at 2n and n tokens: (2n*long - n*short) / n
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         wall_ms = args.steps * timed_steps(engine, prompt, args.steps, 1)[0]
-    figures = {"step_ms": step_ms, **summary(prof, device, args.steps, wall_ms)}
+    figures = {
+        "step_ms": step_ms,
+        "ms_per_token_with_prefill": short,
+        "warmup_s": warmup_s,
+        "compile_s": runner.compile_seconds,
+        **summary(prof, device, args.steps, wall_ms),
+    }
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=args.top)
     head = [
         f"target {models.target.name} on {device} ({str(dtype).removeprefix('torch.')}), "
         f"batch 1, {args.context} context tokens, {args.steps} greedy steps of target_only",
-        f"step (unprofiled, median of {args.reps}): {step_ms:.2f} ms",
+        f"layout: static {runner.static}, compiled {runner.compiled}, "
+        f"capacity >= {runner.min_capacity}",
+        f"step (unprofiled, medians of {args.reps}, prefill cancelled): {step_ms:.2f} ms",
         *(f"{key}: {value:.3f}" for key, value in figures.items() if value is not None),
         "",
     ]

@@ -141,6 +141,47 @@ def test_a_full_cache_packs_early_and_grows_without_changing_tokens(models, monk
     assert grown[0][0] == 8 and len(grown) >= 2  # the capacity really ran out, twice
 
 
+def test_the_next_generation_reuses_the_buffers_zeroed(models) -> None:
+    """A finished cache's buffers go back to the runner's pool and the next cache of that
+    shape gets the same addresses (what a recorded CUDA graph needs), cleared."""
+    runner = ModelRunner(models["target"], VOCAB, static=True, min_capacity=100)
+    first = runner.new_cache(3, 10)
+    assert first.capacity == capacity_bucket(100) and first.bucket == 4
+    address = first.kv.layers[0].keys.data_ptr()
+    with torch.inference_mode():
+        first.kv.layers[0].keys.fill_(float("nan"))
+    del first
+    again = runner.new_cache(4, 20)
+    assert again.kv.layers[0].keys.data_ptr() == address
+    assert not again.kv.layers[0].keys.isnan().any() and again.kv.layers[0].keys.abs().sum() == 0
+    other = runner.new_cache(4, 20)  # the pool's one cache of that shape is in use
+    assert other.kv.layers[0].keys.data_ptr() != address
+
+
+def test_reused_buffers_and_unshrinking_rows_keep_the_tokens(models, eos) -> None:
+    """Generations one after another on one engine (pooled buffers) with the row bucket kept
+    as rows leave (the compiled layout's choice) emit the dynamic layout's tokens."""
+    static = engine(models, SAMPLING, eos, static=True)
+    for runner in static.runners.values():
+        runner.shrink_rows = False
+    buckets = []
+    select = StaticRowCache.select
+
+    def spy(cache: StaticRowCache, rows: torch.Tensor) -> None:
+        select(cache, rows)
+        buckets.append((len(rows), cache.bucket))
+
+    for policy in (TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)):
+        dynamic = engine(models, SAMPLING, eos).generate(ROWS, copy.deepcopy(policy), NEW_TOKENS)
+        for _ in range(2):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(StaticRowCache, "select", spy)
+                out = static.generate(ROWS, copy.deepcopy(policy), NEW_TOKENS)
+            assert [r.tokens for r in out] == [r.tokens for r in dynamic], policy.name
+    assert any(rows < 4 for rows, _ in buckets) and {b for _, b in buckets} == {8}
+    assert len(static.target.kv_pool) >= 1
+
+
 def test_buckets_are_bounded_powers_of_two() -> None:
     assert [row_bucket(n) for n in (1, 2, 3, 5, 64, 65, 1000)] == [1, 2, 4, 8, 64, 128, 1024]
     assert [capacity_bucket(n) for n in (1, 64, 65, 300)] == [64, 64, 128, 512]
@@ -148,10 +189,20 @@ def test_buckets_are_bounded_powers_of_two() -> None:
 
 def test_the_switches_resolve_and_are_validated() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert static_settings({}, cpu) == {"static": False, "compiled": False}
-    assert static_settings({}, cuda) == {"static": True, "compiled": True}
-    assert static_settings({"static_cache": True}, cpu) == {"static": True, "compiled": False}
-    assert static_settings({"compile": "true"}, cpu) == {"static": True, "compiled": True}
+    assert static_settings({}, cpu) == {"static": False, "compiled": False, "min_capacity": 0}
+    assert static_settings({}, cuda) == {"static": True, "compiled": True, "min_capacity": 0}
+    assert static_settings({"static_cache": True}, cpu) == {
+        "static": True,
+        "compiled": False,
+        "min_capacity": 0,
+    }
+    assert static_settings({"compile": "true"}, cpu) == {
+        "static": True,
+        "compiled": True,
+        "min_capacity": 0,
+    }
+    assert static_settings({"static_capacity": 512}, cpu)["min_capacity"] == 512
+    assert len(decoding_problems({"static_capacity": -1})) == 1
     assert decoding_problems({"compile": "auto", "static_cache": "auto"}) == []
     assert decoding_problems({"compile": "yes"}) == [
         "decoding.compile='yes': expected auto, true or false"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from omegaconf import DictConfig
 
 from sprinter_train.bench.hf_static import StaticPeer
@@ -30,11 +32,15 @@ def static_peer(cfg: DictConfig, setup: Setup) -> StaticPeer | None:
 
 
 def decode_all(
-    cfg: DictConfig, setup: Setup, warmups: WarmUps | None = None
+    cfg: DictConfig,
+    setup: Setup,
+    warmups: WarmUps | None = None,
+    after_size: Callable[[dict[int, dict[str, list[GroupRun]]]], None] | None = None,
 ) -> dict[int, dict[str, list[GroupRun]]]:
     """Every method on every group of prompts at every batch size, side by side (HF's peers
     at batch 1 only: they decode one sequence); each method's warm-up seconds per batch size
-    go into `warmups` when given."""
+    go into `warmups` when given, and `after_size` sees the runs so far after each batch size
+    but the last (a run cut short keeps what it measured)."""
     b, plan, models = cfg.bench, setup.plan, setup.models
     static = static_peer(cfg, setup)
     if static is not None and static.compile:  # compiled before any run, whatever warmup_runs
@@ -86,4 +92,6 @@ def decode_all(
         )
         if warmups is not None:
             warmups[size] = seconds
+        if after_size is not None and size != setup.batch_sizes[-1]:
+            after_size(runs)
     return runs

@@ -53,6 +53,8 @@ def decoding_problems(decoding: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     if "pack_every" in decoding:
         check_whole(problems, "decoding.pack_every", decoding["pack_every"], 1)
+    if "static_capacity" in decoding:
+        check_whole(problems, "decoding.static_capacity", decoding["static_capacity"], 0)
     for key in ("static_cache", "compile"):
         if key in decoding and parse_switch(decoding[key]) is None:
             problems.append(f"decoding.{key}={decoding[key]!r}: expected auto, true or false")
@@ -66,15 +68,16 @@ def decoding_problems(decoding: dict[str, Any]) -> list[str]:
     return problems
 
 
-def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str, bool]:
-    """ModelRunner's `static` and `compiled` from `decoding.static_cache` and
-    `decoding.compile`: compile's auto is on for CUDA only (on the 2-core CPU a shape of the
-    135M target compiles for ~1 min and the bench's gain was mixed, see docs/architecture.md), and
-    static_cache's auto follows compile."""
+def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """ModelRunner's `static`, `compiled` and `min_capacity` from `decoding.static_cache`,
+    `decoding.compile` and `decoding.static_capacity`: compile's auto is on for CUDA only (on
+    the 2-core CPU a shape of the 135M target compiles for ~1 min and the bench's gain was
+    mixed, see docs/architecture.md), and static_cache's auto follows compile."""
     compiled = resolve_compile(decoding.get("compile", "auto"), device)
     static_on = parse_switch(decoding.get("static_cache", "auto"))
     static = compiled if static_on == "auto" else bool(static_on)
-    return {"static": static, "compiled": compiled and static}
+    min_capacity = int(decoding.get("static_capacity", 0) or 0)
+    return {"static": static, "compiled": compiled and static, "min_capacity": min_capacity}
 
 
 class Engine:

@@ -25,7 +25,7 @@ from transformers import DynamicCache
 from sprinter_train.core.broken_logits import broken_rows, nonfinite_error
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.decoding.cache import RowCache
-from sprinter_train.decoding.static_cache import StaticRowCache, supports_static
+from sprinter_train.decoding.static_cache import KVPool, StaticRowCache, supports_static
 from sprinter_train.models.body import body, head_logits
 from sprinter_train.models.lean import LeanDraft, StaticKV, uses_lean
 
@@ -57,7 +57,10 @@ class ModelRunner:
     `static`: any other model that supports it keeps its cache in a `StaticRowCache`;
     `compiled` (static only) runs its body through `torch.compile(fullgraph=True)`, one graph
     per (row bucket, width, capacity); the first call of each shape is compile time
-    (`compile_seconds`), kept out of `seconds` and `forward_times`.
+    (`compile_seconds`), kept out of `seconds` and `forward_times`. Static caches start with
+    at least `min_capacity` slots (one capacity for every generation: fewer compiled shapes),
+    reuse their buffers across generations (`KVPool`) and, when compiled, keep their row
+    bucket as rows leave.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class ModelRunner:
         lean: bool | None = None,
         static: bool = False,
         compiled: bool = False,
+        min_capacity: int = 0,
     ) -> None:
         self.model = model
         self.vocab_size = vocab_size
@@ -81,6 +85,9 @@ class ModelRunner:
         if self.compiled:
             self._step = compiled_step(self._body_step, self.device)
         self._shapes_seen: set[tuple[int, int, int]] = set()
+        self.min_capacity = min_capacity
+        self.kv_pool = KVPool()
+        self.shrink_rows = not self.compiled  # a compiled cache keeps its shape as rows leave
         self.compile_seconds = 0.0  # first calls of new compiled shapes (not in `seconds`)
         self.support: torch.Tensor | None = None  # the head's ids on the shared vocabulary
         if self.lean is not None and self.lean.head_ids is not None:
@@ -98,7 +105,14 @@ class ModelRunner:
         """An empty cache for `rows` rows; `capacity`: the slots a static cache starts with
         (it grows when a block needs more)."""
         if self.static:
-            return StaticRowCache(rows, self.device, self.model, capacity)
+            return StaticRowCache(
+                rows,
+                self.device,
+                self.model,
+                max(capacity, self.min_capacity),
+                pool=self.kv_pool,
+                shrink=self.shrink_rows,
+            )
         return RowCache(rows, self.device, None if self.lean is None else StaticKV())
 
     @property

@@ -18,13 +18,21 @@ unchanged and changes only where the keys and values live:
   moves the held slots down in place and resets the slot counter, and `select` gathers rows
   in place while the row bucket holds (a new bucket allocates new buffers: a new shape);
 - when a block would run past the capacity, the cache grows to the next bucket (a copy and a
-  new shape), and `crowded` tells the engine to pack before that happens.
+  new shape), and `crowded` tells the engine to pack before that happens;
+- buffers outlive their cache in a `KVPool`: the next generation of the same shape gets the
+  same addresses back (zeroed), so a CUDA graph recorded on them replays instead of being
+  recorded again each generation; and a compiled cache never shrinks its row bucket when
+  rows leave (`shrink=False`): the leavers' rows turn inert, so a batch that empties row by
+  row stays at one shape instead of compiling one per smaller bucket.
 
 Masked slots get exactly zero attention weight, so a row's arithmetic is that of the dynamic
 layout over more (ignored) columns: the tokens do not change.
 """
 
 from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
 
 import torch
 from transformers import StaticCache
@@ -54,22 +62,79 @@ def supports_static(model: torch.nn.Module) -> bool:
     return bool(getattr(model, "_can_compile_fullgraph", False)) and hasattr(model, "config")
 
 
+class KVPool:
+    """Free `StaticCache`s by (row bucket, capacity), for the next cache of that shape: the
+    same buffer addresses every generation (a CUDA graph recorded on them stays valid). Holds
+    the `keep` most recently freed shapes, one cache each, so memory stays bounded."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._free: OrderedDict[tuple[int, int], StaticCache] = OrderedDict()
+
+    def take(self, key: tuple[int, int]) -> StaticCache | None:
+        return self._free.pop(key, None)
+
+    def give(self, key: tuple[int, int], kv: StaticCache) -> None:
+        self._free[key] = kv
+        self._free.move_to_end(key)
+        while len(self._free) > self.keep:
+            self._free.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._free)
+
+
+def _give_back(pool: KVPool, held: dict) -> None:
+    """A cache's finaliser: its buffers go back to the pool (never references the cache)."""
+    pool.give(held["key"], held["kv"])
+
+
 class StaticRowCache(RowCache):
     """`RowCache` whose keys and values live in a preallocated `StaticCache` of `capacity`
-    slots and `row_bucket(rows)` rows (see the module docstring)."""
+    slots and `row_bucket(rows)` rows (see the module docstring). With a `pool`, buffers are
+    taken from it and given back when replaced or when the cache is collected; `shrink=False`
+    keeps the row bucket when rows leave."""
 
     def __init__(
-        self, rows: int, device: torch.device, model: torch.nn.Module, capacity: int
+        self,
+        rows: int,
+        device: torch.device,
+        model: torch.nn.Module,
+        capacity: int,
+        pool: KVPool | None = None,
+        shrink: bool = True,
     ) -> None:
         super().__init__(rows, device)
         self.model = model
         self.capacity = capacity_bucket(capacity)
         self.bucket = row_bucket(rows)
+        self.shrink = shrink
+        self._pool = pool
+        self._held: dict = {}  # the buffers in use and their pool key (the finaliser's view)
         self.kv = self._allocate(self.bucket, self.capacity)
+        if pool is not None:
+            weakref.finalize(self, _give_back, pool, self._held)
         self._round_start = 0  # `slots` when the engine last asked `crowded`
         self._round_growth = 0  # slots the last round appended
 
     def _allocate(self, rows: int, capacity: int) -> StaticCache:
+        """Buffers for (rows, capacity): the pool's, zeroed, when it has them; the buffers
+        held until now go back to the pool."""
+        if self._pool is not None and self._held:
+            self._pool.give(self._held["key"], self._held["kv"])
+        kv = None if self._pool is None else self._pool.take((rows, capacity))
+        if kv is None:
+            kv = self._new_buffers(rows, capacity)
+        else:
+            with torch.inference_mode():
+                for layer in kv.layers:
+                    layer.keys.zero_()
+                    layer.values.zero_()
+                    layer.cumulative_length.fill_(0)
+        self._held.update(key=(rows, capacity), kv=kv)
+        return kv
+
+    def _new_buffers(self, rows: int, capacity: int) -> StaticCache:
         config = self.model.config.get_text_config(decoder=True)
         heads = config.num_key_value_heads or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -149,9 +214,11 @@ class StaticRowCache(RowCache):
         self.settled = min(counts)
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep these rows, in this order: gathered in place while the row bucket holds, into
-        new buffers of the new bucket otherwise."""
+        """Keep these rows, in this order: gathered in place while the row bucket holds (or
+        when the cache does not shrink), into new buffers of the new bucket otherwise."""
         bucket = row_bucket(len(rows))
+        if not self.shrink:
+            bucket = max(bucket, self.bucket)
         if bucket == self.bucket:
             with torch.inference_mode():
                 for keys, values in self.buffers:

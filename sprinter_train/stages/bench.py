@@ -14,7 +14,9 @@ overrides inside), and the Pareto plot is redrawn from every results.json of the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,15 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     started = provenance.start(cfg, device, dtype)
     setup = prepare(cfg, device, dtype)
     warmups: dict[int, dict[str, float]] = {}
-    runs = decode_all(cfg, setup, warmups)
+    out = output_dir(cfg)
+
+    def partial(runs_so_far: dict) -> None:
+        """The batch sizes done so far, in bench/partial/ (a run stopped later keeps them)."""
+        done = dataclasses.replace(setup, batch_sizes=sorted(runs_so_far))
+        write_results(out / "partial", summarise_runs(cfg, done, runs_so_far, dict(warmups)))
+        log.info("bench: batch sizes %s so far in %s", sorted(runs_so_far), out / "partial")
+
+    runs = decode_all(cfg, setup, warmups, partial)
     results = summarise_runs(cfg, setup, runs, warmups)
     results["provenance"] = provenance.finish(
         started,
@@ -65,8 +75,8 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     )
     b = cfg.bench
     results["targets"] = check_targets(results, OmegaConf.to_container(b.get("targets") or {}))
-    out = output_dir(cfg)
     write_results(out, results)
+    shutil.rmtree(out / "partial", ignore_errors=True)  # complete now (and not another run)
     plot_results(out, Path(cfg.experiment_dir) / "bench")
     log.info("bench: wrote %s", out / "results.md")
     return {"results": str(out / "results.json"), "methods": results["methods"]}
