@@ -88,6 +88,28 @@ def test_only_the_distilled_draft_runs_lean(draft) -> None:
         LeanDraft(plain)
 
 
+def test_a_compiled_runner_takes_the_static_layout_over_the_lean_one(target, draft) -> None:
+    """The lean buffers grow step by step, so a compiled runner of the distilled draft runs it
+    in the static layout instead; asked for lean explicitly, it stays lean (and eager). In the
+    static layout, eagerly, the restricted draft's rows are the lean ones."""
+    compiled = ModelRunner(draft, VOCAB, static=True, compiled=True)
+    assert compiled.lean is None and compiled.static and compiled.compiled
+    asked = ModelRunner(draft, VOCAB, lean=True, static=True, compiled=True)
+    assert asked.lean is not None and not asked.compiled
+    static = Engine(
+        ModelRunner(target, VOCAB),
+        SAMPLING,
+        draft=ModelRunner(draft, VOCAB, lean=False, static=True),
+    )
+    _, lean = engine_pair(target, draft, SAMPLING)
+    rows, seeds = PROMPTS * 2, list(range(8))
+    for policy in policies():
+        ours = static.generate(rows, policy, 16, seeds)
+        assert [r.tokens for r in ours] == [
+            r.tokens for r in lean.generate(rows, policy, 16, seeds)
+        ]
+
+
 @pytest.mark.parametrize("allowed", [True, False])
 def test_models_lean_draft_decides_whether_a_loaded_draft_runs_lean(allowed: bool) -> None:
     spec = {"draft": {"path": "tiny_random", "config": {"head_vocab_size": HEAD}}}

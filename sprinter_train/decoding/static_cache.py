@@ -13,7 +13,8 @@ unchanged and changes only where the keys and values live:
   (the rows rounded up to a power of two); the mask is padded with zeros to the capacity and
   the batch with inert rows (nothing held, only their own block slots visible, outputs
   dropped), so a forward's shapes depend on (row bucket, width, capacity) alone and a
-  compiled forward (`torch.compile(fullgraph=True, dynamic=False)`) is reused across rounds;
+  compiled forward (`torch.compile(fullgraph=True)`, see `runner.compiled_step`) is reused
+  across rounds;
 - a `DynamicCache` grows by concatenation each forward and `pack` truncates it; here `pack`
   moves the held slots down in place and resets the slot counter, and `select` gathers rows
   in place while the row bucket holds (a new bucket allocates new buffers: a new shape);
