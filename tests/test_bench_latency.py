@@ -46,6 +46,39 @@ def test_profile_of_tiny_models_round_trips(tmp_path: Path) -> None:
     assert LatencyProfile.load(tmp_path / "latency.json") == measured
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_a_profile_through_the_engines_runners_times_their_layouts(static: bool) -> None:
+    """The bench's profile times the engine's own forwards (the lean restricted draft's
+    step, a static target's) and leaves the runners' forward timings to the run."""
+    import torch
+
+    from sprinter_train.bench.prepare import timed_kernels
+    from sprinter_train.core.sampling import SamplingConfig
+    from sprinter_train.decoding.engine import Engine
+    from sprinter_train.decoding.runner import ModelRunner
+    from sprinter_train.models.loading import LoadedModel
+    from sprinter_train.models.roles import Roles
+
+    target = build_tiny_model({}, seed=0).float()
+    draft = build_tiny_model({"head_vocab_size": 32, "num_hidden_layers": 1}, seed=1).float()
+    engine = Engine(
+        ModelRunner(target, 128, static=static),
+        SamplingConfig(0.0),
+        draft=ModelRunner(draft, 128),
+    )
+    measured = profile_models(
+        target, draft, None, 2, 2, 16, torch.device("cpu"), [1, 2], runners=engine.runners
+    )
+    assert sorted(measured.target_ms) == [1, 2, 3] and sorted(measured.batch_target_ms) == [2]
+    assert all(v > 0 for v in measured.target_ms.values()) and measured.draft_ms > 0
+    assert engine.target.forward_times() == [] and engine.draft.forward_times() == []
+    models = Roles(
+        LoadedModel("draft", draft, None), LoadedModel("target", target, None), None, 128, None
+    )
+    layouts = timed_kernels(models, engine)["layouts"]
+    assert layouts == {"target": "static" if static else "dynamic", "draft": "lean"}
+
+
 def batched() -> LatencyProfile:
     """Batch 1 as above; at batch 4 and 8 the target's forward grows with tokens a row."""
     return LatencyProfile(
@@ -150,7 +183,7 @@ def test_the_bench_reuses_a_profile_only_when_it_covers_the_run(compose_cfg, mon
     first = stage.latency_profile(cfg, models, cpu, [1, 2])
     measured: list[list[int]] = []
     real = stage.profile_models
-    monkeypatch.setattr(stage, "profile_models", lambda *a: measured.append(a[-1]) or real(*a))
+    monkeypatch.setattr(stage, "profile_models", lambda *a, **k: measured.append(a[-1]) or real(*a, **k))
     assert stage.latency_profile(cfg, models, cpu, [1, 2]) == first  # covered: read back
     assert stage.latency_profile(cfg, models, cpu, [2]) == first
     assert not measured
@@ -196,7 +229,7 @@ def test_a_profile_measured_under_load_is_measured_again(
     stored.kernels = bench_stage.timed_kernels(models)
     stored.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
     fresh = profile()
-    monkeypatch.setattr(bench_stage, "profile_models", lambda *args: fresh)
+    monkeypatch.setattr(bench_stage, "profile_models", lambda *args, **kwargs: fresh)
     monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
     got = bench_stage.latency_profile(cfg, models, torch.device("cpu"), [1])
     assert (got is not fresh) == reused
@@ -223,7 +256,7 @@ def test_a_profile_of_other_models_is_measured_again(compose_cfg, monkeypatch) -
     stored.kernels = bench_stage.timed_kernels(pair)
     stored.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
     fresh = profile()
-    monkeypatch.setattr(bench_stage, "profile_models", lambda *args: fresh)
+    monkeypatch.setattr(bench_stage, "profile_models", lambda *args, **kwargs: fresh)
     monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
     assert bench_stage.latency_profile(cfg, pair, torch.device("cpu"), [1]) is not fresh
     assert bench_stage.latency_profile(cfg, trio, torch.device("cpu"), [1]) is fresh
@@ -251,7 +284,7 @@ def test_a_profile_of_other_kernels_is_measured_again(compose_cfg, monkeypatch, 
     stored.kernels = None if change == "unrecorded" else bench_stage.timed_kernels(pair)
     stored.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
     fresh = profile()
-    monkeypatch.setattr(bench_stage, "profile_models", lambda *args: fresh)
+    monkeypatch.setattr(bench_stage, "profile_models", lambda *args, **kwargs: fresh)
     monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
     if change == "pack":
         assert pack_linears(loaded.model) > 0

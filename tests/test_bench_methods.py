@@ -11,6 +11,8 @@ import torch
 from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import MethodPlan, at_batch_size, plan_methods
+from sprinter_train.bench.prepare import wants_companion
+from sprinter_train.core.config import compose_config
 from sprinter_train.decoding.registry import MethodError
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.models.tiny import build_tiny_model
@@ -110,3 +112,11 @@ def test_sprinter_and_sv_get_the_artifacts_their_configs_name(compose_cfg, tmp_p
     assert 0.0 <= float(sv.table.lookup_s(half)) <= 1.0
     table = Path(cfg.experiment_dir) / "tables" / "sv_table.json"
     assert result.settings["sv"]["table"] == {"binning": None, "path": str(table)}
+
+
+def test_the_companion_is_loaded_only_for_a_method_that_reads_it() -> None:
+    def wants(methods: str) -> bool:
+        return wants_companion(compose_config(f"bench.methods=[{methods}]"))
+
+    assert not wants("target_only,sd,svip,hf_static,hf_assisted")
+    assert wants("sd,sv") and wants("sv_paper") and wants("sd_learned")

@@ -95,7 +95,7 @@ def test_the_bench_checks_its_profile(
     cfg = compose_cfg("stage=bench", "bench.gamma_max=3", "bench.latency.unchecked_gamma=5")
     calls: list[int] = []
 
-    def measure(*args):
+    def measure(*args, **kwargs):
         calls.append(1)
         return profile(measured)
 

@@ -249,6 +249,60 @@ def measure_step_times(
     }
 
 
+@torch.inference_mode()
+def measure_runner_times(
+    runners: dict[str, Any],
+    new_tokens: dict[str, list[int]],
+    reps: int,
+    context: int,
+    device: torch.device,
+    batch_sizes: Sequence[int] = (1,),
+) -> dict[str, dict[int, dict[int, float]]]:
+    """`measure_step_times` through the engine's own `ModelRunner`s (decoding/runner.py): the
+    forward a round runs, in its layout (lean, static, compiled), with the head applied
+    where a round applies it. A compiled runner's shapes compile in the warm-up rounds. The
+    runners' forward timings are drained after, so the engine's `Timings` learn from the
+    run's own forwards only."""
+    vocab = min(int(r.vocab_size) for r in runners.values())
+    gen = torch.Generator().manual_seed(0)
+    caches: dict[tuple[str, int], Any] = {}
+    for b in batch_sizes:
+        prefix = torch.randint(0, vocab, (b, context), generator=gen).tolist()
+        for name, runner in runners.items():
+            caches[name, b] = runner.new_cache(b, context + max(new_tokens[name]) + 16)
+            runner.prime(caches[name, b], prefix)
+    held = {b: torch.full((b,), context, device=device) for b in batch_sizes}
+    times = {name: {b: {n: [] for n in new_tokens[name]} for b in batch_sizes} for name in runners}
+
+    def timed(name: str, b: int, n: int) -> float:
+        runner, cache = runners[name], caches[name, b]
+        ids = torch.randint(0, vocab, (b, n), generator=gen).to(device)
+        counts = torch.full((b,), n, device=device)
+        keep = torch.arange(n, device=device).expand(b, -1)
+        synchronize(device)
+        start = time.perf_counter()
+        runner.forward(cache, ids, counts, keep, restricted=runner.support is not None)
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        cache.truncate(held[b], context)
+        cache.pack(context, context)
+        return elapsed
+
+    for rep in range(reps + 3):
+        for b in batch_sizes:
+            for name in runners:
+                for n in new_tokens[name]:
+                    elapsed = timed(name, b, n)
+                    if rep >= 3:
+                        times[name][b][n].append(elapsed)
+    for runner in runners.values():
+        runner.forward_times()
+    return {
+        name: {b: {n: statistics.median(v) for n, v in per_n.items()} for b, per_n in per.items()}
+        for name, per in times.items()
+    }
+
+
 def profile_models(
     target: torch.nn.Module,
     draft: torch.nn.Module,
@@ -258,8 +312,11 @@ def profile_models(
     context: int,
     device: torch.device,
     batch_sizes: Sequence[int] = (1,),
+    runners: dict[str, Any] | None = None,
 ) -> LatencyProfile:
-    """Measure the profile at batch 1 and at every one of `batch_sizes`.
+    """Measure the profile at batch 1 and at every one of `batch_sizes`: through the
+    engine's `runners` (role -> ModelRunner) when given, else raw Hugging Face forwards over
+    a DynamicCache (draft_eval's measure of the models themselves).
 
     Provenance's machine readings are imported here, not at the top: an export folder copies
     this module to read a profile (stage=export), and provenance's imports (omegaconf, the
@@ -272,7 +329,11 @@ def profile_models(
     if companion is not None:
         models["companion"], sizes["companion"] = companion, [1]
     load_before, busy_before = load_average(), busy_cores()
-    med = measure_step_times(models, sizes, reps, context, device, sizes_b)
+    if runners is None:
+        med = measure_step_times(models, sizes, reps, context, device, sizes_b)
+    else:
+        chosen = {name: runners[name] for name in models}
+        med = measure_runner_times(chosen, sizes, reps, context, device, sizes_b)
 
     def ms(name: str, b: int) -> dict[int, float]:
         return {n: s * 1e3 for n, s in med[name][b].items()}

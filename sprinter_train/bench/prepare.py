@@ -25,6 +25,7 @@ from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.decoding.engine import Engine, static_settings
 from sprinter_train.decoding.policies import SpeculativeDecoding
+from sprinter_train.decoding.registry import traits_of
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats
 from sprinter_train.harvest.manifest import model_identity
@@ -64,7 +65,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     """Load the models and prompts, build the engine, measure (or reuse and check) the
     latency profile, estimate alpha, choose sd's gamma per batch size and plan the methods."""
     b = cfg.bench
-    models = load_roles(cfg.models, device, dtype)
+    models = load_roles(cfg.models, device, dtype, companion=wants_companion(cfg))
     data_cfg = {**OmegaConf.to_container(cfg.data, resolve=True), "num_prompts": int(b.num_prompts)}
     prompts = load_prompts(data_cfg, models.tokenizer, split=b.split)
     if not prompts:
@@ -84,7 +85,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         eos_token_id=models.eos_token_id,
         pack_every=int(cfg.decoding.pack_every),
     )
-    profile = latency_profile(cfg, models, device, batch_sizes)
+    profile = latency_profile(cfg, models, device, batch_sizes, engine)
     identities = {role: model_identity(getattr(models, role)) for role in ("target", "draft")}
     alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg, identities)
     profile, verdict = checked_profile(
@@ -112,12 +113,17 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
 
 
 def latency_profile(
-    cfg: DictConfig, models: Roles, device: torch.device, batch_sizes: list[int]
+    cfg: DictConfig,
+    models: Roles,
+    device: torch.device,
+    batch_sizes: list[int],
+    engine: Engine | None = None,
 ) -> LatencyProfile:
     """bench/latency.json when it was measured on this device and dtype, of these models
     (a companion's step counts: a profile without one prices it free), covers every batch
     size with 1..gamma_max + 1 tokens a row and was not measured under load (and
-    `bench.latency.reuse`), else a new one."""
+    `bench.latency.reuse`), else a new one. With the `engine`, the profile times its runners'
+    forwards (their layout is part of what it records)."""
     path = Path(cfg.experiment_dir) / "bench" / "latency.json"
     dtype = str(next(models.target.model.parameters()).dtype).removeprefix("torch.")
     lat = cfg.bench.latency
@@ -129,7 +135,7 @@ def latency_profile(
             f"{r}: not in this run"
             for r in set(profile.models or {}) - {m.role for m in models.all()}
         ]
-        kernels = timed_kernels(models)
+        kernels = timed_kernels(models, engine)
         if profile.kernels != kernels:
             differences.append(f"kernels {profile.kernels} (now {kernels})")
         same = not differences
@@ -149,13 +155,19 @@ def latency_profile(
                 profile.load_average,
                 cores(),
             )
-    return measure_profile(cfg, models, device, batch_sizes)
+    return measure_profile(cfg, models, device, batch_sizes, engine)
 
 
 def measure_profile(
-    cfg: DictConfig, models: Roles, device: torch.device, batch_sizes: list[int]
+    cfg: DictConfig,
+    models: Roles,
+    device: torch.device,
+    batch_sizes: list[int],
+    engine: Engine | None = None,
 ) -> LatencyProfile:
-    """A new latency profile, saved as bench/latency.json."""
+    """A new latency profile, saved as bench/latency.json: of the `engine`'s runners when
+    given (a compiled target's forward costs a fraction of the raw eager one on a GPU:
+    3.5 against 17 ms on an H100), else of the raw models."""
     lat = cfg.bench.latency
     companion = models.companion.model if models.companion is not None else None
     profile = profile_models(
@@ -167,9 +179,10 @@ def measure_profile(
         int(lat.context_tokens),
         device,
         batch_sizes,
+        runners=None if engine is None else engine_runners(engine),
     )
     profile.models = timed_models(models)
-    profile.kernels = timed_kernels(models)
+    profile.kernels = timed_kernels(models, engine)
     profile.save(Path(cfg.experiment_dir) / "bench" / "latency.json")
     return profile
 
@@ -179,13 +192,19 @@ def timed_models(models: Roles) -> dict[str, Any]:
     return provenance.model_hashes({m.role: m for m in models.all()})
 
 
-def timed_kernels(models: Roles) -> dict[str, Any]:
+def engine_runners(engine: Engine) -> dict[str, ModelRunner]:
+    """The engine's runners by role (the roles it has)."""
+    return {role: runner for role, runner in engine.runners.items() if runner is not None}
+
+
+def timed_kernels(models: Roles, engine: Engine | None = None) -> dict[str, Any]:
     """What a latency profile records of the kernels it timed, beside the models: the torch
-    version, its threads, and how many linears of each role multiply by prepacked copies
-    (`models.packed`). Prepacking float32 linears halved a 2-token verify on a CPU without
+    version, its threads, how many linears of each role multiply by prepacked copies
+    (`models.packed`) and, timed through an engine, each role's layout (compiled, static,
+    lean, dynamic). Prepacking float32 linears halved a 2-token verify on a CPU without
     bf16 while the 1-token step (all the run's check compares) stayed put, so a profile of
     the plain linears was reused and priced verify blocks at twice their cost."""
-    return {
+    kernels: dict[str, Any] = {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "packed_linears": {
@@ -193,6 +212,9 @@ def timed_kernels(models: Roles) -> dict[str, Any]:
             for m in models.all()
         },
     }
+    if engine is not None:
+        kernels["layouts"] = {r: runner.layout for r, runner in engine_runners(engine).items()}
+    return kernels
 
 
 def checked_profile(
@@ -223,7 +245,7 @@ def checked_profile(
         None if verdict.ratio is None else f"{verdict.ratio:.2f}",
         limit,
     )
-    profile = measure_profile(cfg, models, device, batch_sizes)
+    profile = measure_profile(cfg, models, device, batch_sizes, engine)
     verdict = check(profile)
     if not verdict.agrees:
         log.warning(
@@ -292,6 +314,19 @@ def sd_gamma(
             return int(cfg.bench.latency.unchecked_gamma)
         return profile.best_gamma(alpha, range(0, int(cfg.bench.gamma_max) + 1), batch_size)
     return int(cfg.methods.sd.gamma)
+
+
+def wants_companion(cfg: DictConfig) -> bool:
+    """Whether any method run reads the companion (SV's, and an SV table's, A): loading an
+    unused one costs memory and time, and a machine may not have it (a GPU lease carries only
+    what the run needs)."""
+    methods = cfg.get("methods") or {}
+    reads = {"companion", "table"}
+    return any(
+        reads & traits_of(methods[name], name).needs
+        for name in cfg.bench.methods
+        if name in methods
+    )
 
 
 def batch_sizes_for(asked: list[int], prompts: int) -> list[int]:
