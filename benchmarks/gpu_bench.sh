@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for a lent GPU with no network: install what travelled, profile a batch-1 target
 # step compiled and eager, run the gpu tests, one stage=bench of the offline pair at batch
-# sizes 1, 8, 32 and 64, and stage=draft_eval; everything lands in one folder
+# sizes 1, 8 and 64, and stage=draft_eval; everything lands in one folder
 # (docs/results/gpu.md). The steps run in the order of what a short lease most needs: the
 # compiled step, the bench, the gpu tests, the eager step (today's dynamic engine), draft_eval.
 #
@@ -9,15 +9,15 @@
 #   DEVICE=cpu MODELS=tiny_random PROMPTS=2 MAX_NEW_TOKENS=8 BATCH_SIZES=1,2 benchmarks/gpu_bench.sh
 #
 # Settings (environment): DEVICE (cuda), DTYPE (auto), MODELS (offline_default), PROMPTS (64),
-# MAX_NEW_TOKENS (32), BATCH_SIZES (1,8,32,64), METHODS (target_only,sd,svip,hf_static),
+# MAX_NEW_TOKENS (32), BATCH_SIZES (1,8,64; 32 too once compile time allows), METHODS (target_only,sd,svip,hf_static),
 # COMPILE (decoding.compile: true), STATIC_CAPACITY (decoding.static_capacity: 1024, one KV
 # capacity for every generation, so one compiled shape per rows and width), MAX_PROMPT_TOKENS
 # (data.max_prompt_tokens: 960, so prompt + budget fit that capacity), GAMMA_MAX (3: block widths
 # 1-4), SD_GAMMA (3: one verify width), PROFILE_STEPS (32), PYTHON (python3), WHEELS (a folder
 # of wheels, installed --no-deps; default: shared/wheels or wheels/ when present), PYTEST_PATHS
 # (tests), BENCH_ARGS and DRAFT_EVAL_ARGS (extra Hydra overrides, space-separated), OUT
-# (gpu_bench_out/<timestamp>), and each step's time limit in seconds: T_INSTALL (30),
-# T_PROFILE (100), T_BENCH (250), T_TESTS (75), T_PROFILE_EAGER (40), T_DRAFT_EVAL (50). A failed
+# (gpu_bench_out/<timestamp>), and each step's time limit in seconds: T_INSTALL (25),
+# T_PROFILE (100), T_BENCH (260), T_TESTS (70), T_PROFILE_EAGER (70), T_DRAFT_EVAL (50). A failed
 # or timed-out step is reported and the next one runs; the exit status is 1 when any step
 # failed. A bench cut short keeps the batch sizes it finished (bench/partial/).
 set -u
@@ -29,7 +29,7 @@ DTYPE=${DTYPE:-auto}
 MODELS=${MODELS:-offline_default}
 PROMPTS=${PROMPTS:-64}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
-BATCH_SIZES=${BATCH_SIZES:-1,8,32,64}
+BATCH_SIZES=${BATCH_SIZES:-1,8,64}
 METHODS=${METHODS:-target_only,sd,svip,hf_static}
 COMPILE=${COMPILE:-true}
 STATIC_CAPACITY=${STATIC_CAPACITY:-1024}
@@ -98,21 +98,21 @@ PY
 # shellcheck disable=SC2086  # BENCH_ARGS and DRAFT_EVAL_ARGS are word lists on purpose
 export PYTHON DEVICE WHEELS=${WHEELS:-}
 export -f install_deps  # `timeout` runs programs, so the function runs in a child bash
-step install "${T_INSTALL:-30}" bash -c install_deps
+step install "${T_INSTALL:-25}" bash -c install_deps
 BASE=("models=$MODELS" "device=$DEVICE" "dtype=$DTYPE" "decoding.static_capacity=$STATIC_CAPACITY")
 step profile "${T_PROFILE:-100}" "$PYTHON" benchmarks/profile_step.py --models "$MODELS" \
   --steps "$PROFILE_STEPS" --out "$OUT/profile.txt" --trace "${BASE[@]}" \
   "decoding.compile=$COMPILE"
 BASE+=("data.max_prompt_tokens=$MAX_PROMPT_TOKENS")
-step bench "${T_BENCH:-250}" "$PYTHON" -m sprinter_train stage=bench "${BASE[@]}" \
+step bench "${T_BENCH:-260}" "$PYTHON" -m sprinter_train stage=bench "${BASE[@]}" \
   "decoding.compile=$COMPILE" \
   experiment=gpu_bench "experiment_dir=$OUT/bench_run" "bench.methods=[$METHODS]" \
   "bench.num_prompts=$PROMPTS" "bench.max_new_tokens=$MAX_NEW_TOKENS" \
   "bench.batch_sizes=[$BATCH_SIZES]" bench.min_timed_runs=1 "bench.gamma_max=$GAMMA_MAX" \
   "methods.sd.gamma=$SD_GAMMA" bench.law_distance_prompts=0 bench.judge.enabled=false \
   bench.latency.reuse=false $BENCH_ARGS
-step gpu_tests "${T_TESTS:-75}" "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider $PYTEST_PATHS
-step profile_eager "${T_PROFILE_EAGER:-40}" "$PYTHON" benchmarks/profile_step.py \
+step gpu_tests "${T_TESTS:-70}" "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider $PYTEST_PATHS
+step profile_eager "${T_PROFILE_EAGER:-70}" "$PYTHON" benchmarks/profile_step.py \
   --models "$MODELS" --steps "$PROFILE_STEPS" --out "$OUT/profile_eager.txt" "${BASE[@]}" \
   decoding.compile=false
 step draft_eval "${T_DRAFT_EVAL:-50}" "$PYTHON" -m sprinter_train stage=draft_eval \

