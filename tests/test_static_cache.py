@@ -282,6 +282,30 @@ def test_compiled_forwards_emit_the_eager_tokens_as_rows_leave(models, eos) -> N
     assert_compiled_equals_eager(models, runners, ROWS, eos, policies, [GREEDY, SAMPLING])
 
 
+@pytest.mark.slow
+def test_every_method_emits_the_eager_tokens_with_every_model_compiled(models, eos) -> None:
+    """Target, draft and companion compiled (automatic dynamic shapes keep their graphs few),
+    one policy of every registry class, greedy and sampled, rows leaving at EOS."""
+    compiled = {
+        role: ModelRunner(models[role], VOCAB, static=True, compiled=True)
+        for role in ("target", "draft", "companion")
+    }
+    for sampling in (GREEDY, SAMPLING):
+        on_graphs = Engine(
+            compiled["target"],
+            sampling,
+            draft=compiled["draft"],
+            companion=compiled["companion"],
+            eos_token_id=eos,
+            timings=fixed_timings(),
+        )
+        for fresh, again in zip(every_method(models), every_method(models), strict=True):
+            eager = engine(models, sampling, eos, static=True).generate(ROWS, fresh, NEW_TOKENS)
+            out = on_graphs.generate(ROWS, again, NEW_TOKENS)
+            assert [r.tokens for r in out] == [r.tokens for r in eager], fresh.name
+    assert all(r.compiled and r.compile_seconds > 0 for r in compiled.values())
+
+
 @pytest.mark.law
 @pytest.mark.slow
 def test_sd_keeps_the_target_law_with_a_compiled_static_target(models) -> None:

@@ -62,7 +62,7 @@ class ModelRunner:
     per (row bucket, width, capacity); the first call of each shape is compile time
     (`compile_seconds`), kept out of `seconds` and `forward_times`. Static caches start with
     at least `min_capacity` slots (one capacity for every generation: fewer compiled shapes),
-    reuse their buffers across generations (`KVPool`) and, when compiled, keep their row
+    reuse their buffers across generations (`KVPool`) and, compiled on a GPU, keep their row
     bucket as rows leave.
     """
 
@@ -92,7 +92,9 @@ class ModelRunner:
         self._shapes_seen: set[tuple[int, int, int]] = set()
         self.min_capacity = min_capacity
         self.kv_pool = KVPool()
-        self.shrink_rows = not self.compiled  # a compiled cache keeps its shape as rows leave
+        # on a GPU a compiled cache keeps its row bucket as rows leave (inert rows cost next to
+        # nothing there, a new bucket a new CUDA graph); on a CPU every row costs compute
+        self.shrink_rows = not (self.compiled and self.device.type == "cuda")
         self.compile_seconds = 0.0  # first calls of new compiled shapes (not in `seconds`)
         self.support: torch.Tensor | None = None  # the head's ids on the shared vocabulary
         if self.lean is not None and self.lean.head_ids is not None:
@@ -368,13 +370,19 @@ def compiled_step(step: Any, device: torch.device) -> Any:
     target_only/sd/svip at 1, 4 and 8 rows: 6 graphs and 55 s of compile on the 2-core CPU,
     against 18 graphs and 114 s with `dynamic=False`, the same tokens). Dynamo's recompile
     limit is raised to cover them. On CUDA the graphs replay as CUDA graphs
-    (`reduce-overhead`), which records one per concrete shape (milliseconds, no compile)."""
+    (`reduce-overhead`), which records one per concrete shape (milliseconds, no compile). On
+    a CPU inductor freezes the weights (constants, its linears on prepacked oneDNN weights):
+    without it the compiled 2- and 4-token forwards of the 135M target lost the eager path's
+    prepacked linears and cost 1.65x the 1-token one (89 against 54 ms at batch 1); frozen,
+    56 and 65 against 62 ms, and at 4 rows 72/93/116 ms against eager 99/120/153 ms, for
+    about 4x the compile time (200-300 s a graph on the 2-core CPU)."""
     limit = 256  # row buckets x widths x capacities of a run stay far below this
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, limit)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, limit)
-    mode = "reduce-overhead" if device.type == "cuda" else None
-    return torch.compile(step, fullgraph=True, dynamic=None, mode=mode)
+    if device.type == "cuda":
+        return torch.compile(step, fullgraph=True, dynamic=None, mode="reduce-overhead")
+    return torch.compile(step, fullgraph=True, dynamic=None, options={"freezing": True})
 
 
 def _row_of(kv: DynamicCache, index: int) -> DynamicCache:

@@ -22,9 +22,9 @@ unchanged and changes only where the keys and values live:
   new shape), and `crowded` tells the engine to pack before that happens;
 - buffers outlive their cache in a `KVPool`: the next generation of the same shape gets the
   same addresses back (zeroed), so a CUDA graph recorded on them replays instead of being
-  recorded again each generation; and a compiled cache never shrinks its row bucket when
-  rows leave (`shrink=False`): the leavers' rows turn inert, so a batch that empties row by
-  row stays at one shape instead of compiling one per smaller bucket.
+  recorded again each generation; and on a GPU a compiled cache never shrinks its row
+  bucket when rows leave (`shrink=False`): the leavers' rows turn inert (next to free on a
+  GPU), so a batch that empties row by row stays at one shape and one CUDA graph.
 
 Masked slots get exactly zero attention weight, so a row's arithmetic is that of the dynamic
 layout over more (ignored) columns: the tokens do not change.
