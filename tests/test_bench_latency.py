@@ -183,7 +183,9 @@ def test_the_bench_reuses_a_profile_only_when_it_covers_the_run(compose_cfg, mon
     first = stage.latency_profile(cfg, models, cpu, [1, 2])
     measured: list[list[int]] = []
     real = stage.profile_models
-    monkeypatch.setattr(stage, "profile_models", lambda *a, **k: measured.append(a[-1]) or real(*a, **k))
+    monkeypatch.setattr(
+        stage, "profile_models", lambda *a, **k: measured.append(a[-1]) or real(*a, **k)
+    )
     assert stage.latency_profile(cfg, models, cpu, [1, 2]) == first  # covered: read back
     assert stage.latency_profile(cfg, models, cpu, [2]) == first
     assert not measured
