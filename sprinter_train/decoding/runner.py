@@ -110,9 +110,10 @@ class ModelRunner:
 
     @property
     def layout(self) -> str:
-        """How this model's forwards run: compiled, static (eager), lean or dynamic."""
+        """How this model's forwards run: compiled (with CUDA graphs on a GPU, frozen weights
+        on a CPU: see `compiled_step`), static (eager), lean or dynamic."""
         if self.compiled:
-            return "compiled"
+            return "compiled:" + ("cudagraphs" if self.device.type == "cuda" else "frozen")
         return "static" if self.static else "lean" if self.lean is not None else "dynamic"
 
     def new_cache(self, rows: int, capacity: int = 0) -> RowCache:
