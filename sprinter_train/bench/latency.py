@@ -203,6 +203,29 @@ class LatencyProfile:
         return cls(**data)
 
 
+def interleaved_medians(
+    timed: Callable[[str, int, int], float],
+    new_tokens: dict[str, list[int]],
+    reps: int,
+    batch_sizes: Sequence[int],
+) -> dict[str, dict[int, dict[int, float]]]:
+    """Median of `reps` `timed(name, batch size, n)` calls for every name's n at every batch
+    size, in interleaved rounds (every size of every model once a round) so machine noise hits
+    all alike; three warm-up rounds (allocator, kernels, any compilation) are discarded."""
+    times = {name: {b: {n: [] for n in ns} for b in batch_sizes} for name, ns in new_tokens.items()}
+    for rep in range(reps + 3):
+        for b in batch_sizes:
+            for name, ns in new_tokens.items():
+                for n in ns:
+                    elapsed = timed(name, b, n)
+                    if rep >= 3:
+                        times[name][b][n].append(elapsed)
+    return {
+        name: {b: {n: statistics.median(v) for n, v in per_n.items()} for b, per_n in per.items()}
+        for name, per in times.items()
+    }
+
+
 @torch.inference_mode()
 def measure_step_times(
     models: dict[str, torch.nn.Module],
@@ -223,7 +246,6 @@ def measure_step_times(
         prefix = torch.randint(0, vocab, (b, context), generator=gen).to(device)
         for name, model in models.items():
             caches[name, b] = returned_cache(model(input_ids=prefix, use_cache=True))
-    times = {name: {b: {n: [] for n in new_tokens[name]} for b in batch_sizes} for name in models}
 
     def timed(name: str, b: int, n: int) -> float:
         ids = torch.randint(0, vocab, (b, n), generator=gen).to(device)
@@ -236,17 +258,7 @@ def measure_step_times(
         crop_cache(caches[name, b], context)
         return elapsed
 
-    for rep in range(reps + 3):
-        for b in batch_sizes:
-            for name in models:
-                for n in new_tokens[name]:
-                    elapsed = timed(name, b, n)
-                    if rep >= 3:
-                        times[name][b][n].append(elapsed)
-    return {
-        name: {b: {n: statistics.median(v) for n, v in per_n.items()} for b, per_n in per.items()}
-        for name, per in times.items()
-    }
+    return interleaved_medians(timed, new_tokens, reps, batch_sizes)
 
 
 @torch.inference_mode()
@@ -272,7 +284,6 @@ def measure_runner_times(
             caches[name, b] = runner.new_cache(b, context + max(new_tokens[name]) + 16)
             runner.prime(caches[name, b], prefix)
     held = {b: torch.full((b,), context, device=device) for b in batch_sizes}
-    times = {name: {b: {n: [] for n in new_tokens[name]} for b in batch_sizes} for name in runners}
 
     def timed(name: str, b: int, n: int) -> float:
         runner, cache = runners[name], caches[name, b]
@@ -288,19 +299,10 @@ def measure_runner_times(
         cache.pack(context, context)
         return elapsed
 
-    for rep in range(reps + 3):
-        for b in batch_sizes:
-            for name in runners:
-                for n in new_tokens[name]:
-                    elapsed = timed(name, b, n)
-                    if rep >= 3:
-                        times[name][b][n].append(elapsed)
+    medians = interleaved_medians(timed, new_tokens, reps, batch_sizes)
     for runner in runners.values():
         runner.forward_times()
-    return {
-        name: {b: {n: statistics.median(v) for n, v in per_n.items()} for b, per_n in per.items()}
-        for name, per in times.items()
-    }
+    return medians
 
 
 def profile_models(

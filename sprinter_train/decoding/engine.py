@@ -71,7 +71,7 @@ def decoding_problems(decoding: dict[str, Any]) -> list[str]:
 def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """ModelRunner's `static`, `compiled` and `min_capacity` from `decoding.static_cache`,
     `decoding.compile` and `decoding.static_capacity`: compile's auto is on for CUDA only (on
-    the 2-core CPU a shape of the 135M target compiles for ~1 min and the bench's gain was
+    the 2-core CPU a graph of the 135M target compiles for minutes and the bench's gain was
     mixed, see docs/architecture.md), and static_cache's auto follows compile."""
     compiled = resolve_compile(decoding.get("compile", "auto"), device)
     static_on = parse_switch(decoding.get("static_cache", "auto"))
