@@ -119,10 +119,7 @@ class StaticRowCache(RowCache):
         self._round_growth = 0  # slots the last round appended
 
     def _allocate(self, rows: int, capacity: int) -> StaticCache:
-        """Buffers for (rows, capacity): the pool's, zeroed, when it has them; the buffers
-        held until now go back to the pool."""
-        if self._pool is not None and self._held:
-            self._pool.give(self._held["key"], self._held["kv"])
+        """Buffers for (rows, capacity): the pool's, zeroed, when it has them."""
         kv = None if self._pool is None else self._pool.take((rows, capacity))
         if kv is None:
             kv = self._new_buffers(rows, capacity)
@@ -233,13 +230,15 @@ class StaticRowCache(RowCache):
 
     def _replace(self, rows: torch.Tensor, capacity: int) -> None:
         """New buffers (this bucket, `capacity`) holding `rows` of the old ones."""
-        old = self.buffers
+        old, old_key, old_kv = self.buffers, self._held["key"], self._held["kv"]
         self.kv = self._allocate(self.bucket, capacity)
         span = min(self.slots, capacity)
         with torch.inference_mode():
             for (keys, values), (new_keys, new_values) in zip(old, self.buffers, strict=True):
                 new_keys[: len(rows), :, :span] = keys[rows, :, :span]
                 new_values[: len(rows), :, :span] = values[rows, :, :span]
+        if self._pool is not None:  # copied out: the old buffers serve the next cache
+            self._pool.give(old_key, old_kv)
         self._set_slots(self.slots)
 
     def pack(self, longest: int, shortest: int = 0) -> None:
