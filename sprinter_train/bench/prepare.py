@@ -179,7 +179,7 @@ def measure_profile(
         int(lat.context_tokens),
         device,
         batch_sizes,
-        runners=None if engine is None else engine_runners(engine),
+        runners=None if engine is None else engine.present_runners,
     )
     profile.models = timed_models(models)
     profile.kernels = timed_kernels(models, engine)
@@ -190,11 +190,6 @@ def measure_profile(
 def timed_models(models: Roles) -> dict[str, Any]:
     """What a latency profile records of the models it timed (role -> model_identity)."""
     return provenance.model_hashes({m.role: m for m in models.all()})
-
-
-def engine_runners(engine: Engine) -> dict[str, ModelRunner]:
-    """The engine's runners by role (the roles it has)."""
-    return {role: runner for role, runner in engine.runners.items() if runner is not None}
 
 
 def timed_kernels(models: Roles, engine: Engine | None = None) -> dict[str, Any]:
@@ -213,7 +208,7 @@ def timed_kernels(models: Roles, engine: Engine | None = None) -> dict[str, Any]
         },
     }
     if engine is not None:
-        kernels["layouts"] = {r: runner.layout for r, runner in engine_runners(engine).items()}
+        kernels["layouts"] = {r: runner.layout for r, runner in engine.present_runners.items()}
     return kernels
 
 

@@ -107,6 +107,11 @@ class Engine:
         self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None  # see `any`
         self._shared_head: bool | None = None  # see `_companion_on_draft_head`
 
+    @property
+    def present_runners(self) -> dict[str, ModelRunner]:
+        """The runners this engine has, by role (in `ROLES` order)."""
+        return {r: self.runners[r] for r in ROLES if self.runners[r] is not None}
+
     # -- the operations policies use ---------------------------------------------------------
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
@@ -290,7 +295,7 @@ class Engine:
         rows = [Row(i, list(p), len(p), max_new_tokens) for i, p in enumerate(prompts)]
         for row in rows:
             row.finished = max_new_tokens <= 0
-        roles = [r for r in ROLES if self.runners[r] is not None]
+        roles = list(self.present_runners)
         capacity = max(len(p) for p in prompts) + max(max_new_tokens, 0) + CAPACITY_SLACK
         return Batch(
             rows,
@@ -378,7 +383,7 @@ class Engine:
         seeds = list(range(len(prompts))) if seeds is None else list(seeds)
         batch = self.new_batch(prompts, max_new_tokens, seeds)
         done = list(batch.rows)
-        roles = [r for r in ROLES if self.runners[r] is not None]
+        roles = list(self.present_runners)
         synchronize(self.device)
         before = {role: self.runners[role].seconds for role in roles}
         compiling = sum(self.runners[role].compile_seconds for role in roles)
