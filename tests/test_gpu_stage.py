@@ -41,7 +41,7 @@ def test_the_parts_fit_a_call_and_rebuild_the_target(tmp_path: Path) -> None:
     pieces = sorted(name for name in files if name.startswith("gguf."))
     gguf = b"".join(files[name].read_bytes() for name in pieces)
     script = files["run.sh"].read_text()
-    assert hashlib.sha256(gguf).hexdigest() in script and "benchmarks/gpu_bench.sh" in script
+    assert hashlib.sha256(gguf).hexdigest() in script and "OUT=$G benchmarks/gpu_bench.sh" in script
     assert " ".join(f"/tmp/stage/{p}" for p in pieces) in script
     with tarfile.open(files["site.tgz"]) as tar:
         names = tar.getnames()
