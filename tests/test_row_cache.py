@@ -109,7 +109,7 @@ def test_a_pack_from_the_settled_slots_puts_every_slot_where_a_full_pack_does(ki
         RowCache(3, torch.device("cpu"), kind()),
     )
     for cache in (settled, full):
-        cache.absorb(primed, prefix)
+        cache.absorb([([r], row) for r, row in enumerate(primed)], prefix)
     committed = list(prefix)
     for step in range(12):
         rows = len(committed)

@@ -30,7 +30,8 @@ from sprinter_train.decoding.policies import (
 )
 from sprinter_train.decoding.policies.online import OnlineLength
 from sprinter_train.decoding.registry import method_class
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding import runner as runner_module
+from sprinter_train.decoding.runner import ModelRunner, prefill_groups
 from sprinter_train.decoding.static_cache import StaticRowCache, capacity_bucket, row_bucket
 from sprinter_train.models.packed import pack_linears
 from tests.decoding_helpers import (
@@ -58,7 +59,8 @@ def models() -> dict[str, torch.nn.Module]:
 
 
 def engine(models, sampling, eos: int | None, **layout: bool) -> Engine:
-    """The trio's engine with every runner in the given layout (`static`, `compiled`)."""
+    """The trio's engine with every runner in the given layout (`static`, `compiled`,
+    `padded_prefill`)."""
     return Engine(
         ModelRunner(models["target"], VOCAB, **layout),
         sampling,
@@ -182,6 +184,37 @@ def test_reused_buffers_and_unshrinking_rows_keep_the_tokens(models, eos) -> Non
     assert len(static.target.kv_pool) >= 1
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_a_padded_prefill_emits_the_by_length_prefills_tokens(models, eos, sampling, static):
+    """The GPU's prefill (rows right-padded into one forward, no mask) changes no token of any
+    method: the causal mask hides the padding after a prompt from the prompt, and the padded
+    slots are marked empty (float32, prompts of four lengths, rows leaving at EOS)."""
+    calls = []
+    for fresh, again in zip(every_method(models), every_method(models), strict=True):
+        by_length = engine(models, sampling, eos, static=static)
+        padded = engine(models, sampling, eos, static=static, padded_prefill=True)
+        expected = by_length.generate(ROWS, fresh, NEW_TOKENS)
+        with pytest.MonkeyPatch.context() as patch:
+            real = runner_module.body
+            patch.setattr(runner_module, "body", lambda *a, **k: calls.append(1) or real(*a, **k))
+            runner = padded.target
+            before = len(calls)
+            runner.prime(runner.new_cache(len(ROWS)), [row[:-1] for row in ROWS])
+            assert len(calls) - before == 1  # one forward for every prompt
+        out = padded.generate(ROWS, again, NEW_TOKENS)
+        assert [r.tokens for r in out] == [r.tokens for r in expected], fresh.name
+
+
+def test_prefill_groups_by_length_or_padded_within_a_budget() -> None:
+    lengths = [3, 0, 5, 3, 2, 5]
+    assert prefill_groups(lengths, False, 4) == [[0, 3], [2, 5], [4]]
+    assert prefill_groups(lengths, True, 100) == [[2, 5, 0, 3, 4]]
+    # longest first, each forward at most `budget` padded tokens (rows x its longest)
+    assert prefill_groups(lengths, True, 10) == [[2, 5], [0, 3, 4]]
+    assert prefill_groups(lengths, True, 1) == [[2], [5], [0], [3], [4]]
+
+
 def test_buckets_are_bounded_powers_of_two() -> None:
     assert [row_bucket(n) for n in (1, 2, 3, 5, 64, 65, 1000)] == [1, 2, 4, 8, 64, 128, 1024]
     assert [capacity_bucket(n) for n in (1, 64, 65, 300)] == [64, 64, 128, 512]
@@ -189,20 +222,30 @@ def test_buckets_are_bounded_powers_of_two() -> None:
 
 def test_the_switches_resolve_and_are_validated() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert static_settings({}, cpu) == {"static": False, "compiled": False, "min_capacity": 0}
-    assert static_settings({}, cuda) == {"static": True, "compiled": True, "min_capacity": 0}
+    prefill = {"prefill_tokens": 1 << 16}
+    layout = ("static", "compiled", "min_capacity", "padded_prefill")
+    assert static_settings({}, cpu) == {**dict.fromkeys(layout, False), **prefill, "min_capacity": 0}
+    assert static_settings({}, cuda) == {**dict.fromkeys(layout, True), **prefill, "min_capacity": 0}
     assert static_settings({"static_cache": True}, cpu) == {
         "static": True,
         "compiled": False,
         "min_capacity": 0,
+        "padded_prefill": False,
+        **prefill,
     }
-    assert static_settings({"compile": "true"}, cpu) == {
+    on = static_settings({"compile": "true", "prefill": "padded", "prefill_tokens": 9}, cpu)
+    assert on == {
         "static": True,
         "compiled": True,
         "min_capacity": 0,
+        "padded_prefill": True,
+        "prefill_tokens": 9,
     }
+    assert not static_settings({"prefill": "by_length"}, cuda)["padded_prefill"]
     assert static_settings({"static_capacity": 512}, cpu)["min_capacity"] == 512
     assert len(decoding_problems({"static_capacity": -1})) == 1
+    assert len(decoding_problems({"prefill": "sorted"})) == 1
+    assert len(decoding_problems({"prefill_tokens": 0})) == 1
     assert decoding_problems({"compile": "auto", "static_cache": "auto"}) == []
     assert decoding_problems({"compile": "yes"}) == [
         "decoding.compile='yes': expected auto, true or false"
@@ -210,6 +253,8 @@ def test_the_switches_resolve_and_are_validated() -> None:
     assert len(decoding_problems({"compile": True, "static_cache": False})) == 1
     config = compose_config()
     assert config.decoding.compile == "auto" and config.decoding.static_cache == "auto"
+    assert config.decoding.prefill == "auto"
+    assert decoding_problems(dict(config.decoding)) == []
 
 
 def test_the_target_forward_is_one_graph_at_every_bucket(models) -> None:

@@ -71,27 +71,21 @@ class RowCache:
         self.position = torch.cat([self.position, block], dim=1)
         self.lengths = self.lengths + counts
 
-    def absorb(self, rows: list[DynamicCache | None], counts: list[int]) -> None:
-        """Take per-row caches (row r holding counts[r] tokens, None for none) as this empty
-        cache's first block: each row's keys and values padded to the longest on the right
-        (into a cache of this one's kind)."""
+    def absorb(self, groups: list[tuple[list[int], DynamicCache]], counts: list[int]) -> None:
+        """Take prefill caches as this empty cache's first block: each group's cache holds its
+        member rows (in order, right-padded to the group's longest) and row r's first
+        counts[r] slots hold its tokens; every row is padded to the longest on the right (into
+        a cache of this one's kind). The slots past a row's count are marked empty."""
         width = max(counts, default=0)
         if width == 0:
             return
-        filled = [kv for kv in rows if kv is not None]
-        layers = len(filled[0].layers)
         kv = type(self.kv)()
-        for layer in range(layers):
-            ref = filled[0].layers[layer].keys
-            blank = ref.new_zeros((1, ref.shape[1], width, ref.shape[3]))
-            keys, values = [], []
-            for row in rows:
-                k = blank if row is None else row.layers[layer].keys
-                v = blank if row is None else row.layers[layer].values
-                pad = (0, 0, 0, width - k.shape[2])
-                keys.append(torch.nn.functional.pad(k, pad))
-                values.append(torch.nn.functional.pad(v, pad))
-            kv.update(torch.cat(keys), torch.cat(values), layer)
+        for layer in range(len(groups[0][1].layers)):
+            ref = groups[0][1].layers[layer].keys
+            shape = (self.rows, ref.shape[1], width, ref.shape[3])
+            keys, values = ref.new_zeros(shape), ref.new_zeros(shape)
+            write_groups(keys, values, groups, layer)
+            kv.update(keys, values, layer)
         counts_t = torch.as_tensor(counts, device=self.lengths.device)
         self.append(kv, counts_t, width)
         self.settled = min(counts)
@@ -162,3 +156,18 @@ class RowCache:
         columns = torch.arange(longest, device=self.lengths.device)
         self.position = torch.where(columns[None, :] < self.lengths[:, None], columns, -1)
         self.settled = shortest
+
+
+def write_groups(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    groups: list[tuple[list[int], DynamicCache]],
+    layer: int,
+) -> None:
+    """Copy each group's keys and values of `layer` into rows `members` of (rows, heads,
+    slots, head dim) buffers, from slot 0: one copy per group, not per row."""
+    for members, group in groups:
+        index = torch.as_tensor(members, device=keys.device)
+        k, v = group.layers[layer].keys, group.layers[layer].values
+        keys[index, :, : k.shape[2]] = k
+        values[index, :, : v.shape[2]] = v

@@ -45,6 +45,7 @@ ROLES = ("target", "draft", "companion")
 PACK_EVERY = 8  # decoding.pack_every's default: rounds between squeezing empty cache slots out
 
 
+PREFILLS = ("auto", "by_length", "padded")  # decoding.prefill: see runner.prefill_groups
 CAPACITY_SLACK = 16  # slots a static cache holds past prompt + budget (drafts past the budget)
 
 
@@ -55,6 +56,10 @@ def decoding_problems(decoding: dict[str, Any]) -> list[str]:
         check_whole(problems, "decoding.pack_every", decoding["pack_every"], 1)
     if "static_capacity" in decoding:
         check_whole(problems, "decoding.static_capacity", decoding["static_capacity"], 0)
+    if "prefill_tokens" in decoding:
+        check_whole(problems, "decoding.prefill_tokens", decoding["prefill_tokens"], 1)
+    if "prefill" in decoding and str(decoding["prefill"]) not in PREFILLS:
+        problems.append(f"decoding.prefill={decoding['prefill']!r}: expected one of {PREFILLS}")
     for key in ("static_cache", "compile"):
         if key in decoding and parse_switch(decoding[key]) is None:
             problems.append(f"decoding.{key}={decoding[key]!r}: expected auto, true or false")
@@ -69,15 +74,24 @@ def decoding_problems(decoding: dict[str, Any]) -> list[str]:
 
 
 def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """ModelRunner's `static`, `compiled` and `min_capacity` from `decoding.static_cache`,
-    `decoding.compile` and `decoding.static_capacity`: compile's auto is on for CUDA only (on
-    the 2-core CPU a graph of the 135M target compiles for minutes and the bench's gain was
-    mixed, see docs/architecture.md), and static_cache's auto follows compile."""
+    """ModelRunner's layout settings from the `decoding` section: `static`, `compiled`,
+    `min_capacity` (`decoding.static_cache`, `.compile`, `.static_capacity`; compile's auto is
+    on for CUDA only: on the 2-core CPU a graph of the 135M target compiles for minutes and
+    the bench's gain was mixed, see docs/architecture.md; static_cache's auto follows
+    compile) and the prefill's (`decoding.prefill`, auto: padded on CUDA, and
+    `.prefill_tokens`; see `runner.prefill_groups`)."""
     compiled = resolve_compile(decoding.get("compile", "auto"), device)
     static_on = parse_switch(decoding.get("static_cache", "auto"))
     static = compiled if static_on == "auto" else bool(static_on)
     min_capacity = int(decoding.get("static_capacity", 0) or 0)
-    return {"static": static, "compiled": compiled and static, "min_capacity": min_capacity}
+    prefill = str(decoding.get("prefill", "auto"))
+    return {
+        "static": static,
+        "compiled": compiled and static,
+        "min_capacity": min_capacity,
+        "padded_prefill": device.type == "cuda" if prefill == "auto" else prefill == "padded",
+        "prefill_tokens": int(decoding.get("prefill_tokens", 1 << 16)),
+    }
 
 
 class Engine:

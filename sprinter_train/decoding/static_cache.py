@@ -38,7 +38,7 @@ from collections import OrderedDict
 import torch
 from transformers import StaticCache
 
-from sprinter_train.decoding.cache import RowCache
+from sprinter_train.decoding.cache import RowCache, write_groups
 
 MIN_CAPACITY = 64  # smallest capacity bucket: short generations share one shape
 MAX_ROW_BUCKET = 64  # rows are rounded to powers of two up to here, to multiples of it past it
@@ -194,18 +194,15 @@ class StaticRowCache(RowCache):
     def append(self, kv, counts: torch.Tensor, width: int) -> None:
         super().append(self.kv, counts, width)
 
-    def absorb(self, rows, counts: list[int]) -> None:
-        """Write per-row prefill caches into slots 0 .. max(counts) - 1 of the buffers."""
+    def absorb(self, groups, counts: list[int]) -> None:
+        """`RowCache.absorb` into slots 0 .. max(counts) - 1 of the buffers."""
         width = max(counts, default=0)
         if width == 0:
             return
         self.reserve(width)
-        for layer, (keys, values) in enumerate(self.buffers):
-            for r, row in enumerate(rows):
-                if row is not None:
-                    n = row.layers[layer].keys.shape[2]
-                    keys[r, :, :n] = row.layers[layer].keys[0]
-                    values[r, :, :n] = row.layers[layer].values[0]
+        with torch.inference_mode():
+            for layer, (keys, values) in enumerate(self.buffers):
+                write_groups(keys, values, groups, layer)
         self._set_slots(width)
         counts_t = torch.as_tensor(counts, device=self.lengths.device)
         RowCache.append(self, self.kv, counts_t, width)
