@@ -15,7 +15,9 @@
 # (data.max_prompt_tokens: 960, so prompt + budget fit that capacity), GAMMA_MAX (3: block widths
 # 1-4), SD_GAMMA (3: one verify width), PROFILE_STEPS (32), PYTHON (python3), WHEELS (a folder
 # of wheels, installed --no-deps; default: shared/wheels or wheels/ when present), PYTEST_PATHS
-# (tests), BENCH_ARGS and DRAFT_EVAL_ARGS (extra Hydra overrides, space-separated), OUT
+# (tests), BENCH_ARGS and DRAFT_EVAL_ARGS (extra Hydra overrides, space-separated), STEPS (the
+# steps to run, comma-separated; default all six: install,profile,bench,gpu_tests,
+# profile_eager,draft_eval), OUT
 # (gpu_bench_out/<timestamp>), and each step's time limit in seconds: T_INSTALL (25),
 # T_PROFILE (100), T_BENCH (260), T_TESTS (70), T_PROFILE_EAGER (70), T_DRAFT_EVAL (50). A failed
 # or timed-out step is reported and the next one runs; the exit status is 1 when any step
@@ -49,10 +51,17 @@ STARTED=$(date +%s)
 FAILED=()
 : >"$OUT/steps.tsv"
 
-# step <name> <seconds> <command...>: run it under a time limit, log to logs/<name>.log
+STEPS=${STEPS:-install,profile,bench,gpu_tests,profile_eager,draft_eval}
+
+# step <name> <seconds> <command...>: run it under a time limit, log to logs/<name>.log (a step
+# not in STEPS is skipped)
 step() {
   local name=$1 limit=$2 start rc verdict
   shift 2
+  case ",$STEPS," in
+    *",$name,"*) ;;
+    *) printf '%s\tskipped\t0s\n' "$name" | tee -a "$OUT/steps.tsv"; return ;;
+  esac
   echo "== $name (limit ${limit}s): $*"
   start=$(date +%s)
   timeout --kill-after=10 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1

