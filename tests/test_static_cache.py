@@ -376,15 +376,16 @@ def test_sd_keeps_the_target_law_with_a_compiled_static_target(models) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
 def test_on_cuda_the_compiled_static_target_emits_the_dynamic_tokens(sampling) -> None:
-    """`reduce-overhead` (CUDA graphs over the static buffers) against the dynamic layout on
-    the same GPU, float32; compile time stays out of the forward seconds."""
+    """`reduce-overhead` (CUDA graphs over the static buffers, prompts prefilled padded: the
+    GPU's default) against the dynamic layout prefilled by length on the same GPU, float32;
+    compile time stays out of the forward seconds."""
     cuda = {role: model.to("cuda") for role, model in tiny_trio().items()}
     runner = ModelRunner(cuda["target"], VOCAB, static=True, compiled=True)
     for policy in (TargetOnly(), SpeculativeDecoding(gamma=3)):
         plain = Engine(
-            ModelRunner(cuda["target"], VOCAB),
+            ModelRunner(cuda["target"], VOCAB, padded_prefill=False),
             sampling,
-            draft=ModelRunner(cuda["draft"], VOCAB),
+            draft=ModelRunner(cuda["draft"], VOCAB, padded_prefill=False),
             timings=fixed_timings(),
         )
         compiled = Engine(
@@ -393,4 +394,4 @@ def test_on_cuda_the_compiled_static_target_emits_the_dynamic_tokens(sampling) -
         expected = [r.tokens for r in plain.generate(PROMPTS, policy, NEW_TOKENS)]
         for _ in range(2):  # the second generation replays recorded graphs
             assert [r.tokens for r in compiled.generate(PROMPTS, policy, NEW_TOKENS)] == expected
-    assert runner.compile_seconds > 0
+    assert runner.compile_seconds > 0 and runner.padded_prefill
