@@ -39,7 +39,8 @@ MAX_PROMPT_TOKENS=${MAX_PROMPT_TOKENS:-960}
 GAMMA_MAX=${GAMMA_MAX:-3}
 SD_GAMMA=${SD_GAMMA:-3}
 PROFILE_STEPS=${PROFILE_STEPS:-32}
-PYTEST_PATHS=${PYTEST_PATHS:-tests}
+# the modules holding gpu tests: collecting all of tests/ needs datasets, which does not travel
+PYTEST_PATHS=${PYTEST_PATHS:-$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')}
 BENCH_ARGS=${BENCH_ARGS:-}
 DRAFT_EVAL_ARGS=${DRAFT_EVAL_ARGS:-}
 OUT=${OUT:-gpu_bench_out/$(date +%Y%m%d-%H%M%S)}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import importlib.util
 import io
 import json
@@ -48,6 +49,14 @@ def package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def dist_info(package: str) -> Path:
+    """The installed metadata folder (*.dist-info) of the distribution holding `package`."""
+    names = importlib.metadata.packages_distributions().get(package)
+    if not names:
+        raise SystemExit(f"no installed distribution holds {package}")
+    return Path(importlib.metadata.distribution(names[0])._path)  # type: ignore[attr-defined]
+
+
 def site_archive(conversations: int, experiment: Path | None = None) -> bytes:
     """The pure-Python packages (this venv's, i.e. the lock's versions), a ShareGPT file of
     the first `conversations` conversations (the bench's test prompts come from the start of
@@ -60,6 +69,9 @@ def site_archive(conversations: int, experiment: Path | None = None) -> bytes:
         for name in PACKAGES:
             folder = package_dir(name)
             tar.add(folder, arcname=name, filter=lambda t: None if "__pycache__" in t.name else t)
+            # the metadata too: transformers reads gguf's version from it ("N/A" without)
+            info = dist_info(name)
+            tar.add(info, arcname=info.name)
         for part in EXPERIMENT_PARTS if experiment is not None else ():
             tar.add(experiment / part, arcname=f"experiment/{part}")
         text = json.dumps(list(iter_conversations(limit=conversations))).encode()

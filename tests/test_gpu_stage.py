@@ -55,6 +55,8 @@ def test_the_parts_fit_a_call_and_rebuild_the_target(tmp_path: Path) -> None:
     assert {"experiment/tables/marker.json", "experiment/train/marker.json"} <= set(names)
     assert "cp -r /tmp/site/experiment/. $G/bench_run/" in script
     assert not any("__pycache__" in name for name in names)
+    # transformers reads gguf's version from its metadata: it must travel with the package
+    assert any(name.startswith("gguf-") and name.endswith(".dist-info") for name in names)
     assert (
         files["draft.safetensors"].read_bytes()
         == (REPO / "checkpoints/drafts/smollm2-draft/model.safetensors").read_bytes()
