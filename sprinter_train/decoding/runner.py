@@ -103,8 +103,15 @@ class ModelRunner:
         self.shrink_rows = not (self.compiled and self.device.type == "cuda")
         self.compile_seconds = 0.0  # first calls of new compiled shapes (not in `seconds`)
         self.support: torch.Tensor | None = None  # the head's ids on the shared vocabulary
-        if self.lean is not None and self.lean.head_ids is not None:
+        self._head_order: torch.Tensor | None = None  # the restricted head's rows, ascending
+        ids = None
+        if self.lean is not None:
             ids = self.lean.head_ids
+        elif hasattr(model.get_output_embeddings(), "token_ids"):
+            ids = model.get_output_embeddings().token_ids
+            self._head_order = ids.argsort()
+            ids = ids[self._head_order]
+        if ids is not None:
             self._support_size = int((ids < vocab_size).sum())  # ascending: a prefix
             self.support = ids[: self._support_size].to(self.device)
         self._cpu_seconds = 0.0
@@ -232,7 +239,7 @@ class ModelRunner:
         if self.lean is not None:
             return self._lean_forward(cache, ids, counts, keep, restricted)
         if isinstance(cache, StaticRowCache):
-            return self._static_forward(cache, ids, counts, keep)
+            return self._static_forward(cache, ids, counts, keep, restricted)
         width = ids.shape[1]
         positions, mask = cache.block(counts, width)
         with self._timed((ids.shape[0], width)):
@@ -247,6 +254,7 @@ class ModelRunner:
             )
             cache.append(kv, counts, width)
             picked, hidden = _pick(final, chosen, keep, width)
+            # the reference layout: full-vocabulary logits even for a restricted head
             logits = head_logits(self.model, picked, self.vocab_size).float()
         self._watch(logits, positions, keep, counts)
         return RowOutput(logits, hidden, final=picked)
@@ -267,10 +275,16 @@ class ModelRunner:
         return final, chosen
 
     def _static_forward(
-        self, cache: StaticRowCache, ids: torch.Tensor, counts: torch.Tensor, keep: torch.Tensor
+        self,
+        cache: StaticRowCache,
+        ids: torch.Tensor,
+        counts: torch.Tensor,
+        keep: torch.Tensor,
+        restricted: bool,
     ) -> RowOutput:
         """`forward` over a `StaticRowCache`: the block and the mask padded to the cache's row
-        bucket and capacity, the body at that static shape, the inert rows' outputs dropped."""
+        bucket and capacity, the body at that static shape, the inert rows' outputs dropped;
+        `restricted`: see `_head`."""
         rows, width = ids.shape
         cache.reserve(width)
         positions, mask = cache.block(counts, width)
@@ -282,9 +296,25 @@ class ModelRunner:
             final, chosen = final[:rows], chosen[:rows]
             cache.append(cache.kv, counts, width)
             picked, hidden = _pick(final, chosen, keep, width)
-            logits = head_logits(self.model, picked, self.vocab_size).float()
+            logits, support = self._head(picked, restricted)
         self._watch(logits, positions[:rows], keep, counts)
-        return RowOutput(logits, hidden, final=picked)
+        return RowOutput(logits, hidden, support, picked)
+
+    def _head(
+        self, hidden: torch.Tensor, restricted: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """float32 logits on the shared vocabulary, or, `restricted` with a restricted head,
+        over its K tokens only (`support`, ascending), without the full-vocabulary scatter
+        (on an H100 the compiled static draft's step cost 0.94 ms with it)."""
+        if not restricted or self.support is None:
+            return head_logits(self.model, hidden, self.vocab_size).float(), None
+        if self.lean is not None:
+            logits = self.lean.head_logits(hidden)
+        else:
+            logits = torch.nn.functional.linear(hidden, self.model.get_output_embeddings().weight)
+            if self._head_order is not None:
+                logits = logits[..., self._head_order]
+        return logits[..., : self._support_size].float(), self.support
 
     def _lean_forward(
         self,
@@ -311,11 +341,7 @@ class ModelRunner:
                 picked, hidden = final, chosen
             else:
                 picked, hidden = _pick(final, chosen, keep, width)
-            support = self.support if restricted else None
-            if support is None:
-                logits = head_logits(self.model, picked, self.vocab_size).float()
-            else:
-                logits = lean.head_logits(picked)[..., : self._support_size].float()
+            logits, support = self._head(picked, restricted)
         self._watch(logits, positions, keep, counts)
         return RowOutput(logits, hidden, support, picked)
 
