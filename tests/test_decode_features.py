@@ -146,7 +146,7 @@ class Recording(Method):
         record_score=None,
     )
 
-    scorer: CheckpointVerifier
+    verifier: CheckpointVerifier  # so named, the engine keeps the rows' state for it
     gamma: int
     seen: list[tuple[int, int, torch.Tensor, float]] = field(default_factory=list)
     name: str = "recording"
@@ -155,7 +155,7 @@ class Recording(Method):
         drawn: list[tuple[DraftStep, torch.Tensor]] = []
 
         def stop(step: DraftStep) -> torch.Tensor:
-            drawn.append((step, self.scorer.features(step, batch.state)))
+            drawn.append((step, self.verifier.features(step, batch.state)))
             return torch.zeros_like(step.active)
 
         rnd = draft_round(engine, batch, batch.room(self.gamma), stop, rnd=Round())

@@ -11,6 +11,7 @@ must equal target-only decoding token for token in float32.
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ from sprinter_train.decoding.policies import (
     step_features,
 )
 from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.state import Batch, DraftStep, Round
+from sprinter_train.decoding.state import Batch, DraftStep, Round, reads_row_state
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import (
     GREEDY,
@@ -358,3 +359,38 @@ def test_the_tokens_do_not_depend_on_how_often_the_caches_are_packed(models, pac
         return [r.tokens for r in results]
 
     assert tokens(pack_every) == tokens(10**6)
+
+
+def test_the_rows_history_is_kept_only_for_a_verifier_that_reads_it(models) -> None:
+    """`Batch.state` (the decode-time history features) is updated every round only for a
+    policy whose verifier reads it; the others commit without it and emit the same tokens."""
+    engine = engine_for(models, GREEDY)
+    kept = []
+    commit = Engine.commit
+
+    def spy(self, batch, emitted, policy=None):
+        kept.append(batch.state is not None)
+        return commit(self, batch, emitted, policy)
+
+    def verifier_reading(names):
+        def verifier(e, b, r, step):
+            if "run_position" in names:
+                assert b.state is not None and b.state.run.shape == (len(b),)
+            return torch.ones(len(b))
+
+        verifier.spec = SimpleNamespace(names=names)
+        return verifier
+
+    cases = [
+        (SpeculativeDecoding(gamma=2), False),
+        (Sprinter(verifier_reading(("hidden", "q")), 0.5, 4), False),
+        (Sprinter(verifier_reading(("q", "run_position")), 0.5, 4), True),
+        (Sprinter(lambda e, b, r, step: torch.ones(len(b)), 0.5, 4), True),  # names nothing
+    ]
+    for policy, reads in cases:
+        assert reads_row_state(policy) is reads
+        kept.clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Engine, "commit", spy)
+            engine.generate(PROMPTS[:2], policy, 8)
+        assert kept and set(kept) == {reads}, policy.name

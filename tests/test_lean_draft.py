@@ -177,9 +177,7 @@ def test_a_long_row_grows_the_buffers_and_keeps_its_past(draft) -> None:
 
 
 @pytest.mark.parametrize("layout", [{}, {"lean": False, "static": True}], ids=["lean", "static"])
-def test_restricted_logits_are_the_full_ones_on_the_head_in_ascending_order(
-    draft, layout
-) -> None:
+def test_restricted_logits_are_the_full_ones_on_the_head_in_ascending_order(draft, layout) -> None:
     """The lean and static layouts hand a restricted draft step the head's K logits, not a
     scatter over the vocabulary (the compiled GPU draft runs the static one)."""
     runner = ModelRunner(draft, VOCAB, **layout)

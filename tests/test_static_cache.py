@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from sprinter_train.core.config import compose_config
+from sprinter_train.decoding import runner as runner_module
 from sprinter_train.decoding import static_cache
 from sprinter_train.decoding.engine import Engine, decoding_problems, static_settings
 from sprinter_train.decoding.policies import (
@@ -30,7 +31,6 @@ from sprinter_train.decoding.policies import (
 )
 from sprinter_train.decoding.policies.online import OnlineLength
 from sprinter_train.decoding.registry import method_class
-from sprinter_train.decoding import runner as runner_module
 from sprinter_train.decoding.runner import ModelRunner, prefill_groups
 from sprinter_train.decoding.static_cache import StaticRowCache, capacity_bucket, row_bucket
 from sprinter_train.models.packed import pack_linears
@@ -191,13 +191,18 @@ def test_a_padded_prefill_emits_the_by_length_prefills_tokens(models, eos, sampl
     method: the causal mask hides the padding after a prompt from the prompt, and the padded
     slots are marked empty (float32, prompts of four lengths, rows leaving at EOS)."""
     calls = []
+    real = runner_module.body
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
     for fresh, again in zip(every_method(models), every_method(models), strict=True):
         by_length = engine(models, sampling, eos, static=static)
         padded = engine(models, sampling, eos, static=static, padded_prefill=True)
         expected = by_length.generate(ROWS, fresh, NEW_TOKENS)
         with pytest.MonkeyPatch.context() as patch:
-            real = runner_module.body
-            patch.setattr(runner_module, "body", lambda *a, **k: calls.append(1) or real(*a, **k))
+            patch.setattr(runner_module, "body", counted)
             runner = padded.target
             before = len(calls)
             runner.prime(runner.new_cache(len(ROWS)), [row[:-1] for row in ROWS])

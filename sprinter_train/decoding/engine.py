@@ -38,6 +38,7 @@ from sprinter_train.decoding.state import (
     Round,
     Row,
     RowState,
+    reads_row_state,
 )
 from sprinter_train.decoding.timings import Timings
 
@@ -396,6 +397,8 @@ class Engine:
         seeds[i] (default i). Wall time covers the whole batch."""
         seeds = list(range(len(prompts))) if seeds is None else list(seeds)
         batch = self.new_batch(prompts, max_new_tokens, seeds)
+        if not reads_row_state(policy):
+            batch.state = None  # nothing reads the rows' history: commit keeps none
         done = list(batch.rows)
         roles = list(self.present_runners)
         synchronize(self.device)

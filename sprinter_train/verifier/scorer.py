@@ -25,7 +25,7 @@ import torch
 
 from sprinter_train.core.distributions import entropy, top2_margin
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.state import Batch, DraftStep, Round, RowState
+from sprinter_train.decoding.state import HISTORY_FEATURES, Batch, DraftStep, Round, RowState
 from sprinter_train.verifier.checkpoint import MLPVerifier, VerifierCheckpoint
 from sprinter_train.verifier.features import assemble, clipped_run, smoothed_acceptance
 
@@ -65,7 +65,7 @@ class CheckpointVerifier:
             parts["draft_margin"] = top2_margin(step.head_logits)
         if "draft_entropy_raw" in names:
             parts["draft_entropy_raw"] = step.entropy(warped=False)
-        history = {"run_position", "accept_so_far", "target_hidden", "target_margin"} & set(names)
+        history = HISTORY_FEATURES & set(names)
         if history and state is None:
             raise ValueError(f"the verifier features {sorted(history)} need the batch's state")
         if "run_position" in names:
