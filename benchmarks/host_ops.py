@@ -1,0 +1,112 @@
+"""Count the device ops the engine dispatches outside the models' bodies, per method.
+
+On a GPU the compiled body of a forward replays as one CUDA graph, and what is left of a
+round is the engine's own work: sampling, acceptance, the caches' bookkeeping, each op one
+kernel launch (~5-10 us of host time). The H100 bench of session 14 measured that work as
+the `other` column: 1.3 ms a target-only step, 6.3 ms an sd round, more than the compiled
+forwards themselves. This counts those ops on the CPU, with tiny models, so a change to the
+engine can be judged without a GPU:
+
+    python benchmarks/host_ops.py            # target_only, sd (gamma 3), svip
+    python benchmarks/host_ops.py --tokens 128
+
+Ops are counted with a TorchDispatchMode (views included: they cost host time, no launch);
+the body of every static-layout forward (the runner's `_step`, what a GPU compiles and
+replays) is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sprinter_train.core.sampling import SamplingConfig  # noqa: E402
+from sprinter_train.decoding.engine import Engine  # noqa: E402
+from sprinter_train.decoding.policies import SVIP, SpeculativeDecoding, TargetOnly  # noqa: E402
+from sprinter_train.decoding.runner import ModelRunner  # noqa: E402
+from sprinter_train.decoding.timings import Timings  # noqa: E402
+from sprinter_train.models.tiny import build_tiny_model  # noqa: E402
+
+VOCAB = 128  # the tiny models' vocabulary (models/tiny.py)
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts aten ops by name while `counting` is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.counting = True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        if self.counting:
+            self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count(engine: Engine, policy: Any, prompt: list[int], tokens: int) -> tuple[Counter, Any]:
+    """The ops outside the bodies of one generation, and its stats (after a warm-up one)."""
+    engine.generate([prompt], policy, tokens)
+    counter = OpCounter()
+    runners = engine.present_runners.values()
+    steps = {runner: runner._step for runner in runners}
+
+    def uncounted(step: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            counter.counting = False
+            try:
+                return step(*args, **kwargs)
+            finally:
+                counter.counting = True
+
+        return run
+
+    for runner, step in steps.items():
+        runner._step = uncounted(step)
+    try:
+        with counter:
+            result = engine.generate([prompt], policy, tokens)[0]
+    finally:
+        for runner, step in steps.items():
+            runner._step = step
+    return counter.ops, result.stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens of the generation")
+    parser.add_argument("--top", type=int, default=8, help="most frequent ops listed")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    target = build_tiny_model({}, seed=0).eval()
+    draft = build_tiny_model({}, seed=0).eval()  # a copy: drafts get accepted, rounds run long
+    sampling = SamplingConfig(temperature=0.9, top_k=0, top_p=0.95)
+    engine = Engine(
+        ModelRunner(target, VOCAB, static=True, min_capacity=256),
+        sampling,
+        draft=ModelRunner(draft, VOCAB, static=True, min_capacity=256),
+        timings=Timings(),
+    )
+    prompt = [5, 17, 9, 33, 2, 8]
+    print("method        ops/round  target calls  draft calls  ops/forward  most frequent")
+    for policy in (TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)):
+        ops, stats = count(engine, policy, prompt, args.tokens)
+        total = sum(ops.values())
+        forwards = stats.target_calls + stats.draft_calls
+        top = ", ".join(f"{name} {n}" for name, n in ops.most_common(args.top))
+        print(
+            f"{policy.name:<13} {total / stats.target_calls:9.1f}  {stats.target_calls:12d}"
+            f"  {stats.draft_calls:11d}  {total / forwards:11.1f}  {top}"
+        )
+
+
+if __name__ == "__main__":
+    main()
