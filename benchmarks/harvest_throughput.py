@@ -33,7 +33,8 @@ from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads, synchronize
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import load_prompts
-from sprinter_train.harvest.continuations import HarvestSequence
+from sprinter_train.decoding.engine import static_settings
+from sprinter_train.harvest.continuations import ContinuationRunners, HarvestSequence
 from sprinter_train.harvest.driver import (
     HarvestOptions,
     harvest_prompts,
@@ -89,6 +90,7 @@ def measure(
     generation_batch_size=64,
     statistics_rows=32,
     shared_generation_rows=8,
+    runners: ContinuationRunners | None = None,
 ) -> dict[str, float]:
     synchronize(device)
     start = time.perf_counter()
@@ -103,6 +105,7 @@ def measure(
         generation_batch_size,
         statistics_rows,
         shared_generation_rows,
+        runners,
     )
     for plan in plan_shards(prompts, mixes, len(prompts)):
         write_shard(out_dir, plan, batch, sequences, "benchmark")
@@ -159,6 +162,11 @@ def main() -> None:
         ),
     }
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in scenarios}
+    # the harvest's runners: its decoding layout, one per model for every repeat, as a
+    # harvest's for every shard (a compiled layout compiles in the first repeat)
+    runners = ContinuationRunners(
+        models, static_settings(cfg.decoding, device), int(cfg.decoding.pack_every)
+    )
     with tempfile.TemporaryDirectory() as tmp:
         measure(models, warm, ["original"], options, batch_size, device, Path(tmp))
         for _ in range(max(1, args.repeats)):
@@ -175,6 +183,7 @@ def main() -> None:
                         generation,
                         int(hcfg["statistics_rows"]),
                         shared_rows_of(hcfg),
+                        runners,
                     )
                 )
     print(

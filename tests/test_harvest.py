@@ -453,6 +453,28 @@ def test_records_do_not_depend_on_batching(baseline, tmp_path, batching) -> None
     assert_same_records((records, hidden), (baseline["records"], baseline["hidden"]))
 
 
+def test_every_shard_generates_on_the_same_runners_in_the_decoding_layout(
+    baseline, tmp_path, monkeypatch
+) -> None:
+    """decoding.static_cache=true: every shard's continuations run on one set of runners (made
+    once a harvest), in the static layout, and the records are the baseline's exactly."""
+    seen = []
+    harvest_prompts = driver.harvest_prompts
+
+    def spy(*args, runners=None, **kwargs):
+        seen.append(runners)
+        return harvest_prompts(*args, runners=runners, **kwargs)
+
+    monkeypatch.setattr(driver, "harvest_prompts", spy)
+    cfg = compose_at(tmp_path, "decoding.static_cache=true")
+    run_stage(cfg)
+    assert len(seen) == 3 and all(runners is seen[0] for runners in seen)
+    assert seen[0].layout["static"] and seen[0].runner("target").layout == "static"
+    records, hidden, seqs = load_record_set(cfg)
+    pd.testing.assert_frame_equal(seqs, baseline["seqs"])
+    assert_same_records((records, hidden), (baseline["records"], baseline["hidden"]))
+
+
 def test_without_a_companion_s_and_a_are_null(tmp_path) -> None:
     cfg = compose_at(tmp_path, "data.num_prompts=4", "~models.companion")
     run_stage(cfg)

@@ -134,7 +134,8 @@ class StaticRowCache(RowCache):
 
     def _new_buffers(self, rows: int, capacity: int) -> StaticCache:
         config = self.model.config.get_text_config(decoder=True)
-        heads = config.num_key_value_heads or config.num_attention_heads
+        # GPT-2's config has no num_key_value_heads (every head its own keys and values)
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         dtype = next(self.model.parameters()).dtype
         with torch.inference_mode():  # inference tensors, whenever allocated (see `_set_slots`)

@@ -11,13 +11,16 @@ The generated mixes come from the batched decoding engine (the same loop the ben
 measures); a few target and interleaved rows share one call, whose target forwards serve
 both. Each row draws from its own stream keyed by its prompt's seed, so a sequence never
 depends on the batch or shard it was built in. Each generated sequence notes which of its
-tokens the draft sampled and were kept as drawn (`HarvestSequence.from_draft`).
+tokens the draft sampled and were kept as drawn (`HarvestSequence.from_draft`). Every call
+of one harvest runs on the same `ModelRunner`s (`ContinuationRunners`), laid out as the
+`decoding` section says (static, compiled), as the bench's are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -70,6 +73,38 @@ class Continuation:
     from_draft: tuple[bool, ...]
 
 
+@dataclass
+class ContinuationRunners:
+    """Each model's `ModelRunner` for a whole harvest, built on first use with `layout`
+    (`decoding.engine.static_settings`' ModelRunner keyword arguments; empty: the default
+    layout) and reused by every engine call. A runner holds its compiled graphs and its KV
+    buffer pool (`KVPool`): a runner built per batch would recompile every batch and
+    reallocate its buffers. `pack_every`: the engines' (speed only)."""
+
+    models: Roles
+    layout: dict[str, Any] = field(default_factory=dict)
+    pack_every: int = PACK_EVERY
+    _built: dict[str, ModelRunner] = field(default_factory=dict, init=False, repr=False)
+
+    def runner(self, role: str) -> ModelRunner:
+        """The runner of `role` (draft or target), built once."""
+        if role not in self._built:
+            model = getattr(self.models, role).model
+            self._built[role] = ModelRunner(model, self.models.vocab_size, **self.layout)
+        return self._built[role]
+
+    def engine(self, sampling: SamplingConfig, role: str, draft: bool = False) -> Engine:
+        """An engine whose target is `role`'s runner, with the draft's beside it if `draft`
+        (an engine is cheap: its per-call state is fresh, its runners the harvest's)."""
+        return Engine(
+            self.runner(role),
+            sampling,
+            draft=self.runner("draft") if draft else None,
+            eos_token_id=self.models.eos_token_id,
+            pack_every=self.pack_every,
+        )
+
+
 def original_sequence(
     prompt: Prompt, tokenizer: PreTrainedTokenizerBase, length: int
 ) -> tuple[list[int], int, int]:
@@ -88,40 +123,39 @@ def continuation_engine(
     gamma: int,
     runs: RunLaw,
     sampling: SamplingConfig,
-    pack_every: int = PACK_EVERY,
+    runners: ContinuationRunners | None = None,
 ) -> tuple[Engine, Policy]:
     """The engine and policy that generate rows of these mixes (one per row) in one call:
     target-only decoding of the mix's model, the interleaved runs (with target rows sharing
-    the call: they draft nothing), or SD with block size gamma; no hidden states are needed."""
-    vocab, eos = models.vocab_size, models.eos_token_id
+    the call: they draft nothing), or SD with block size gamma; no hidden states are needed.
+    The engine runs on `runners`' runners (default: new ones, in the default layout)."""
+    runners = runners_for(models, runners)
     kinds = set(mixes)
-
-    def with_draft() -> Engine:
-        return Engine(
-            ModelRunner(models.target.model, vocab),
-            sampling,
-            draft=ModelRunner(models.draft.model, vocab),
-            eos_token_id=eos,
-            pack_every=pack_every,
-        )
-
     if kinds <= {"target", "interleaved"} and "interleaved" in kinds:
         if runs.accept is None:
             raise ValueError("interleaved rows need harvest.interleaved_accept resolved")
         drafting = None
         if kinds != {"interleaved"}:
             drafting = frozenset(i for i, mix in enumerate(mixes) if mix == "interleaved")
-        return with_draft(), InterleavedRuns(runs.accept, runs.max_run, drafting)
+        policy: Policy = InterleavedRuns(runs.accept, runs.max_run, drafting)
+        return runners.engine(sampling, "target", draft=True), policy
     if kinds == {"sd_interleaved"}:
-        return with_draft(), SpeculativeDecoding(gamma)
+        return runners.engine(sampling, "target", draft=True), SpeculativeDecoding(gamma)
     if len(kinds) != 1 or not kinds <= {"draft", "target"}:
         raise ValueError(
             f"mixes {sorted(kinds)} are not generated in one call; one of {GENERATED_MIXES}, "
             "or target and interleaved together"
         )
-    model = models.draft.model if kinds == {"draft"} else models.target.model
-    engine = Engine(ModelRunner(model, vocab), sampling, eos_token_id=eos, pack_every=pack_every)
-    return engine, TargetOnly()
+    return runners.engine(sampling, "draft" if kinds == {"draft"} else "target"), TargetOnly()
+
+
+def runners_for(models: Roles, runners: ContinuationRunners | None) -> ContinuationRunners:
+    """`runners`, checked to be `models`' own, or new ones in the default layout."""
+    if runners is None:
+        return ContinuationRunners(models)
+    if runners.models is not models:
+        raise ValueError("the continuation runners were built for other models")
+    return runners
 
 
 def generate_continuations(
@@ -133,14 +167,15 @@ def generate_continuations(
     runs: RunLaw,
     sampling: SamplingConfig,
     seed: int,
-    pack_every: int = PACK_EVERY,
+    runners: ContinuationRunners | None = None,
 ) -> list[Continuation]:
     """At most `length` tokens after each prompt (row i of mix mixes[i]), ending at the first
     EOS: one batched `generate` call, row i seeded by its prompt
     (`prompt_seed(seed, id, "continuation")`, 63 bits: a non-negative int64 key of
     `RowStreams`). A `draft` row is all draft tokens, a `target` row none; the engine says
-    which of an interleaved row's are (`GenerationResult.from_draft`)."""
-    engine, policy = continuation_engine(models, mixes, gamma, runs, sampling, pack_every)
+    which of an interleaved row's are (`GenerationResult.from_draft`); `runners`: see
+    `continuation_engine`."""
+    engine, policy = continuation_engine(models, mixes, gamma, runs, sampling, runners)
     seeds = [prompt_seed(seed, p.prompt_id, "continuation") for p in prompts]
     results = engine.generate([p.input_ids for p in prompts], policy, length, seeds)
     # the engine notes each emitted token a round kept as drawn (accepted or run drafts); a
@@ -173,13 +208,15 @@ def build_sequences(
     sampling: SamplingConfig,
     seed: int,
     shared_rows: int = 8,
-    pack_every: int = PACK_EVERY,
+    runners: ContinuationRunners | None = None,
 ) -> list[HarvestSequence]:
     """The sequence of every prompt of one batch: `length` generated tokens, or the first
     `original_length` reference tokens. Each generated mix's rows are one engine call, or
-    the target and interleaved rows share one (`generation_calls`); `pack_every`: the
-    engine's (speed only). `from_draft` covers the whole sequence where the draft made any of
-    a row's tokens (draft and interleaved mixes), else it is empty (all False)."""
+    the target and interleaved rows share one (`generation_calls`), all on `runners`' models
+    (default: new runners for this batch, shared by its calls). `from_draft` covers the whole
+    sequence where the draft made any of a row's tokens (draft and interleaved mixes), else
+    it is empty (all False)."""
+    runners = runners_for(models, runners)
     continuations: dict[int, Continuation] = {}
     for rows in generation_calls(mixes, shared_rows):
         generated = generate_continuations(
@@ -191,7 +228,7 @@ def build_sequences(
             runs,
             sampling,
             seed,
-            pack_every,
+            runners,
         )
         continuations.update(zip(rows, generated, strict=True))
     sequences = []

@@ -28,9 +28,15 @@ from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threa
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.validation import check_whole, prompt_room
 from sprinter_train.data.prompts import Prompt, load_prompts
-from sprinter_train.decoding.engine import PACK_EVERY
+from sprinter_train.decoding.engine import static_settings
 from sprinter_train.harvest.calibration import accept_setting, measure_accept
-from sprinter_train.harvest.continuations import HarvestSequence, RunLaw, build_sequences
+from sprinter_train.harvest.continuations import (
+    ContinuationRunners,
+    HarvestSequence,
+    RunLaw,
+    build_sequences,
+    runners_for,
+)
 from sprinter_train.harvest.manifest import build_manifest, count_records, harvest_fingerprint
 from sprinter_train.harvest.mixes import assign_mixes
 from sprinter_train.harvest.records import (
@@ -136,7 +142,7 @@ def harvest_prompts(
     generation_batch_size: int = 64,
     statistics_rows: int = 32,
     shared_generation_rows: int = 8,
-    pack_every: int = PACK_EVERY,
+    runners: ContinuationRunners | None = None,
 ) -> tuple[RecordBatch, list[HarvestSequence]]:
     """Records of `prompts` in order: build the sequences, then one forward per model a batch.
 
@@ -145,8 +151,12 @@ def harvest_prompts(
     time (each mix one batched engine call: a decode step costs about the same for 2 rows as
     for 30 on a CPU; up to `shared_generation_rows` target and interleaved rows share one),
     then teacher-forced `batch_size` sequences at a time; per-prompt random streams keep the
-    records independent of all three (and of the engine's `pack_every`).
+    records independent of all three (and of `pack_every` and, but for the matmuls' rounding,
+    of the runners' layout). Every generation call runs on `runners` (default: new ones in
+    the default layout, shared by this call's chunks); the harvest passes its own, made once
+    (`ContinuationRunners`).
     """
+    runners = runners_for(models, runners)
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i].input_ids), i))
     built_of: dict[int, HarvestSequence] = {}
     for start in range(0, len(order), max(1, generation_batch_size)):
@@ -162,7 +172,7 @@ def harvest_prompts(
             options.sampling,
             options.seed,
             shared_generation_rows,
-            pack_every,
+            runners,
         )
         built_of.update(zip(chunk, built, strict=True))
     batches, sequences, rows_of, offset = [], {}, {}, 0
@@ -325,13 +335,19 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
         "generation_batch_size": int(hcfg["generation_batch_size"]),
         "statistics_rows": int(hcfg["statistics_rows"]),
         "shared_generation_rows": shared_rows_of(hcfg),
-        "pack_every": int(cfg.decoding.pack_every),
     }
+    # the continuations run on the bench's engine layout (static, compiled where
+    # decoding.compile says), one runner per model for the whole run: a compiled runner
+    # keeps its graphs and a static one its KV buffers from batch to batch
+    layout = static_settings(cfg.decoding, device)
+    runners = ContinuationRunners(models, layout, int(cfg.decoding.pack_every))
+    log.info("harvest continuations: decoding layout %s", layout)
     rows = _write_shards(
         models,
         todo,
         options,
         pace,
+        runners,
         device,
         records_dir,
         fingerprint,
@@ -396,13 +412,14 @@ def _write_shards(
     plans: list[ShardPlan],
     options: HarvestOptions,
     pace: dict[str, int],
+    runners: ContinuationRunners,
     device: torch.device,
     records_dir: Path,
     fingerprint: str,
     show: bool,
 ) -> int:
     """Harvest and write the given shards with a progress bar of prompts and records/s;
-    `pace`: harvest_prompts' batch sizes and the engine's pack_every."""
+    `pace`: harvest_prompts' batch sizes; `runners`: the generation's, shared by every shard."""
     progress = tqdm(
         total=sum(len(p.prompts) for p in plans), unit="prompt", desc="harvest", disable=not show
     )
@@ -419,7 +436,14 @@ def _write_shards(
     try:
         for written, plan in enumerate(plans, 1):
             batch, sequences = harvest_prompts(
-                models, plan.prompts, plan.mixes, options, device=device, on_batch=on_batch, **pace
+                models,
+                plan.prompts,
+                plan.mixes,
+                options,
+                device=device,
+                on_batch=on_batch,
+                runners=runners,
+                **pace,
             )
             write_shard(records_dir, plan, batch, sequences, fingerprint)
             note_completed(  # what an interruption report counts as kept
