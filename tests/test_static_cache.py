@@ -14,6 +14,7 @@ import copy
 import pytest
 import torch
 
+from sprinter_train.bench.latency import measure_runner_times
 from sprinter_train.core.config import compose_config
 from sprinter_train.decoding import runner as runner_module
 from sprinter_train.decoding import static_cache
@@ -400,3 +401,45 @@ def test_on_cuda_the_compiled_static_target_emits_the_dynamic_tokens(sampling) -
         for _ in range(2):  # the second generation replays recorded graphs
             assert [r.tokens for r in compiled.generate(PROMPTS, policy, NEW_TOKENS)] == expected
     assert runner.compile_seconds > 0 and runner.padded_prefill
+
+
+def test_a_recompile_of_a_known_shape_is_compile_time_not_a_forward(models, monkeypatch, caplog):
+    """Dynamo may compile again a shape the runner has seen (a guard failed): that forward's
+    time goes to compile_seconds, with a warning, and never into the forward timings."""
+    runner = ModelRunner(models["target"], VOCAB, static=True, compiled=True)
+    runner._step = runner._body_step  # the accounting alone: no real compile here
+    counter = {"n": 0}
+    monkeypatch.setattr(runner_module, "compiled_graphs", lambda: counter["n"])
+    cache = runner.new_cache(1, 32)
+    runner.prime(cache, [PROMPTS[0]])
+    one = (torch.tensor([[3]]), torch.tensor([1]), torch.tensor([[0]]))
+    runner.forward(cache, *one)  # the shape's first call: compile time by its key
+    assert runner.compile_seconds > 0 and runner.forward_times() == []
+    before = runner.compile_seconds
+    runner.forward(cache, *one)  # known shape, no compile: a forward
+    assert len(runner.forward_times()) == 1 and runner.compile_seconds == before
+    real = runner._body_step
+
+    def recompiling(*args, **kwargs):
+        counter["n"] += 1
+        return real(*args, **kwargs)
+
+    runner._step = recompiling
+    with caplog.at_level("WARNING"):
+        runner.forward(cache, *one)
+    assert runner.compile_seconds > before and runner.forward_times() == []
+    assert runner.compiles == 1 and "recompiled a shape" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_engine_reuses_the_latency_profiles_graphs(models) -> None:
+    """The bench's latency profile builds its inputs in inference mode and the engine outside
+    it; dynamo guards on dispatch keys, so before the runner normalised its inputs the engine
+    recompiled every shape the profile had compiled (the time hidden in its forwards)."""
+    target = ModelRunner(models["target"], VOCAB, static=True, compiled=True, min_capacity=128)
+    measure_runner_times({"target": target}, {"target": [1]}, 1, 16, torch.device("cpu"), [1])
+    graphs = runner_module.compiled_graphs()
+    assert target.compiles >= 1 and target.compile_seconds > 0
+    engine = Engine(target, SAMPLING, timings=fixed_timings())
+    engine.generate([PROMPTS[0]], TargetOnly(), 8)
+    assert runner_module.compiled_graphs() == graphs

@@ -12,6 +12,7 @@ its body then runs at a few static shapes, compiled once per shape when `compile
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from sprinter_train.models.body import body, head_logits
 from sprinter_train.models.lean import LeanDraft, StaticKV, uses_lean
 
 NO_POSITION = 2**62  # the watch's "no broken logits seen"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -102,6 +104,7 @@ class ModelRunner:
         # nothing there, a new bucket a new CUDA graph); on a CPU every row costs compute
         self.shrink_rows = not (self.compiled and self.device.type == "cuda")
         self.compile_seconds = 0.0  # first calls of new compiled shapes (not in `seconds`)
+        self.compiles = 0  # graphs dynamo compiled in this runner's forwards
         self.support: torch.Tensor | None = None  # the head's ids on the shared vocabulary
         self._head_order: torch.Tensor | None = None  # the restricted head's rows, ascending
         ids = None
@@ -176,19 +179,31 @@ class ModelRunner:
         """Time the block: CUDA events on a GPU (read later, no sync), the wall clock on CPU;
         a forward's (rows, width) `shape` is kept with its time for `forward_times`.
         `compiling`: the block compiles a new shape; its wall time goes to `compile_seconds`
-        alone (after a sync, as a warm-up is timed)."""
+        alone (after a sync, as a warm-up is timed). A compiled runner's block that compiled
+        a graph unforeseen (dynamo recompiled a known shape) is moved there too, with a
+        warning: a recompile is never timed as a forward."""
+        graphs = compiled_graphs() if self.compiled else 0
         if compiling:
             synchronize(self.device)
             began = time.perf_counter()
             yield
             synchronize(self.device)
             self.compile_seconds += time.perf_counter() - began
+            self.compiles += compiled_graphs() - graphs
             return
         start = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
         if start is not None:
             start.record()
         began = time.perf_counter()
         yield
+        if self.compiled and compiled_graphs() > graphs:
+            synchronize(self.device)
+            self.compile_seconds += time.perf_counter() - began
+            self.compiles += compiled_graphs() - graphs
+            log.warning(
+                "%s recompiled a shape it had compiled (rows, width %s)", self.layout, shape
+            )
+            return
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -291,8 +306,14 @@ class ModelRunner:
         key = (cache.bucket, width, cache.capacity)
         compiling = self.compiled and key not in self._shapes_seen
         self._shapes_seen.add(key)
+        ids = cache.pad_rows(ids)
+        if self.compiled and not ids.is_inference():
+            # dynamo guards on a tensor's dispatch keys: an input made outside inference mode
+            # (the engine's) against one made inside (the latency profile's) recompiled every
+            # shape, its time hidden in the forwards'
+            ids = ids.clone()
         with self._timed((rows, width), compiling):
-            final, chosen = self._step(cache.pad_rows(ids), positions, mask, cache.kv)
+            final, chosen = self._step(ids, positions, mask, cache.kv)
             final, chosen = final[:rows], chosen[:rows]
             cache.append(cache.kv, counts, width)
             picked, hidden = _pick(final, chosen, keep, width)
@@ -415,6 +436,11 @@ def _pick(
     index = keep.clamp(0, width - 1)[..., None]
     picked = final.gather(1, index.expand(-1, -1, final.shape[-1]))
     return picked, chosen.gather(1, index.expand(-1, -1, chosen.shape[-1]))
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 def compiled_step(step: Any, device: torch.device) -> Any:
