@@ -394,3 +394,26 @@ def test_the_rows_history_is_kept_only_for_a_verifier_that_reads_it(models) -> N
             patch.setattr(Engine, "commit", spy)
             engine.generate(PROMPTS[:2], policy, 8)
         assert kept and set(kept) == {reads}, policy.name
+
+
+def test_sprinter_checks_its_rejected_rows_whatever_a_stale_any_says(models) -> None:
+    """On CUDA `Engine.any` answers with the round's previous flags (the host never waits
+    mid-round), which only suits the drafting rows' stop test. SPRINTER's target check of the
+    rejected rows must not read it: a stale False dropped rejected tokens unchecked."""
+
+    def generate(engine):
+        verifier = lambda e, b, r, step: (step.tokens % 3 != 0).float()  # noqa: E731
+        return engine.generate(PROMPTS, Sprinter(verifier, 0.5, 4), 16)
+
+    expected = generate(engine_for(models, SAMPLING))
+    stale = engine_for(models, SAMPLING)
+    answers: list[bool] = []
+
+    def previous_answer(flags: torch.Tensor) -> bool:  # CUDA's answer, its worst case
+        answers.append(bool(flags.any()))
+        return answers[-2] if len(answers) > 1 else True
+
+    stale.any = previous_answer
+    out = generate(stale)
+    assert [r.tokens for r in out] == [r.tokens for r in expected]
+    assert out[0].stats.target_calls > 0

@@ -56,7 +56,9 @@ class Sprinter(Method):
         draft_round(engine, batch, limits, stop, rnd=rnd)
         drafts, counts = rnd.tokens(), rnd.counts
         accepted = torch.zeros_like(counts)
-        if engine.any(rejected):
+        # exact, a host read (one a round): `engine.any` may answer on CUDA with the round's
+        # last drafting flags, and a stale False here would drop a rejected token unchecked
+        if bool(rejected.any()):
             p = engine.target_probs(batch, rnd, rejected)
             last = (counts - 1).clamp(min=0)
             at = last[:, None, None].expand(-1, 1, p.shape[-1])
