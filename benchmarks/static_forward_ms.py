@@ -4,6 +4,9 @@ dynamic layout, the static layout (eager) and the static layout compiled (decodi
 `stage=draft_eval` times raw Hugging Face forwards over a `DynamicCache`; this times the
 engine's own forward, the one `decoding.static_cache` / `decoding.compile` change.
 Usage: python benchmarks/static_forward_ms.py [rows=1] [context=128] [widths=1,2,3,4,7] [reps=10]
+    [layouts=dynamic,static,compiled] [capacity=0]
+`capacity`: the slots a static cache holds at least (`decoding.static_capacity`): a static
+forward attends over all of them, the dynamic one over the held slots.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def forward_ms(runner: ModelRunner, rows: int, context: int, widths: list[int], 
             cache.truncate(held, context)
             cache.pack(context, context)
         out[width] = round(statistics.median(times) * 1e3, 2)
+    out["slots"] = getattr(cache, "capacity", cache.slots)  # what each forward attends over
     return out
 
 
@@ -50,6 +54,8 @@ def main() -> None:
     rows, context = int(args.get("rows", 1)), int(args.get("context", 128))
     widths = [int(w) for w in args.get("widths", "1,2,3,4,7").split(",")]
     reps = int(args.get("reps", 10))
+    layouts = args.get("layouts", "dynamic,static,compiled").split(",")
+    capacity = int(args.get("capacity", 0))
     cfg = compose_config()
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -57,13 +63,20 @@ def main() -> None:
     vocab = int(target.model.config.vocab_size)
     for name, layout in {
         "dynamic": {},
-        "static": {"static": True},
-        "compiled": {"static": True, "compiled": True},
+        "static": {"static": True, "min_capacity": capacity},
+        "compiled": {"static": True, "compiled": True, "min_capacity": capacity},
     }.items():
+        if name not in layouts:
+            continue
         runner = ModelRunner(target.model, vocab, **layout)
         ms = forward_ms(runner, rows, context, widths, reps)
         print(
-            name, dtype, f"rows={rows}", ms, f"compile_s={runner.compile_seconds:.0f}", flush=True
+            name,
+            dtype,
+            f"rows={rows}",
+            ms,
+            f"compile_s={runner.compile_seconds:.0f}",
+            flush=True,
         )
 
 
