@@ -223,7 +223,15 @@ def test_prefill_groups_by_length_or_padded_within_a_budget() -> None:
 
 def test_buckets_are_bounded_powers_of_two() -> None:
     assert [row_bucket(n) for n in (1, 2, 3, 5, 64, 65, 1000)] == [1, 2, 4, 8, 64, 128, 1024]
-    assert [capacity_bucket(n) for n in (1, 64, 65, 300)] == [64, 64, 128, 512]
+    assert [capacity_bucket(n) for n in (1, 64, 65, 128, 129, 300, 1025)] == [
+        64,
+        64,
+        128,
+        128,
+        256,
+        384,
+        1152,
+    ]
 
 
 def test_the_switches_resolve_and_are_validated() -> None:
