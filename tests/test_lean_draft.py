@@ -22,7 +22,7 @@ from sprinter_train.core.distributions import entropy
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SVIP, AdaEDL, SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.runner import ModelRunner, compiled_over_lean
 from sprinter_train.decoding.state import Round
 from sprinter_train.models import lean as lean_module
 from sprinter_train.models.lean import KVLayer, LeanDraft, StaticKV, packs, supports_lean
@@ -89,10 +89,14 @@ def test_only_the_distilled_draft_runs_lean(draft) -> None:
 
 
 def test_a_compiled_runner_takes_the_static_layout_over_the_lean_one(target, draft) -> None:
-    """The lean buffers grow step by step, so a compiled runner of the distilled draft runs it
-    in the static layout instead; asked for lean explicitly, it stays lean (and eager). In the
-    static layout, eagerly, the restricted draft's rows are the lean ones."""
-    compiled = ModelRunner(draft, VOCAB, static=True, compiled=True)
+    """The lean buffers grow step by step, so on a GPU a compiled runner of the distilled draft
+    runs it in the static layout instead; on a CPU the eager lean step is the faster and it
+    stays lean; asked for either layout explicitly, it takes that one. In the static layout,
+    eagerly, the restricted draft's rows are the lean ones."""
+    assert compiled_over_lean(torch.device("cuda")) and not compiled_over_lean(draft.device)
+    on_cpu = ModelRunner(draft, VOCAB, static=True, compiled=True)
+    assert on_cpu.lean is not None and not on_cpu.compiled and on_cpu.layout == "lean"
+    compiled = ModelRunner(draft, VOCAB, lean=False, static=True, compiled=True)
     assert compiled.lean is None and compiled.static and compiled.compiled
     asked = ModelRunner(draft, VOCAB, lean=True, static=True, compiled=True)
     assert asked.lean is not None and not asked.compiled
