@@ -89,7 +89,7 @@ class ModelRunner:
         use_lean = uses_lean(model) if lean is None else lean
         device = next(model.parameters()).device
         if lean is None and compiled and static and supports_static(model):
-            use_lean = not compiled_over_lean(device)
+            use_lean = use_lean and not compiled_over_lean(device)
         self.lean = LeanDraft(model) if use_lean else None
         self.static = static and self.lean is None and supports_static(model)
         self.compiled = compiled and self.static
