@@ -4,10 +4,9 @@ dynamic layout, the static layout (eager) and the static layout compiled (decodi
 `stage=draft_eval` times raw Hugging Face forwards over a `DynamicCache`; this times the
 engine's own forward, the one `decoding.static_cache` / `decoding.compile` change.
 Usage: python benchmarks/static_forward_ms.py [rows=1] [context=128] [widths=1,2,3,4,7] [reps=10]
-    [layouts=dynamic,static,compiled] [capacity=0] [shapes=dynamic|static]
+    [layouts=dynamic,static,compiled] [capacity=0]
 `capacity`: the slots a static cache holds at least (`decoding.static_capacity`): a static
-forward attends over all of them, the dynamic one over the held slots. `shapes`: the
-compiled layout's `decoding.compile_shapes`.
+forward attends over all of them, the dynamic one over the held slots.
 """
 
 from __future__ import annotations
@@ -57,7 +56,6 @@ def main() -> None:
     reps = int(args.get("reps", 10))
     layouts = args.get("layouts", "dynamic,static,compiled").split(",")
     capacity = int(args.get("capacity", 0))
-    static_shapes = args.get("shapes", "dynamic") == "static"
     cfg = compose_config()
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -66,12 +64,7 @@ def main() -> None:
     for name, layout in {
         "dynamic": {},
         "static": {"static": True, "min_capacity": capacity},
-        "compiled": {
-            "static": True,
-            "compiled": True,
-            "min_capacity": capacity,
-            "static_shapes": static_shapes,
-        },
+        "compiled": {"static": True, "compiled": True, "min_capacity": capacity},
     }.items():
         if name not in layouts:
             continue

@@ -236,7 +236,7 @@ def test_buckets_are_bounded_powers_of_two() -> None:
 
 def test_the_switches_resolve_and_are_validated() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    prefill = {"prefill_tokens": 1 << 16, "static_shapes": False}
+    prefill = {"prefill_tokens": 1 << 16}
     layout = ("static", "compiled", "min_capacity", "padded_prefill")
     assert static_settings({}, cpu) == {
         **dict.fromkeys(layout, False),
@@ -255,24 +255,19 @@ def test_the_switches_resolve_and_are_validated() -> None:
         "padded_prefill": False,
         **prefill,
     }
-    on = static_settings(
-        {"compile": "true", "prefill": "padded", "prefill_tokens": 9, "compile_shapes": "static"},
-        cpu,
-    )
+    on = static_settings({"compile": "true", "prefill": "padded", "prefill_tokens": 9}, cpu)
     assert on == {
         "static": True,
         "compiled": True,
         "min_capacity": 0,
         "padded_prefill": True,
         "prefill_tokens": 9,
-        "static_shapes": True,
     }
     assert not static_settings({"prefill": "by_length"}, cuda)["padded_prefill"]
     assert static_settings({"static_capacity": 512}, cpu)["min_capacity"] == 512
     assert len(decoding_problems({"static_capacity": -1})) == 1
     assert len(decoding_problems({"prefill": "sorted"})) == 1
     assert len(decoding_problems({"prefill_tokens": 0})) == 1
-    assert len(decoding_problems({"compile_shapes": "symbolic"})) == 1
     assert decoding_problems({"compile": "auto", "static_cache": "auto"}) == []
     assert decoding_problems({"compile": "yes"}) == [
         "decoding.compile='yes': expected auto, true or false"
@@ -456,21 +451,3 @@ def test_the_engine_reuses_the_latency_profiles_graphs(models) -> None:
     engine = Engine(target, SAMPLING, timings=fixed_timings())
     engine.generate([PROMPTS[0]], TargetOnly(), 8)
     assert runner_module.compiled_graphs() == graphs
-
-
-@pytest.mark.slow
-def test_static_compile_shapes_compile_a_graph_per_width_and_keep_the_tokens(models) -> None:
-    """`decoding.compile_shapes=static`: one graph per concrete shape (what keeps inductor's
-    MKL-packed float32 linears on a CPU), the eager tokens."""
-    target = ModelRunner(models["target"], VOCAB, static=True, compiled=True, static_shapes=True)
-    compiled = Engine(target, GREEDY, draft=ModelRunner(models["draft"], VOCAB))
-    eager = Engine(
-        ModelRunner(models["target"], VOCAB), GREEDY, draft=ModelRunner(models["draft"], VOCAB)
-    )
-    for policy in (TargetOnly(), SpeculativeDecoding(gamma=2)):
-        ours = compiled.generate([PROMPTS[0]], copy.deepcopy(policy), 12)
-        assert [r.tokens for r in ours] == [
-            r.tokens for r in eager.generate([PROMPTS[0]], copy.deepcopy(policy), 12)
-        ]
-    widths = {width for _, width, _ in target._shapes_seen}
-    assert len(widths) >= 2 and target.compiles >= len(target._shapes_seen)

@@ -47,7 +47,6 @@ PACK_EVERY = 8  # decoding.pack_every's default: rounds between squeezing empty 
 
 
 PREFILLS = ("auto", "by_length", "padded")  # decoding.prefill: see runner.prefill_groups
-COMPILE_SHAPES = ("dynamic", "static")  # decoding.compile_shapes: see runner.compiled_step
 CAPACITY_SLACK = 16  # slots a static cache holds past prompt + budget (drafts past the budget)
 
 
@@ -60,11 +59,6 @@ def decoding_problems(decoding: dict[str, Any]) -> list[str]:
         check_whole(problems, "decoding.static_capacity", decoding["static_capacity"], 0)
     if "prefill_tokens" in decoding:
         check_whole(problems, "decoding.prefill_tokens", decoding["prefill_tokens"], 1)
-    if "compile_shapes" in decoding and str(decoding["compile_shapes"]) not in COMPILE_SHAPES:
-        problems.append(
-            f"decoding.compile_shapes={decoding['compile_shapes']!r}: expected one of "
-            f"{COMPILE_SHAPES}"
-        )
     if "prefill" in decoding and str(decoding["prefill"]) not in PREFILLS:
         problems.append(f"decoding.prefill={decoding['prefill']!r}: expected one of {PREFILLS}")
     for key in ("static_cache", "compile"):
@@ -86,8 +80,7 @@ def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str,
     on for CUDA only: on the 2-core CPU a graph of the 135M target compiles for minutes and
     the bench's gain was mixed, see docs/architecture.md; static_cache's auto follows
     compile) and the prefill's (`decoding.prefill`, auto: padded on CUDA, and
-    `.prefill_tokens`; see `runner.prefill_groups`) and `decoding.compile_shapes`
-    (`runner.compiled_step`)."""
+    `.prefill_tokens`; see `runner.prefill_groups`)."""
     compiled = resolve_compile(decoding.get("compile", "auto"), device)
     static_on = parse_switch(decoding.get("static_cache", "auto"))
     static = compiled if static_on == "auto" else bool(static_on)
@@ -99,7 +92,6 @@ def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str,
         "min_capacity": min_capacity,
         "padded_prefill": device.type == "cuda" if prefill == "auto" else prefill == "padded",
         "prefill_tokens": int(decoding.get("prefill_tokens", 1 << 16)),
-        "static_shapes": str(decoding.get("compile_shapes", "dynamic")) == "static",
     }
 
 

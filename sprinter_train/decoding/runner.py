@@ -81,7 +81,6 @@ class ModelRunner:
         min_capacity: int = 0,
         padded_prefill: bool | None = None,
         prefill_tokens: int = 1 << 16,
-        static_shapes: bool = False,
     ) -> None:
         self.model = model
         self.vocab_size = vocab_size
@@ -96,7 +95,7 @@ class ModelRunner:
         self.compiled = compiled and self.static
         self._step = self._body_step
         if self.compiled:
-            self._step = compiled_step(self._body_step, self.device, static_shapes)
+            self._step = compiled_step(self._body_step, self.device)
         self._shapes_seen: set[tuple[int, int, int]] = set()
         self.min_capacity = min_capacity
         # see `prefill_groups`: padded by default on a GPU only
@@ -455,15 +454,8 @@ def compiled_graphs() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
-def compiled_step(step: Any, device: torch.device, static_shapes: bool = False) -> Any:
-    """`step` under `torch.compile(fullgraph=True)`; `static_shapes`: one graph per concrete
-    shape (`dynamic=False`), else dynamo's automatic dynamic shapes. On a CPU a graph whose
-    batch dimension is symbolic loses inductor's MKL-packed float32 linears (torch's
-    `mkldnn_fusion.CpuMkldnnDeviceOp.pack_linear_weight`: "Disable MKL prepack linear when
-    batch_size has free symbols"): in session 14's CPU bench the symbolic-width graph's
-    2-token forward cost 82 ms against 60 ms for the static 1-token one.
-
-    Automatic dynamic shapes:
+def compiled_step(step: Any, device: torch.device) -> Any:
+    """`step` under `torch.compile(fullgraph=True)` with dynamo's automatic dynamic shapes:
     the first shape compiles static, and a dimension seen changing recompiles once as a
     symbolic one, so the bucketed shapes (rows x widths) share a few graphs (tiny models,
     target_only/sd/svip at 1, 4 and 8 rows: 6 graphs and 55 s of compile on the 2-core CPU,
@@ -479,7 +471,6 @@ def compiled_step(step: Any, device: torch.device, static_shapes: bool = False) 
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, limit)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, limit)
-    dynamic = False if static_shapes else None
     if device.type == "cuda":
-        return torch.compile(step, fullgraph=True, dynamic=dynamic, mode="reduce-overhead")
-    return torch.compile(step, fullgraph=True, dynamic=dynamic, options={"freezing": True})
+        return torch.compile(step, fullgraph=True, dynamic=None, mode="reduce-overhead")
+    return torch.compile(step, fullgraph=True, dynamic=None, options={"freezing": True})
