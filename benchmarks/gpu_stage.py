@@ -54,7 +54,11 @@ def dist_info(package: str) -> Path:
     names = importlib.metadata.packages_distributions().get(package)
     if not names:
         raise SystemExit(f"no installed distribution holds {package}")
-    return Path(importlib.metadata.distribution(names[0])._path)  # type: ignore[attr-defined]
+    files = importlib.metadata.distribution(names[0]).files or []
+    metadata = next(
+        f for f in files if f.name == "METADATA" and f.parent.name.endswith("dist-info")
+    )
+    return Path(metadata.locate()).parent
 
 
 def site_archive(conversations: int, experiment: Path | None = None) -> bytes:

@@ -35,8 +35,6 @@ from sprinter_train.decoding.runner import ModelRunner  # noqa: E402
 from sprinter_train.decoding.timings import Timings  # noqa: E402
 from sprinter_train.models.tiny import build_tiny_model  # noqa: E402
 
-VOCAB = 128  # the tiny models' vocabulary (models/tiny.py)
-
 
 class OpCounter(TorchDispatchMode):
     """Counts aten ops by name while `counting` is on."""
@@ -89,10 +87,11 @@ def main() -> None:
     target = build_tiny_model({}, seed=0).eval()
     draft = build_tiny_model({}, seed=0).eval()  # a copy: drafts get accepted, rounds run long
     sampling = SamplingConfig(temperature=0.9, top_k=0, top_p=0.95)
+    vocab = int(target.config.vocab_size)
     engine = Engine(
-        ModelRunner(target, VOCAB, static=True, min_capacity=256),
+        ModelRunner(target, vocab, static=True, min_capacity=256),
         sampling,
-        draft=ModelRunner(draft, VOCAB, static=True, min_capacity=256),
+        draft=ModelRunner(draft, vocab, static=True, min_capacity=256),
         timings=Timings(),
     )
     prompt = [5, 17, 9, 33, 2, 8]

@@ -87,9 +87,8 @@ class ModelRunner:
         self.hidden_layer = hidden_layer
         self.device = next(model.parameters()).device
         use_lean = uses_lean(model) if lean is None else lean
-        device = next(model.parameters()).device
         if lean is None and compiled and static and supports_static(model):
-            use_lean = use_lean and not compiled_over_lean(device)
+            use_lean = use_lean and not compiled_over_lean(self.device)
         self.lean = LeanDraft(model) if use_lean else None
         self.static = static and self.lean is None and supports_static(model)
         self.compiled = compiled and self.static
@@ -105,7 +104,7 @@ class ModelRunner:
         self.kv_pool = KVPool()
         # on a GPU a compiled cache keeps its row bucket as rows leave (inert rows cost next to
         # nothing there, a new bucket a new CUDA graph); on a CPU every row costs compute
-        self.shrink_rows = not (self.compiled and self.device.type == "cuda")
+        self.shrink_rows = not (self.compiled and cuda)
         self.compile_seconds = 0.0  # first calls of new compiled shapes (not in `seconds`)
         self.compiles = 0  # graphs dynamo compiled in this runner's forwards
         self.support: torch.Tensor | None = None  # the head's ids on the shared vocabulary
@@ -190,9 +189,7 @@ class ModelRunner:
             synchronize(self.device)
             began = time.perf_counter()
             yield
-            synchronize(self.device)
-            self.compile_seconds += time.perf_counter() - began
-            self.compiles += compiled_graphs() - graphs
+            self._add_compile(began, graphs)
             return
         start = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
         if start is not None:
@@ -200,9 +197,7 @@ class ModelRunner:
         began = time.perf_counter()
         yield
         if self.compiled and compiled_graphs() > graphs:
-            synchronize(self.device)
-            self.compile_seconds += time.perf_counter() - began
-            self.compiles += compiled_graphs() - graphs
+            self._add_compile(began, graphs)
             log.warning(
                 "%s recompiled a shape it had compiled (rows, width %s)", self.layout, shape
             )
@@ -218,6 +213,13 @@ class ModelRunner:
             self._cpu_seconds += elapsed
             if shape is not None:
                 self._shapes.append((*shape, elapsed))
+
+    def _add_compile(self, began: float, graphs: int) -> None:
+        """Count the block since `began` (once the device is done) as compile time, and the
+        graphs dynamo compiled in it (`graphs`: the count before)."""
+        synchronize(self.device)
+        self.compile_seconds += time.perf_counter() - began
+        self.compiles += compiled_graphs() - graphs
 
     @torch.inference_mode()
     def prime(self, cache: RowCache, rows: list[list[int]]) -> None:
