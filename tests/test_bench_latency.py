@@ -77,7 +77,7 @@ def test_a_profile_through_the_engines_runners_times_their_layouts(static: bool)
     )
     layouts = timed_kernels(models, engine)["layouts"]
     assert layouts == {"target": "static" if static else "dynamic", "draft": "lean"}
-    assert ModelRunner(target, 128, static=True, compiled=True).layout == "compiled:frozen"
+    assert ModelRunner(target, 128, static=True, compiled=True).layout == "compiled:packed"
 
 
 def batched() -> LatencyProfile:

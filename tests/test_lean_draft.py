@@ -96,7 +96,7 @@ def test_a_compiled_runner_takes_the_static_layout_over_the_lean_one(target, dra
     assert compiled_over_lean(torch.device("cuda")) and not compiled_over_lean(draft.device)
     on_cpu = ModelRunner(draft, VOCAB, static=True, compiled=True)
     assert on_cpu.lean is not None and not on_cpu.compiled and on_cpu.layout == "lean"
-    assert ModelRunner(target, VOCAB, static=True, compiled=True).layout == "compiled:frozen"
+    assert ModelRunner(target, VOCAB, static=True, compiled=True).layout == "compiled:packed"
     compiled = ModelRunner(draft, VOCAB, lean=False, static=True, compiled=True)
     assert compiled.lean is None and compiled.static and compiled.compiled
     asked = ModelRunner(draft, VOCAB, lean=True, static=True, compiled=True)

@@ -14,9 +14,10 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import DynamicCache
 
+from sprinter_train.models import packed as packed_module
 from sprinter_train.models.body import body, head_logits
 from sprinter_train.models.lean import packs
-from sprinter_train.models.packed import PackedLinear, pack_linears
+from sprinter_train.models.packed import PackedLinear, pack_linears, packed_linear
 from sprinter_train.models.roles import load_roles
 from sprinter_train.models.tiny import build_tiny_model
 
@@ -146,6 +147,59 @@ def test_a_changed_weight_is_repacked(dtype: torch.dtype) -> None:
     layer.load_state_dict(replacement)
     with torch.inference_mode():
         assert_same(layer(x), F.linear(x, replacement["weight"], replacement["bias"]))
+
+
+def test_a_compiled_forward_multiplies_by_the_packed_copy_at_any_row_count(monkeypatch) -> None:
+    """The compiled graph (dynamo's automatic dynamic shapes, as `decoding.compile` on a CPU)
+    calls the module's packed copy through the custom op with no graph break, at the engine's
+    1-8 rows, and follows an in-place change of the weight without recompiling."""
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 32)
+    pack_linears(layer)
+    reads = []
+    packed_weight = PackedLinear.packed_weight
+    monkeypatch.setattr(
+        PackedLinear, "packed_weight", lambda self: reads.append(1) or packed_weight(self)
+    )
+    explained = torch._dynamo.explain(layer)(torch.randn(2, 3, 64))
+    assert explained.graph_break_count == 0
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=None)
+    with torch.inference_mode():
+        for rows in (1, 2, 4, 8):
+            x = torch.randn(rows, 3, 64)
+            before = len(reads)
+            assert_same(compiled(x), F.linear(x, layer.weight, layer.bias))
+            assert len(reads) > before  # the op ran on the packed copy
+    with torch.no_grad():
+        layer.weight.mul_(-2)
+    with torch.inference_mode():
+        x = torch.randn(4, 3, 64)
+        assert_same(compiled(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_the_op_takes_a_packed_copy_only_from_the_weights_owner() -> None:
+    """A weight no live packed module holds (a replaced parameter, a stray tensor, a dead
+    module's) goes through F.linear, never through another weight's copy."""
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 32)
+    pack_linears(layer)
+    x = torch.randn(3, 64)
+    stray, old = torch.randn(32, 64), layer.weight
+    with torch.no_grad():
+        layer(x)  # builds the copy
+        assert_same(packed_linear(x, stray, None), F.linear(x, stray))
+        layer.weight = nn.Parameter(torch.randn(32, 64))
+        assert_same(
+            packed_linear(x, layer.weight, layer.bias), F.linear(x, layer.weight, layer.bias)
+        )
+        assert_same(packed_linear(x, old, layer.bias), F.linear(x, old, layer.bias))
+    key = layer.weight.data_ptr()
+    with torch.no_grad():
+        layer(x)  # packs and registers the new weight
+    assert key in packed_module._OWNERS
+    del layer
+    assert key not in packed_module._OWNERS
 
 
 def test_casts_drop_the_copy_and_repack() -> None:

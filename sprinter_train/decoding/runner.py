@@ -128,10 +128,10 @@ class ModelRunner:
 
     @property
     def layout(self) -> str:
-        """How this model's forwards run: compiled (with CUDA graphs on a GPU, frozen weights
-        on a CPU: see `compiled_step`), static (eager), lean or dynamic."""
+        """How this model's forwards run: compiled (with CUDA graphs on a GPU, the prepacked
+        linears' op on a CPU: see `compiled_step`), static (eager), lean or dynamic."""
         if self.compiled:
-            return "compiled:" + ("cudagraphs" if self.device.type == "cuda" else "frozen")
+            return "compiled:" + ("cudagraphs" if self.device.type == "cuda" else "packed")
         return "static" if self.static else "lean" if self.lean is not None else "dynamic"
 
     def new_cache(self, rows: int, capacity: int = 0) -> RowCache:
@@ -464,15 +464,16 @@ def compiled_step(step: Any, device: torch.device) -> Any:
     against 18 graphs and 114 s with `dynamic=False`, the same tokens). Dynamo's recompile
     limit is raised to cover them. On CUDA the graphs replay as CUDA graphs
     (`reduce-overhead`), which records one per concrete shape (milliseconds, no compile). On
-    a CPU inductor freezes the weights (constants, its linears on prepacked oneDNN weights):
-    without it the compiled 2- and 4-token forwards of the 135M target lost the eager path's
-    prepacked linears and cost 1.65x the 1-token one (89 against 54 ms at batch 1); frozen,
-    56 and 65 against 62 ms, and at 4 rows 72/93/116 ms against eager 99/120/153 ms, for
-    about 4x the compile time (200-300 s a graph on the 2-core CPU)."""
+    a CPU the linears call the eager path's prepacked oneDNN weights through one custom op
+    (`models.packed.packed_linear`) at any row count; inductor's own packing (`freezing`)
+    needs a static row dimension, which the symbolic graphs lack, so there the 2- and 4-token
+    verifies fell back to sgemm's slow small-M path (135M target over 600 tokens, 2-core
+    EPYC, float32, 1 row: frozen 61/95/97 ms for 1/2/4 tokens, the op 68/74/83; 4 rows:
+    136/180/191 against 117/109/176; eager dynamic layout 80/100/115 and 114/161/186)."""
     limit = 256  # row buckets x widths x capacities of a run stay far below this
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, limit)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, limit)
     if device.type == "cuda":
         return torch.compile(step, fullgraph=True, dynamic=None, mode="reduce-overhead")
-    return torch.compile(step, fullgraph=True, dynamic=None, options={"freezing": True})
+    return torch.compile(step, fullgraph=True, dynamic=None)

@@ -23,10 +23,21 @@ weights, hooks, casts and moves are untouched. The packed copy is only read wher
 is needed (no grad mode, or neither input nor parameters require grad): anything that trains
 goes through F.linear. It is rebuilt when the weight changed (version counter, storage, dtype
 or device), as `LeanDraft` rebuilds its copies.
+
+A compiled forward (`decoding.compile`) reaches the same packed copy through one custom op,
+`sprinter_train::packed_linear`, which inductor calls as an opaque kernel (no graph break).
+Inductor's own packing needs frozen weights and a static row dimension: with dynamo's automatic
+dynamic shapes a verify block's (rows x width) is symbolic, so its 2- and 4-token forwards fell
+back to sgemm's small-M path (2-core EPYC, float32, the 135M target over 600 tokens, rows 1:
+61/95/97 ms for 1/2/4 tokens, against 68/74/83 with the op and no freezing; eager 80/100/115).
+The op finds the copy through the module that owns the weight (`_OWNERS`, by storage
+address, checked against the module's current weight), so it never uses a stale copy: a weight
+no packed module owns goes through F.linear.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -34,6 +45,28 @@ from torch import nn
 from torch.nn import functional as F
 
 from sprinter_train.models.lean import pack, packs
+
+# storage address of a packed module's weight -> that module (see `packed_linear`)
+_OWNERS: dict[int, weakref.ref[PackedLinear]] = {}
+
+
+@torch.library.custom_op("sprinter_train::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias) on the packed copy of the `PackedLinear` that owns `weight`
+    (compiled forwards call this; eager ones use the module's copy directly)."""
+    ref = _OWNERS.get(weight.data_ptr())
+    module = None if ref is None else ref()
+    if module is None or weight.is_inference() or not module.owns(weight):
+        return F.linear(x, weight, bias)
+    packed = module.packed_weight()
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 class PackedLinear(nn.Linear):
@@ -48,44 +81,77 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
-        # a compiled forward (decoding.compile) traces the plain product: the copy's checks
-        # break dynamo's graph, and the compiler chooses its own kernels
-        if torch.compiler.is_compiling() or not self._packable(x):
+        if not self._packable(x):
             return F.linear(x, weight, bias)
+        if torch.compiler.is_compiling():  # the copy's checks would break dynamo's graph
+            return packed_linear(x, weight, bias)
+        packed = None if weight.is_inference() else self.packed_weight()
+        if packed is None:
+            return F.linear(x, weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    def packed_weight(self) -> torch.Tensor | None:
+        """The packed copy of the current weight (rebuilt if the weight changed), or None
+        where the weight does not pack."""
+        weight = self.weight
         stamp = (weight._version, weight.data_ptr(), weight.dtype, weight.device)
         if stamp != self._stamp:
             with torch.no_grad():
                 self._packed = pack(weight) if packs(weight) else None
             self._stamp = stamp
-        if self._packed is None:
-            return F.linear(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+            self._register()
+        return self._packed
+
+    def owns(self, weight: torch.Tensor) -> bool:
+        """Whether `weight` is this module's current weight (same storage, shape and dtype)."""
+        mine = self.weight
+        return (
+            mine.data_ptr() == weight.data_ptr()
+            and mine.shape == weight.shape
+            and mine.dtype == weight.dtype
+            and mine.device == weight.device
+        )
+
+    def _register(self) -> None:
+        """Let `packed_linear` find this module by its weight's address (the entry leaves
+        with the module)."""
+        key = self.weight.data_ptr()
+
+        def forget(ref: weakref.ref[PackedLinear]) -> None:
+            if _OWNERS.get(key) is ref:
+                del _OWNERS[key]
+
+        _OWNERS[key] = weakref.ref(self, forget)
 
     def _packable(self, x: torch.Tensor) -> bool:
         """Whether this call may use the packed copy: no autograd graph would be recorded, no
-        autocast would change the dtype, the input has the weight's dtype, and the weight is
-        a normal tensor (an inference tensor keeps no version counter to notice changes)."""
+        autocast would change the dtype, and the input has the weight's dtype (an inference
+        tensor as weight, which keeps no version counter to notice changes, is left to
+        F.linear by the caller or by `packed_linear`)."""
         weight, bias = self.weight, self.bias
         if torch.is_grad_enabled() and (
             x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
         ):
             return False
-        return (
-            x.dtype == weight.dtype
-            and not torch.is_autocast_enabled(x.device.type)
-            and not weight.is_inference()
-        )
+        return x.dtype == weight.dtype and not torch.is_autocast_enabled(x.device.type)
 
     def _apply(self, fn: Any, recurse: bool = True) -> PackedLinear:
         """A cast or move drops the packed copy (its memory) before it is stale."""
         self._packed, self._stamp = None, None
-        return super()._apply(fn, recurse)
+        module = super()._apply(fn, recurse)
+        self._register()
+        return module
 
     def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles leave the packed copy out: oneDNN's opaque tensors have no
         storage to copy; the copy repacks on its first forward."""
         state = super().__getstate__()
         return {**state, "_packed": None, "_stamp": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy registers its own weight, so its compiled forwards find its packed copy."""
+        super().__setstate__(state)
+        self._register()
 
 
 def pack_linears(model: nn.Module) -> int:
@@ -98,5 +164,6 @@ def pack_linears(model: nn.Module) -> int:
         if type(module) is nn.Linear and packs(module.weight):
             module.__class__ = PackedLinear
             module._packed, module._stamp = None, None
+            module._register()
             count += 1
     return count
