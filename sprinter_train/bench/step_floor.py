@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.pytorch_utils import Conv1D
@@ -33,6 +34,7 @@ from sprinter_train.models.cache import crop_cache, returned_cache, with_cache
 from sprinter_train.models.lean import supports_lean
 
 WARMUP_ROUNDS = 3
+STEP_BUDGET = 16  # new tokens the engine step's row may hold (it never holds more than 2)
 
 
 def step_weights(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -135,10 +137,18 @@ class EngineDraftStep:
         target: torch.nn.Module,
         sampling: SamplingConfig,
         prompt: list[int],
+        layout: Mapping[str, Any] | None = None,
     ) -> None:
         vocab = min(int(draft.config.vocab_size), int(target.config.vocab_size))
-        self.engine = Engine(ModelRunner(target, vocab), sampling, draft=ModelRunner(draft, vocab))
-        self.batch = self.engine.new_batch([prompt], max_new_tokens=1 << 30, seeds=[0])
+        layout = dict(layout or {})  # ModelRunner's static / compiled settings
+        self.engine = Engine(
+            ModelRunner(target, vocab, **layout),
+            sampling,
+            draft=ModelRunner(draft, vocab, **layout),
+        )
+        # a static cache holds prompt + budget: each call is undone (`reset`), so a few
+        # tokens of budget cover every step
+        self.batch = self.engine.new_batch([prompt], max_new_tokens=STEP_BUDGET, seeds=[0])
         self.active = torch.ones(1, dtype=torch.bool, device=self.engine.device)
         self.round = Round()
         with torch.inference_mode():  # the round's first step primes the cache with the prompt
@@ -252,10 +262,12 @@ def measure_step_floor(
     reps: int,
     seed: int = 0,
     lean: bool = False,
+    layout: Mapping[str, Any] | None = None,
 ) -> StepFloor:
     """Time the floor, the draft's model-only and engine steps and the target's step at batch
     1 after `context` cached random tokens, interleaved in `reps` rounds; with `lean`, also
-    the lean model-only step of a draft that has one."""
+    the lean model-only step of a draft that has one; `layout`: the engine's runner settings
+    (`decoding.engine.static_settings`: static, compiled), the default layout without."""
     device = next(draft.parameters()).device
     vocab = min(int(draft.config.vocab_size), int(target.config.vocab_size))
     gen = torch.Generator().manual_seed(seed)
@@ -264,7 +276,7 @@ def measure_step_floor(
     chain = MatmulChain(step_weights(draft), seed)
     model_step = ModelStep(draft, cached, next_id)
     target_step = ModelStep(target, cached, next_id)
-    engine_step = EngineDraftStep(draft, target, sampling, prefix[0, :context].tolist())
+    engine_step = EngineDraftStep(draft, target, sampling, prefix[0, :context].tolist(), layout)
     steps = {"floor": chain, "model": model_step, "engine": engine_step, "target": target_step}
     resets = {"model": model_step.reset, "engine": engine_step.reset, "target": target_step.reset}
     if lean and supports_lean(draft):
