@@ -33,7 +33,8 @@ from sprinter_train.bench.methods import at_batch_size  # noqa: E402
 from sprinter_train.bench.prepare import Setup, prepare  # noqa: E402
 from sprinter_train.bench.provenance import load_average  # noqa: E402
 from sprinter_train.bench.report import latency_table  # noqa: E402
-from sprinter_train.bench.runs import GroupRun, engine_decode, run_methods  # noqa: E402
+from sprinter_train.bench.runs import engine_decode, run_methods  # noqa: E402
+from sprinter_train.bench.summary import speed  # noqa: E402
 from sprinter_train.core.config import compose_config  # noqa: E402
 from sprinter_train.core.io import atomic_write, write_json  # noqa: E402
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads  # noqa: E402
@@ -42,29 +43,11 @@ from sprinter_train.decoding.engine import static_settings  # noqa: E402
 VARIANTS = {"eager": False, "compiled": True}  # name -> decoding.compile
 
 
-def variant_cfg(cfg: DictConfig, compiled: bool, name: str) -> DictConfig:
-    """The run's config with `decoding.compile` set, in its own experiment folder (each
-    variant's latency profile is its own)."""
-    out = OmegaConf.merge(cfg, {"decoding": {"compile": compiled}})
-    out.experiment = f"{cfg.experiment}/compile_ab/{name}"
-    return out
-
-
-def rates(runs: dict[str, list[GroupRun]]) -> dict[str, dict[str, float]]:
-    """Per run name: tokens/s over all its groups, wall seconds, tokens, target calls."""
-    out = {}
-    for name, groups in runs.items():
-        tokens = sum(len(row) for g in groups for row in g.tokens)
-        wall = sum(g.wall_s for g in groups)
-        calls = sum(g.stats.target_calls for g in groups)
-        drafts = sum(g.stats.draft_calls for g in groups)
-        out[name] = {
-            "tokens_per_s": tokens / wall,
-            "wall_s": wall,
-            "tokens": tokens,
-            "target_calls": calls,
-            "draft_calls": drafts,
-        }
+def variant_cfg(cfg: DictConfig, variant: str) -> DictConfig:
+    """The run's config with `decoding.compile` set for `variant`, in its own experiment
+    folder (each variant's latency profile is its own)."""
+    out = OmegaConf.merge(cfg, {"decoding": {"compile": VARIANTS[variant]}})
+    out.experiment = f"{cfg.experiment}/compile_ab/{variant}"
     return out
 
 
@@ -98,7 +81,7 @@ def decode_sizes(cfg: DictConfig, setups: dict[str, Setup]) -> dict[str, Any]:
             int(b.min_timed_runs),
             warmup,
         )
-        measured = rates(runs)
+        measured = {name: speed(groups) for name, groups in runs.items()}
         rows = {}
         for m in methods:
             eager, compiled = measured[f"{m}@eager"], measured[f"{m}@compiled"]
@@ -129,14 +112,10 @@ def floors(cfg: DictConfig, setups: dict[str, Setup]) -> dict[str, Any]:
             setup.engine.sampling,
             int(ecfg.context_tokens),
             int(ecfg.floor_reps),
-            layout=static_settings(cfg_for(cfg, v).decoding, setup.device),
+            layout=static_settings(variant_cfg(cfg, v).decoding, setup.device),
         )
         out[v] = floor.report()
     return out
-
-
-def cfg_for(cfg: DictConfig, variant: str) -> DictConfig:
-    return variant_cfg(cfg, VARIANTS[variant], variant)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -177,7 +156,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    setups = {v: prepare(cfg_for(cfg, v), device, dtype) for v in VARIANTS}
+    setups = {v: prepare(variant_cfg(cfg, v), device, dtype) for v in VARIANTS}
     batches = decode_sizes(cfg, setups)
     result: dict[str, Any] = {
         "experiment": cfg.experiment,

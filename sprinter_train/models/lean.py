@@ -53,11 +53,13 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return weight
 
 
-def project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight) for a weight from `pack`."""
+def project(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) for a weight from `pack`."""
     if weight.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-    return F.linear(x, weight)
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
 
 
 class KVLayer:

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from sprinter_train.models.lean import pack, packs
+from sprinter_train.models.lean import pack, packs, project
 
 # storage address of a packed module's weight -> that module (see `packed_linear`)
 _OWNERS: dict[int, weakref.ref[PackedLinear]] = {}
@@ -56,12 +56,8 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     (compiled forwards call this; eager ones use the module's copy directly)."""
     ref = _OWNERS.get(weight.data_ptr())
     module = None if ref is None else ref()
-    if module is None or weight.is_inference() or not module.owns(weight):
-        return F.linear(x, weight, bias)
-    packed = module.packed_weight()
-    if packed is None:
-        return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    packed = module.packed_weight() if module is not None and module.owns(weight) else None
+    return project(x, weight if packed is None else packed, bias)
 
 
 @packed_linear.register_fake
@@ -85,15 +81,16 @@ class PackedLinear(nn.Linear):
             return F.linear(x, weight, bias)
         if torch.compiler.is_compiling():  # the copy's checks would break dynamo's graph
             return packed_linear(x, weight, bias)
-        packed = None if weight.is_inference() else self.packed_weight()
-        if packed is None:
-            return F.linear(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        packed = self.packed_weight()
+        return project(x, weight if packed is None else packed, bias)
 
     def packed_weight(self) -> torch.Tensor | None:
         """The packed copy of the current weight (rebuilt if the weight changed), or None
-        where the weight does not pack."""
+        where the weight does not pack or is an inference tensor (which keeps no version
+        counter to notice changes)."""
         weight = self.weight
+        if weight.is_inference():
+            return None
         stamp = (weight._version, weight.data_ptr(), weight.dtype, weight.device)
         if stamp != self._stamp:
             with torch.no_grad():
@@ -126,8 +123,7 @@ class PackedLinear(nn.Linear):
     def _packable(self, x: torch.Tensor) -> bool:
         """Whether this call may use the packed copy: no autograd graph would be recorded, no
         autocast would change the dtype, and the input has the weight's dtype (an inference
-        tensor as weight, which keeps no version counter to notice changes, is left to
-        F.linear by the caller or by `packed_linear`)."""
+        tensor as weight is left to F.linear by `packed_weight`)."""
         weight, bias = self.weight, self.bias
         if torch.is_grad_enabled() and (
             x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
