@@ -17,9 +17,10 @@
 # of wheels, installed --no-deps; default: shared/wheels or wheels/ when present), PYTEST_PATHS
 # (tests), BENCH_ARGS and DRAFT_EVAL_ARGS (extra Hydra overrides, space-separated), STEPS (the
 # steps to run, comma-separated; default all six: install,profile,bench,gpu_tests,
-# profile_eager,draft_eval), OUT
+# profile_eager,draft_eval; profile_sd when named), OUT
 # (gpu_bench_out/<timestamp>), and each step's time limit in seconds: T_INSTALL (25),
-# T_PROFILE (100), T_BENCH (260), T_TESTS (70), T_PROFILE_EAGER (70), T_DRAFT_EVAL (50). A failed
+# T_PROFILE (100), T_BENCH (260), T_TESTS (70), T_PROFILE_EAGER (70), T_DRAFT_EVAL (50),
+# T_PROFILE_SD (120). A failed
 # or timed-out step is reported and the next one runs; the exit status is 1 when any step
 # failed. A bench cut short keeps the batch sizes it finished (bench/partial/).
 set -u
@@ -52,6 +53,8 @@ STARTED=$(date +%s)
 FAILED=()
 : >"$OUT/steps.tsv"
 
+# profile_sd (an sd round of the offline pair, compiled, gamma PROFILE_GAMMA: 3) runs only when
+# named: the default six fill a call's 10 minutes
 STEPS=${STEPS:-install,profile,bench,gpu_tests,profile_eager,draft_eval}
 
 # step <name> <seconds> <command...>: run it under a time limit, log to logs/<name>.log (a step
@@ -122,6 +125,9 @@ step bench "${T_BENCH:-260}" "$PYTHON" -m sprinter_train stage=bench "${BASE[@]}
   "methods.sd.gamma=$SD_GAMMA" bench.law_distance_prompts=0 bench.judge.enabled=false \
   bench.latency.reuse=false $BENCH_ARGS
 step gpu_tests "${T_TESTS:-70}" "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider $PYTEST_PATHS
+step profile_sd "${T_PROFILE_SD:-120}" "$PYTHON" benchmarks/profile_step.py --models "$MODELS" \
+  --method sd --gamma "${PROFILE_GAMMA:-3}" --steps "$PROFILE_STEPS" --out "$OUT/profile_sd.txt" \
+  --trace "${BASE[@]}" "decoding.compile=$COMPILE"
 step profile_eager "${T_PROFILE_EAGER:-70}" "$PYTHON" benchmarks/profile_step.py \
   --models "$MODELS" --steps "$PROFILE_STEPS" --out "$OUT/profile_eager.txt" "${BASE[@]}" \
   decoding.compile=false
@@ -153,7 +159,7 @@ if draft.exists():
     d = json.loads(draft.read_text())
     keys = ("alpha", "c", "best_gamma", "implied_speedup", "target_step_ms", "draft_step_ms")
     print("draft_eval:", ", ".join(f"{k} {d[k]:.3g}" for k in keys if isinstance(d.get(k), (int, float))))
-for name in ("profile", "profile_eager"):
+for name in ("profile", "profile_sd", "profile_eager"):
     profile = out / f"{name}.json"
     if profile.exists():
         p = json.loads(profile.read_text())

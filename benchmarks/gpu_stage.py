@@ -113,7 +113,9 @@ mkdir -p $G/bench_run
 OUT=$G benchmarks/gpu_bench.sh 2>&1 | tee $OUT/console.txt
 cp $G/summary.txt $G/steps.tsv $G/results.md $OUT/ 2>/dev/null
 tar -C $G --exclude='*.trace.json' --exclude='*.png' -czf $OUT/gb.tgz .
-[ -f $G/profile.trace.json ] && gzip -c $G/profile.trace.json > $OUT/trace.json.gz
+for t in profile profile_sd; do
+  [ -f $G/$t.trace.json ] && gzip -c $G/$t.trace.json > $OUT/$t.trace.json.gz
+done
 echo "call wall $(($(date +%s) - START)) s"
 """
 

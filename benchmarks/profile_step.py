@@ -1,7 +1,8 @@
-"""Where a batch-1 target decode step goes: torch.profiler over the engine's `target_only`.
+"""Where a batch-1 decode step goes: torch.profiler over the engine's `target_only` (or `sd`).
 
 python benchmarks/profile_step.py --out profile.txt                      # offline pair, auto device
 python benchmarks/profile_step.py --models tiny_random --steps 8 --out /tmp/p.txt device=cpu
+python benchmarks/profile_step.py --method sd --gamma 3 --out sd.txt     # an sd round's share too
 
 On a GPU the step is launch-bound when the kernels' time is a small share of the step's wall
 time (docs/results/gpu.md, session 7: 31 ms a step, the H100 9% busy, ~1,100 kernel launches
@@ -12,7 +13,10 @@ graph recording, whose seconds are reported), the profiled
 run's device time per step, the device's busy share, kernel launches per step, and the top
 ops by self time; `--trace` also writes a Chrome trace (chrome://tracing, Perfetto). The target runs
 in the layout `decoding.static_cache` / `decoding.compile` / `decoding.static_capacity` give
-(compiled on CUDA by default). The last line is `step_ms=<x> busy=<share>` for scripts.
+(compiled on CUDA by default). With `--method sd` the draft runs beside it in the same layout
+and every figure is per generated token, not per target step: the H100 bench of session 14
+put an sd round's engine work (6.3 ms) above its forwards, and this splits that round into
+device time and host launches. The last line is `step_ms=<x> busy=<share>` for scripts.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -30,7 +35,7 @@ from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads, synchronize
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine, static_settings
-from sprinter_train.decoding.policies import TargetOnly
+from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.roles import load_roles
 
@@ -53,14 +58,16 @@ def prompt_ids(tokenizer, tokens: int) -> list[int]:
     return ids[:tokens]
 
 
-def timed_steps(engine: Engine, prompt: list[int], steps: int, reps: int) -> list[float]:
+def timed_steps(
+    engine: Engine, policy: Any, prompt: list[int], steps: int, reps: int
+) -> list[float]:
     """Milliseconds per generated token of `reps` greedy generations (prefill included once,
     so with many steps it is the decode step's cost)."""
     times = []
     for _ in range(reps):
         synchronize(engine.device)
         start = time.perf_counter()
-        engine.generate([prompt], TargetOnly(), steps, [0])
+        engine.generate([prompt], policy, steps, [0])
         synchronize(engine.device)
         times.append(1e3 * (time.perf_counter() - start) / steps)
     return times
@@ -88,6 +95,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25, help="ops listed")
     parser.add_argument("--out", type=Path, default=Path("profile.txt"))
     parser.add_argument("--trace", action="store_true", help="also write <out>.trace.json")
+    parser.add_argument("--method", choices=("target_only", "sd"), default="target_only")
+    parser.add_argument("--gamma", type=int, default=3, help="sd's drafts a round")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (device=cpu dtype=float32)")
     args = parser.parse_args()
     cfg = compose_config(f"models={args.models}", *args.overrides)
@@ -97,30 +106,36 @@ def main() -> None:
     models = load_roles(cfg.models, device, dtype, companion=False)
     layout = static_settings(cfg.decoding, device)
     runner = ModelRunner(models.target.model, models.vocab_size, **layout)
-    engine = Engine(runner, SamplingConfig(0.0))
+    draft = None
+    policy: Any = TargetOnly()
+    if args.method == "sd":
+        draft = ModelRunner(models.draft.model, models.vocab_size, **layout)
+        policy = SpeculativeDecoding(gamma=args.gamma)
+    engine = Engine(runner, SamplingConfig(0.0), draft=draft)
     prompt = prompt_ids(models.tokenizer, args.context)
 
     began = time.perf_counter()
-    timed_steps(engine, prompt, 2 * args.steps, 2)  # warm-up: allocator, kernels, compilation
+    timed_steps(engine, policy, prompt, 2 * args.steps, 2)  # warm-up: kernels, compilation
     warmup_s = time.perf_counter() - began
-    short = statistics.median(timed_steps(engine, prompt, args.steps, args.reps))
-    long = statistics.median(timed_steps(engine, prompt, 2 * args.steps, args.reps))
+    short = statistics.median(timed_steps(engine, policy, prompt, args.steps, args.reps))
+    long = statistics.median(timed_steps(engine, policy, prompt, 2 * args.steps, args.reps))
     step_ms = 2 * long - short  # ms/token at 2n and n tokens: (2n*long - n*short) / n
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        wall_ms = args.steps * timed_steps(engine, prompt, args.steps, 1)[0]
+        wall_ms = args.steps * timed_steps(engine, policy, prompt, args.steps, 1)[0]
     figures = {
         "step_ms": step_ms,
         "ms_per_token_with_prefill": short,
         "warmup_s": warmup_s,
-        "compile_s": runner.compile_seconds,
+        "compile_s": runner.compile_seconds + (draft.compile_seconds if draft else 0.0),
         **summary(prof, device, args.steps, wall_ms),
     }
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=args.top)
     head = [
         f"target {models.target.name} on {device} ({str(dtype).removeprefix('torch.')}), "
-        f"batch 1, {args.context} context tokens, {args.steps} greedy steps of target_only",
+        f"batch 1, {args.context} context tokens, {args.steps} greedy tokens of {args.method}"
+        + (f" (gamma {args.gamma}, draft {models.draft.name})" if draft else ""),
         f"layout: static {runner.static}, compiled {runner.compiled}, "
         f"capacity >= {runner.min_capacity}",
         f"step (unprofiled, medians of {args.reps}, prefill cancelled): {step_ms:.2f} ms",

@@ -14,13 +14,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_bench.sh"
-STEPS = ["install", "profile", "bench", "gpu_tests", "profile_eager", "draft_eval"]
+STEPS = ["install", "profile", "bench", "gpu_tests", "profile_sd", "profile_eager", "draft_eval"]
 
 
 def run_script(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(SCRIPT)],
-        env={**os.environ, "OUT": str(out), **env},
+        env={**os.environ, "OUT": str(out), "STEPS": ",".join(STEPS), **env},
         capture_output=True,
         text=True,
         timeout=300,
@@ -45,7 +45,7 @@ def test_a_step_past_its_limit_is_reported_as_timed_out(tmp_path: Path) -> None:
     slow = tmp_path / "python"  # answers a script on stdin at once, hangs on anything else
     slow.write_text('#!/bin/sh\n[ "$1" = - ] && exit 0\nsleep 30\n')
     slow.chmod(0o755)
-    names = ("INSTALL", "PROFILE", "PROFILE_EAGER", "TESTS", "BENCH", "DRAFT_EVAL")
+    names = ("INSTALL", "PROFILE", "PROFILE_SD", "PROFILE_EAGER", "TESTS", "BENCH", "DRAFT_EVAL")
     limits = {f"T_{name}": "1" for name in names}
     done = run_script(tmp_path / "out", PYTHON=str(slow), WHEELS=str(tmp_path), **limits)
     assert done.returncode == 1
@@ -79,6 +79,7 @@ def test_the_script_runs_end_to_end_on_the_cpu_at_tiny_size(tmp_path: Path) -> N
     assert "## Batch size 2" in (out / "results.md").read_text()
     assert json.loads((out / "draft_eval.json").read_text())["alpha"] > 0
     assert json.loads((out / "profile.json").read_text())["step_ms"] > 0
+    assert "greedy tokens of sd (gamma 3" in (out / "profile_sd.txt").read_text()
     assert json.loads((out / "profile_eager.json").read_text())["compile_s"] == 0
     assert "step (unprofiled" in (out / "profile.txt").read_text()
     assert "tokens/s" in done.stdout and "wall time:" in done.stdout
