@@ -16,8 +16,8 @@ import torch
 
 from sprinter_train.bench.latency import measure_runner_times
 from sprinter_train.core.config import compose_config
+from sprinter_train.decoding import graphs, static_cache
 from sprinter_train.decoding import runner as runner_module
-from sprinter_train.decoding import static_cache
 from sprinter_train.decoding.engine import Engine, decoding_problems, static_settings
 from sprinter_train.decoding.policies import (
     MTAD,
@@ -451,3 +451,152 @@ def test_the_engine_reuses_the_latency_profiles_graphs(models) -> None:
     engine = Engine(target, SAMPLING, timings=fixed_timings())
     engine.generate([PROMPTS[0]], TargetOnly(), 8)
     assert runner_module.compiled_graphs() == graphs
+
+
+class ReplayedGraph:
+    """A CUDA graph's contract on a CPU: `capture` hands back output buffers and leaves the
+    cache as it was (it runs the step, then puts `state` back), `replay` runs the step on the
+    graph's input buffers and writes into those same output buffers, so a caller that kept
+    an output past the next replay would read the new values."""
+
+    replays = 0
+
+    def __init__(self, pool) -> None:
+        self.run = None
+        self.outputs: tuple[torch.Tensor, ...] = ()
+
+    def capture(self, run, state):
+        saved = [
+            (layer.keys.clone(), layer.values.clone(), layer.cumulative_length.clone())
+            for layer in state.layers
+        ]
+        self.run = run
+        self.outputs = tuple(t.clone() for t in run())
+        with torch.inference_mode():
+            for layer, (keys, values, length) in zip(state.layers, saved, strict=True):
+                layer.keys.copy_(keys)
+                layer.values.copy_(values)
+                layer.cumulative_length.copy_(length)
+        return self.outputs
+
+    def replay(self) -> None:
+        ReplayedGraph.replays += 1
+        for buffer, value in zip(self.outputs, self.run(), strict=True):
+            buffer.copy_(value)
+
+
+@pytest.fixture
+def replayed(monkeypatch):
+    monkeypatch.setattr(graphs, "CudaGraph", ReplayedGraph)
+    ReplayedGraph.replays = 0
+    return ReplayedGraph
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
+def test_captured_forwards_emit_the_static_layouts_tokens_for_every_method(
+    models, eos, sampling, replayed
+) -> None:
+    """Every model's body replayed from captured graphs (CUDA graph semantics played on the
+    CPU), one policy of each registry class, rows leaving at EOS: the tokens of the same
+    layout run step by step, so no consumer reads a replay's output after the next one."""
+    captured = engine(models, sampling, eos, static=True, captured=True)
+    for fresh, again in zip(every_method(models), every_method(models), strict=True):
+        plain = engine(models, sampling, eos, static=True).generate(ROWS, fresh, NEW_TOKENS)
+        out = captured.generate(ROWS, again, NEW_TOKENS)
+        assert [r.tokens for r in out] == [r.tokens for r in plain], fresh.name
+    runners = captured.present_runners.values()
+    assert all(r.layout == "static:captured" and len(r._step) > 0 for r in runners)
+    assert replayed.replays > 10 * sum(r._step.captures for r in runners)
+    assert all(r.compile_seconds > 0 for r in runners)  # each capture: compile time
+
+
+def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed) -> None:
+    runner = ModelRunner(models["target"], VOCAB, static=True, captured=True)
+    engine_ = Engine(runner, GREEDY, timings=fixed_timings())
+    first = engine_.generate(PROMPTS, TargetOnly(), 6)
+    captures = runner._step.captures
+    assert captures >= 1  # the prefill is uncaptured; each decode shape once
+    again = engine_.generate(PROMPTS, TargetOnly(), 6)  # the pool's buffers: replays only
+    assert [r.tokens for r in again] == [r.tokens for r in first]
+    assert runner._step.captures == captures
+    pooled = runner.new_cache(len(PROMPTS))  # the pool's buffers: their graph replays
+    fresh = runner.new_cache(len(PROMPTS))  # a second live cache of the shape: new buffers
+    assert fresh.kv is not pooled.kv
+    ids = torch.zeros((len(PROMPTS), 1), dtype=torch.long)
+    counts = torch.ones(len(PROMPTS), dtype=torch.long)
+    for cache, more in ((pooled, 0), (fresh, 1)):
+        runner.prime(cache, PROMPTS)
+        runner.forward(cache, ids, counts, torch.zeros((len(PROMPTS), 1), dtype=torch.long))
+        assert runner._step.captures == captures + more
+
+
+def test_a_step_that_cannot_be_captured_runs_uncaptured(models, caplog) -> None:
+    class Refusing:
+        def __init__(self, pool) -> None:
+            pass
+
+        def capture(self, run, state):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    calls = []
+
+    def step(*args):
+        calls.append(args[0].clone())
+        return args[0].float(), args[1].float()
+
+    steps = graphs.CapturedSteps(step, new_graph=Refusing)
+    ids, positions, mask = torch.ones((2, 1)), torch.zeros((2, 1)), torch.ones((2, 4))
+    kv = object()
+    for value in (1.0, 2.0, 3.0):
+        out, _ = steps(ids * value, positions, mask, kv)
+        assert torch.equal(out, ids * value)
+    assert len(calls) == 3 and steps.captures == 0 and len(steps) == 0
+    assert "runs uncaptured" in caplog.text
+
+
+def test_captured_steps_copy_inputs_in_and_forget_the_least_recent_shape() -> None:
+    class Recorded:
+        def __init__(self, pool) -> None:
+            self.run = None
+
+        def capture(self, run, state):
+            self.run = run
+            self.outputs = tuple(t.clone() for t in run())
+            return self.outputs
+
+        def replay(self) -> None:
+            for buffer, value in zip(self.outputs, self.run(), strict=True):
+                buffer.copy_(value)
+
+    steps = graphs.CapturedSteps(lambda i, p, m, kv: (i * 2, p + m.sum()), Recorded, keep=2)
+    kv = object()
+    for rows in (1, 2, 1, 4):  # rows 2 is the least recent when 4 arrives
+        ids = torch.full((rows, 1), float(rows))
+        out, total = steps(ids, torch.zeros((rows, 1)), torch.ones((rows, 3)), kv)
+        assert torch.equal(out, ids * 2) and torch.equal(total, torch.full((rows, 1), 3.0 * rows))
+    assert steps.captures == 3 and len(steps) == 2
+    steps(torch.ones((2, 1)), torch.zeros((2, 1)), torch.ones((2, 3)), kv)
+    assert steps.captures == 4  # forgotten, captured again
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
+def test_on_cuda_captured_compiled_models_emit_the_eager_static_tokens(sampling) -> None:
+    """Target, draft and companion compiled and replayed from hand-captured CUDA graphs (the
+    GPU's default), rows leaving at EOS, against the same static layout run eagerly on the
+    same GPU, float32; a second generation replays the first one's graphs."""
+    cuda = {role: model.to("cuda") for role, model in tiny_trio().items()}
+    eos = engine(cuda, GREEDY, None).generate([PROMPTS[0]], TargetOnly(), NEW_TOKENS)
+    eos = eos[0].tokens[NEW_TOKENS // 3]
+    captured = engine(cuda, sampling, eos, static=True, compiled=True)
+    runners = captured.present_runners.values()
+    assert all(r.layout == "compiled:captured" for r in runners)
+    for policy in (TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)):
+        eager = engine(cuda, sampling, eos, static=True).generate(ROWS, policy, NEW_TOKENS)
+        for _ in range(2):
+            out = captured.generate(ROWS, copy.deepcopy(policy), NEW_TOKENS)
+            assert [r.tokens for r in out] == [r.tokens for r in eager], policy.name
+    captures = {r: r._step.captures for r in runners}
+    captured.generate(ROWS, SpeculativeDecoding(gamma=3), NEW_TOKENS)
+    assert {r: r._step.captures for r in runners} == captures  # replays, no new capture
+    assert all(r.compile_seconds > 0 and r.seconds > 0 for r in runners)

@@ -26,6 +26,7 @@ from transformers import DynamicCache
 from sprinter_train.core.broken_logits import broken_rows, nonfinite_error
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.decoding.cache import RowCache
+from sprinter_train.decoding.graphs import CapturedSteps
 from sprinter_train.decoding.static_cache import KVPool, StaticRowCache, supports_static
 from sprinter_train.models.body import body, head_logits
 from sprinter_train.models.lean import LeanDraft, StaticKV, uses_lean
@@ -67,7 +68,9 @@ class ModelRunner:
     (`compile_seconds`), kept out of `seconds` and `forward_times`. Static caches start with
     at least `min_capacity` slots (one capacity for every generation: fewer compiled shapes),
     reuse their buffers across generations (`KVPool`) and, compiled on a GPU, keep their row
-    bucket as rows leave.
+    bucket as rows leave. `captured` (default: compiled on a GPU; any static runner when true)
+    replays each shape's body as a CUDA graph captured by hand (`graphs.CapturedSteps`:
+    without dynamo's per-call wrappers), not through `reduce-overhead`.
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class ModelRunner:
         min_capacity: int = 0,
         padded_prefill: bool | None = None,
         prefill_tokens: int = 1 << 16,
+        captured: bool | None = None,
     ) -> None:
         self.model = model
         self.vocab_size = vocab_size
@@ -92,13 +96,17 @@ class ModelRunner:
         self.lean = LeanDraft(model) if use_lean else None
         self.static = static and self.lean is None and supports_static(model)
         self.compiled = compiled and self.static
-        self._step = self._body_step
+        self._step: Any = self._body_step
+        # on a GPU the compiled body replays as CUDA graphs captured by hand (see `graphs`)
+        cuda = self.device.type == "cuda"
+        self.captured = self.static and (self.compiled and cuda if captured is None else captured)
         if self.compiled:
-            self._step = compiled_step(self._body_step, self.device)
+            self._step = compiled_step(self._body_step, self.device, not self.captured)
+        if self.captured:
+            self._step = CapturedSteps(self._step)
         self._shapes_seen: set[tuple[int, int, int]] = set()
         self.min_capacity = min_capacity
         # see `prefill_groups`: padded by default on a GPU only
-        cuda = self.device.type == "cuda"
         self.padded_prefill = cuda if padded_prefill is None else padded_prefill
         self.prefill_tokens = prefill_tokens
         self.kv_pool = KVPool()
@@ -128,10 +136,15 @@ class ModelRunner:
 
     @property
     def layout(self) -> str:
-        """How this model's forwards run: compiled (with CUDA graphs on a GPU, the prepacked
-        linears' op on a CPU: see `compiled_step`), static (eager), lean or dynamic."""
+        """How this model's forwards run: compiled (replayed from CUDA graphs captured by hand
+        or by `reduce-overhead` on a GPU, the prepacked linears' op on a CPU: see
+        `compiled_step`), static (eager), lean or dynamic."""
         if self.compiled:
+            if self.captured:
+                return "compiled:captured"
             return "compiled:" + ("cudagraphs" if self.device.type == "cuda" else "packed")
+        if self.captured:
+            return "static:captured"
         return "static" if self.static else "lean" if self.lean is not None else "dynamic"
 
     def new_cache(self, rows: int, capacity: int = 0) -> RowCache:
@@ -184,7 +197,7 @@ class ModelRunner:
         alone (after a sync, as a warm-up is timed). A compiled runner's block that compiled
         a graph unforeseen (dynamo recompiled a known shape) is moved there too, with a
         warning: a recompile is never timed as a forward."""
-        graphs = compiled_graphs() if self.compiled else 0
+        graphs = self._compile_work()
         if compiling:
             synchronize(self.device)
             began = time.perf_counter()
@@ -196,11 +209,12 @@ class ModelRunner:
             start.record()
         began = time.perf_counter()
         yield
-        if self.compiled and compiled_graphs() > graphs:
+        if (self.compiled or self.captured) and self._compile_work() > graphs:
+            if compiled_graphs() > graphs[0]:
+                log.warning(
+                    "%s recompiled a shape it had compiled (rows, width %s)", self.layout, shape
+                )
             self._add_compile(began, graphs)
-            log.warning(
-                "%s recompiled a shape it had compiled (rows, width %s)", self.layout, shape
-            )
             return
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
@@ -214,12 +228,20 @@ class ModelRunner:
             if shape is not None:
                 self._shapes.append((*shape, elapsed))
 
-    def _add_compile(self, began: float, graphs: int) -> None:
+    def _compile_work(self) -> tuple[int, int]:
+        """(graphs dynamo compiled in this process, CUDA graphs this runner captured): a block
+        that raised either compiled or captured."""
+        return (
+            compiled_graphs() if self.compiled else 0,
+            self._step.captures if self.captured else 0,
+        )
+
+    def _add_compile(self, began: float, graphs: tuple[int, int]) -> None:
         """Count the block since `began` (once the device is done) as compile time, and the
-        graphs dynamo compiled in it (`graphs`: the count before)."""
+        graphs dynamo compiled in it (`graphs`: `_compile_work` before)."""
         synchronize(self.device)
         self.compile_seconds += time.perf_counter() - began
-        self.compiles += compiled_graphs() - graphs
+        self.compiles += compiled_graphs() - graphs[0]
 
     @torch.inference_mode()
     def prime(self, cache: RowCache, rows: list[list[int]]) -> None:
@@ -456,7 +478,7 @@ def compiled_graphs() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
-def compiled_step(step: Any, device: torch.device) -> Any:
+def compiled_step(step: Any, device: torch.device, cudagraphs: bool = True) -> Any:
     """`step` under `torch.compile(fullgraph=True)` with dynamo's automatic dynamic shapes:
     the first shape compiles static, and a dimension seen changing recompiles once as a
     symbolic one, so the bucketed shapes (rows x widths) share a few graphs (tiny models,
@@ -469,11 +491,13 @@ def compiled_step(step: Any, device: torch.device) -> Any:
     needs a static row dimension, which the symbolic graphs lack, so there the 2- and 4-token
     verifies fell back to sgemm's slow small-M path (135M target over 600 tokens, 2-core
     EPYC, float32, 1 row: frozen 61/95/97 ms for 1/2/4 tokens, the op 68/74/83; 4 rows:
-    136/180/191 against 117/109/176; eager dynamic layout 80/100/115 and 114/161/186)."""
+    136/180/191 against 117/109/176; eager dynamic layout 80/100/115 and 114/161/186).
+    `cudagraphs` false: no `reduce-overhead` on CUDA, for a caller that captures the graphs
+    itself (`graphs.CapturedSteps`, the runner's default on a GPU)."""
     limit = 256  # row buckets x widths x capacities of a run stay far below this
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, limit)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, limit)
-    if device.type == "cuda":
+    if device.type == "cuda" and cudagraphs:
         return torch.compile(step, fullgraph=True, dynamic=None, mode="reduce-overhead")
     return torch.compile(step, fullgraph=True, dynamic=None)

@@ -1,0 +1,127 @@
+"""A static-layout forward replayed as a CUDA graph captured by hand, one per shape and cache.
+
+`torch.compile(mode="reduce-overhead")` replays its graphs as CUDA graphs too, but every call
+still walks dynamo's guards and AOTAutograd's and cudagraph-trees' wrappers over all of the
+graph's inputs, the model's parameters among them. On the H100 of session 16 (profile of a
+greedy sd round, 135M target and 2-layer draft, bf16, batch 1) that bookkeeping cost 1.47 ms
+of host time a target verify (272 parameter tensors) and 0.28-0.40 ms a draft step (23),
+against 1.7 ms and 0.09 ms of device time: at these model sizes the wrappers, not the
+kernels, set the step's pace. vLLM meets the same wall for its drafter and captures it with
+`torch.cuda.CUDAGraph` itself; so does this: inductor compiles the step without CUDA graphs
+(`runner.compiled_step`), and `CapturedSteps` records one graph per (input shapes, KV cache),
+whose replay is a few input copies and one `cudaGraphLaunch`.
+
+What a capture may assume, and how it holds:
+
+- **Static addresses.** The inputs are copied into the graph's own buffers; the keys,
+  values and write counters live in the `StaticCache`, whose buffers never move while it
+  lives, and a cache is part of the key (held by the entry, so its id is never reused). A
+  cache replaced by a bigger one (`StaticRowCache.reserve`, `select` into a new bucket) is a
+  new key; a pooled cache (`KVPool`) comes back with its addresses, so a new generation of a
+  known shape replays.
+- **State on the device.** The step's writes go to slots counted by each layer's
+  `cumulative_length`, a device tensor the graph reads and advances, never a host integer
+  frozen at capture.
+- **Outputs read before the next replay.** A replay writes its outputs into the same
+  buffers; the runner gathers what it keeps from them (`runner._pick`) before any other
+  forward of the model.
+
+The first call of a key runs the step itself (the real forward, compiling it: the runner
+counts it as compile time), then records the graph without running it; later calls replay.
+A shape that cannot be captured keeps running uncaptured, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+class CudaGraph:
+    """`torch.cuda.CUDAGraph` behind the two calls `CapturedSteps` makes. A CPU test swaps in
+    a stand-in with the same contract: `capture` records without running (a stand-in that does
+    run must put `state`, what the step writes, back as it was), `replay` runs."""
+
+    def __init__(self, pool: Any) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool = pool
+
+    def capture(self, run: Callable[[], Any], state: Any) -> Any:
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            return run()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+@dataclass
+class _Captured:
+    graph: Any
+    inputs: tuple[torch.Tensor, ...]  # the graph's own input buffers
+    outputs: tuple[torch.Tensor, torch.Tensor]  # written by every replay
+    kv: Any  # held, so the cache's id names it for the entry's life
+
+
+class CapturedSteps:
+    """`step(ids, positions, mask, kv)` replayed from one captured graph per (shapes, `kv`);
+    `keep` graphs at most (the least recently used leaves first). `new_graph(pool)` makes a
+    graph (`CudaGraph` on a GPU); all of a runner's graphs share one memory pool, safe since
+    each keeps its outputs alive and a replay overwrites only its own dead intermediates."""
+
+    def __init__(
+        self, step: Step, new_graph: Callable[[Any], Any] | None = None, keep: int = 64
+    ) -> None:
+        self.step = step
+        self.new_graph = CudaGraph if new_graph is None else new_graph
+        self.keep = keep
+        self.captures = 0  # graphs recorded (each a first call: compile time, not a forward)
+        self._pool: Any = None
+        self._graphs: OrderedDict[tuple, _Captured | None] = OrderedDict()
+
+    def __call__(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, kv: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (ids.shape, positions.shape, mask.shape, ids.device, id(kv))
+        if key not in self._graphs:
+            outputs = self.step(ids, positions, mask, kv)
+            self._graphs[key] = self._capture((ids, positions, mask), kv)
+            self._forget()
+            return outputs
+        self._graphs.move_to_end(key)
+        entry = self._graphs[key]
+        if entry is None:  # could not be captured
+            return self.step(ids, positions, mask, kv)
+        for buffer, value in zip(entry.inputs, (ids, positions, mask), strict=True):
+            buffer.copy_(value)
+        entry.graph.replay()
+        return entry.outputs
+
+    def _capture(self, inputs: tuple[torch.Tensor, ...], kv: Any) -> _Captured | None:
+        """Record the step on copies of `inputs` (nothing runs: the cache is untouched)."""
+        if self._pool is None and inputs[0].device.type == "cuda":
+            self._pool = torch.cuda.graph_pool_handle()
+        buffers = tuple(value.clone() for value in inputs)
+        graph = self.new_graph(self._pool)
+        try:
+            outputs = graph.capture(lambda: self.step(*buffers, kv), kv)
+        except Exception as error:  # noqa: BLE001  # an uncapturable op: run it uncaptured
+            log.warning("a forward of shape %s runs uncaptured: %s", tuple(inputs[0].shape), error)
+            return None
+        self.captures += 1
+        return _Captured(graph, buffers, tuple(outputs), kv)
+
+    def _forget(self) -> None:
+        while len(self._graphs) > self.keep:
+            self._graphs.popitem(last=False)
+
+    def __len__(self) -> int:
+        return sum(entry is not None for entry in self._graphs.values())
