@@ -236,7 +236,7 @@ def test_buckets_are_bounded_powers_of_two() -> None:
 
 def test_the_switches_resolve_and_are_validated() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    prefill = {"prefill_tokens": 1 << 16}
+    prefill = {"prefill_tokens": 1 << 16, "captured": None}  # capture: the runner's choice
     layout = ("static", "compiled", "min_capacity", "padded_prefill")
     assert static_settings({}, cpu) == {
         **dict.fromkeys(layout, False),
@@ -262,9 +262,14 @@ def test_the_switches_resolve_and_are_validated() -> None:
         "min_capacity": 0,
         "padded_prefill": True,
         "prefill_tokens": 9,
+        "captured": None,
     }
     assert not static_settings({"prefill": "by_length"}, cuda)["padded_prefill"]
     assert static_settings({"static_capacity": 512}, cpu)["min_capacity"] == 512
+    assert static_settings({"capture": "false"}, cuda)["captured"] is False
+    assert static_settings({"capture": "true"}, cuda)["captured"] is True
+    assert static_settings({"capture": "true"}, cpu)["captured"] is False  # no CUDA graphs
+    assert len(decoding_problems({"capture": "always"})) == 1
     assert len(decoding_problems({"static_capacity": -1})) == 1
     assert len(decoding_problems({"prefill": "sorted"})) == 1
     assert len(decoding_problems({"prefill_tokens": 0})) == 1
@@ -275,7 +280,7 @@ def test_the_switches_resolve_and_are_validated() -> None:
     assert len(decoding_problems({"compile": True, "static_cache": False})) == 1
     config = compose_config()
     assert config.decoding.compile == "auto" and config.decoding.static_cache == "auto"
-    assert config.decoding.prefill == "auto"
+    assert config.decoding.prefill == "auto" and config.decoding.capture == "auto"
     assert decoding_problems(dict(config.decoding)) == []
 
 
@@ -388,13 +393,15 @@ def test_sd_keeps_the_target_law_with_a_compiled_static_target(models) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("captured", [True, False], ids=["captured", "reduce-overhead"])
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
-def test_on_cuda_the_compiled_static_target_emits_the_dynamic_tokens(sampling) -> None:
-    """`reduce-overhead` (CUDA graphs over the static buffers, prompts prefilled padded: the
-    GPU's default) against the dynamic layout prefilled by length on the same GPU, float32;
-    compile time stays out of the forward seconds."""
+def test_on_cuda_the_compiled_static_target_emits_the_dynamic_tokens(sampling, captured) -> None:
+    """CUDA graphs over the static buffers, captured by hand (the GPU's default) or by
+    `reduce-overhead` (`decoding.capture=false`), prompts prefilled padded, against the
+    dynamic layout prefilled by length on the same GPU, float32; compile time stays out of
+    the forward seconds."""
     cuda = {role: model.to("cuda") for role, model in tiny_trio().items()}
-    runner = ModelRunner(cuda["target"], VOCAB, static=True, compiled=True)
+    runner = ModelRunner(cuda["target"], VOCAB, static=True, compiled=True, captured=captured)
     for policy in (TargetOnly(), SpeculativeDecoding(gamma=3)):
         plain = Engine(
             ModelRunner(cuda["target"], VOCAB, padded_prefill=False),

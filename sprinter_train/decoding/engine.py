@@ -61,7 +61,7 @@ def decoding_problems(decoding: dict[str, Any]) -> list[str]:
         check_whole(problems, "decoding.prefill_tokens", decoding["prefill_tokens"], 1)
     if "prefill" in decoding and str(decoding["prefill"]) not in PREFILLS:
         problems.append(f"decoding.prefill={decoding['prefill']!r}: expected one of {PREFILLS}")
-    for key in ("static_cache", "compile"):
+    for key in ("static_cache", "compile", "capture"):
         if key in decoding and parse_switch(decoding[key]) is None:
             problems.append(f"decoding.{key}={decoding[key]!r}: expected auto, true or false")
     if (
@@ -80,11 +80,14 @@ def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str,
     on for CUDA only: on the 2-core CPU a graph of the 135M target compiles for minutes and
     the bench's gain was mixed, see docs/architecture.md; static_cache's auto follows
     compile) and the prefill's (`decoding.prefill`, auto: padded on CUDA, and
-    `.prefill_tokens`; see `runner.prefill_groups`)."""
+    `.prefill_tokens`; see `runner.prefill_groups`) and `captured` (`decoding.capture`:
+    auto leaves it to the runner, CUDA graphs captured by hand where it compiles on CUDA;
+    true asks for them on CUDA only, where they exist)."""
     compiled = resolve_compile(decoding.get("compile", "auto"), device)
     static_on = parse_switch(decoding.get("static_cache", "auto"))
     static = compiled if static_on == "auto" else bool(static_on)
     min_capacity = int(decoding.get("static_capacity", 0) or 0)
+    capture = parse_switch(decoding.get("capture", "auto"))
     prefill = str(decoding.get("prefill", "auto"))
     return {
         "static": static,
@@ -92,6 +95,7 @@ def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str,
         "min_capacity": min_capacity,
         "padded_prefill": device.type == "cuda" if prefill == "auto" else prefill == "padded",
         "prefill_tokens": int(decoding.get("prefill_tokens", 1 << 16)),
+        "captured": None if capture == "auto" else bool(capture) and device.type == "cuda",
     }
 
 
