@@ -606,4 +606,5 @@ def test_on_cuda_captured_compiled_models_emit_the_eager_static_tokens(sampling)
     captures = {r: r._step.captures for r in runners}
     captured.generate(ROWS, SpeculativeDecoding(gamma=3), NEW_TOKENS)
     assert {r: r._step.captures for r in runners} == captures  # replays, no new capture
-    assert all(r.compile_seconds > 0 and r.seconds > 0 for r in runners)
+    drafting = (captured.target, captured.draft)  # no method here runs the companion
+    assert all(r.compile_seconds > 0 and r.seconds > 0 for r in drafting)
