@@ -9,10 +9,13 @@ engine can be judged without a GPU:
 
     python benchmarks/host_ops.py            # target_only, sd (gamma 3), svip
     python benchmarks/host_ops.py --tokens 128
+    python benchmarks/host_ops.py --captured # the GPU's layout: forwards from captured graphs
 
 Ops are counted with a TorchDispatchMode (views included: they cost host time, no launch);
 the body of every static-layout forward (the runner's `_step`, what a GPU compiles and
-replays) is not counted.
+replays) is not counted. `--captured` plays the GPU's hand-captured graphs on the host
+(`graphs.HostGraph`): what a graph replays is not counted, its input copies are, and each
+replay counts as one op (its launch).
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sprinter_train.core.sampling import SamplingConfig  # noqa: E402
+from sprinter_train.decoding import graphs  # noqa: E402
 from sprinter_train.decoding.engine import Engine  # noqa: E402
+from sprinter_train.decoding.graphs import HostGraph  # noqa: E402
 from sprinter_train.decoding.policies import SVIP, SpeculativeDecoding, TargetOnly  # noqa: E402
 from sprinter_train.decoding.runner import ModelRunner  # noqa: E402
 from sprinter_train.decoding.timings import Timings  # noqa: E402
@@ -59,22 +64,33 @@ def count(engine: Engine, policy: Any, prompt: list[int], tokens: int) -> tuple[
 
     def uncounted(step: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
-            counter.counting = False
+            was, counter.counting = counter.counting, False
             try:
                 return step(*args, **kwargs)
             finally:
-                counter.counting = True
+                counter.counting = was  # a captured step holds the body's: nested
 
         return run
 
+    captured = {r: r._captured for r in runners if r._captured is not None}
+    replayed = {r: c.step for r, c in captured.items()}
     for runner, step in steps.items():
         runner._step = uncounted(step)
+    for runner, steps_of in captured.items():
+        steps_of.step = uncounted(replayed[runner])
+    replays, replay = HostGraph.replays, HostGraph.replay
+    HostGraph.replay = uncounted(replay)  # a GPU's replay: one launch, counted below
     try:
         with counter:
             result = engine.generate([prompt], policy, tokens)[0]
     finally:
         for runner, step in steps.items():
             runner._step = step
+        for runner, steps_of in captured.items():
+            steps_of.step = replayed[runner]
+        HostGraph.replay = replay
+    if HostGraph.replays > replays:
+        counter.ops["graph replay"] += HostGraph.replays - replays
     return counter.ops, result.stats
 
 
@@ -82,16 +98,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=64, help="new tokens of the generation")
     parser.add_argument("--top", type=int, default=8, help="most frequent ops listed")
+    parser.add_argument("--captured", action="store_true", help="the GPU's captured layout")
     args = parser.parse_args()
+    if args.captured:
+        graphs.CudaGraph = HostGraph  # the GPU's graphs, played on the host
     torch.manual_seed(0)
     target = build_tiny_model({}, seed=0).eval()
     draft = build_tiny_model({}, seed=0).eval()  # a copy: drafts get accepted, rounds run long
     sampling = SamplingConfig(temperature=0.9, top_k=0, top_p=0.95)
     vocab = int(target.config.vocab_size)
     engine = Engine(
-        ModelRunner(target, vocab, static=True, min_capacity=256),
+        ModelRunner(target, vocab, static=True, min_capacity=256, captured=args.captured),
         sampling,
-        draft=ModelRunner(draft, vocab, static=True, min_capacity=256),
+        draft=ModelRunner(draft, vocab, static=True, min_capacity=256, captured=args.captured),
         timings=Timings(),
     )
     prompt = [5, 17, 9, 33, 2, 8]

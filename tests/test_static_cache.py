@@ -460,43 +460,11 @@ def test_the_engine_reuses_the_latency_profiles_graphs(models) -> None:
     assert runner_module.compiled_graphs() == graphs
 
 
-class ReplayedGraph:
-    """A CUDA graph's contract on a CPU: `capture` hands back output buffers and leaves the
-    cache as it was (it runs the step, then puts `state` back), `replay` runs the step on the
-    graph's input buffers and writes into those same output buffers, so a caller that kept
-    an output past the next replay would read the new values."""
-
-    replays = 0
-
-    def __init__(self, pool) -> None:
-        self.run = None
-        self.outputs: tuple[torch.Tensor, ...] = ()
-
-    def capture(self, run, state):
-        saved = [
-            (layer.keys.clone(), layer.values.clone(), layer.cumulative_length.clone())
-            for layer in state.layers
-        ]
-        self.run = run
-        self.outputs = tuple(t.clone() for t in run())
-        with torch.inference_mode():
-            for layer, (keys, values, length) in zip(state.layers, saved, strict=True):
-                layer.keys.copy_(keys)
-                layer.values.copy_(values)
-                layer.cumulative_length.copy_(length)
-        return self.outputs
-
-    def replay(self) -> None:
-        ReplayedGraph.replays += 1
-        for buffer, value in zip(self.outputs, self.run(), strict=True):
-            buffer.copy_(value)
-
-
 @pytest.fixture
 def replayed(monkeypatch):
-    monkeypatch.setattr(graphs, "CudaGraph", ReplayedGraph)
-    ReplayedGraph.replays = 0
-    return ReplayedGraph
+    monkeypatch.setattr(graphs, "CudaGraph", graphs.HostGraph)
+    graphs.HostGraph.replays = 0
+    return graphs.HostGraph
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
@@ -512,8 +480,8 @@ def test_captured_forwards_emit_the_static_layouts_tokens_for_every_method(
         out = captured.generate(ROWS, again, NEW_TOKENS)
         assert [r.tokens for r in out] == [r.tokens for r in plain], fresh.name
     runners = captured.present_runners.values()
-    assert all(r.layout == "static:captured" and len(r._step) > 0 for r in runners)
-    assert replayed.replays > 10 * sum(r._step.captures for r in runners)
+    assert all(r.layout == "static:captured" and len(r._captured) > 0 for r in runners)
+    assert replayed.replays > 10 * sum(r._captured.captures for r in runners)
     assert all(r.compile_seconds > 0 for r in runners)  # each capture: compile time
 
 
@@ -521,11 +489,11 @@ def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed)
     runner = ModelRunner(models["target"], VOCAB, static=True, captured=True)
     engine_ = Engine(runner, GREEDY, timings=fixed_timings())
     first = engine_.generate(PROMPTS, TargetOnly(), 6)
-    captures = runner._step.captures
+    captures = runner._captured.captures
     assert captures >= 1  # the prefill is uncaptured; each decode shape once
     again = engine_.generate(PROMPTS, TargetOnly(), 6)  # the pool's buffers: replays only
     assert [r.tokens for r in again] == [r.tokens for r in first]
-    assert runner._step.captures == captures
+    assert runner._captured.captures == captures
     pooled = runner.new_cache(len(PROMPTS))  # the pool's buffers: their graph replays
     fresh = runner.new_cache(len(PROMPTS))  # a second live cache of the shape: new buffers
     assert fresh.kv is not pooled.kv
@@ -534,7 +502,24 @@ def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed)
     for cache, more in ((pooled, 0), (fresh, 1)):
         runner.prime(cache, PROMPTS)
         runner.forward(cache, ids, counts, torch.zeros((len(PROMPTS), 1), dtype=torch.long))
-        assert runner._step.captures == captures + more
+        assert runner._captured.captures == captures + more
+
+
+def test_a_replayed_forwards_outputs_outlive_the_next_replay(models, replayed) -> None:
+    """A replay writes into the graph's own output buffers: what a forward returned must not
+    change when the next forward of that shape replays (the engine may hold it)."""
+    runner = ModelRunner(models["target"], VOCAB, static=True, captured=True)
+    cache = runner.new_cache(2)
+    runner.prime(cache, PROMPTS[:2])
+    counts, keep = torch.ones(2, dtype=torch.long), torch.zeros((2, 1), dtype=torch.long)
+    held = []
+    for token in (3, 4, 5):  # a capture, then two replays
+        out = runner.forward(cache, torch.full((2, 1), token), counts, keep)
+        held.append((out, [t.clone() for t in (out.logits, out.hidden, out.final)]))
+    assert replayed.replays == 2
+    for out, seen in held:
+        now = (out.logits, out.hidden, out.final)
+        assert all(torch.equal(t, s) for t, s in zip(now, seen, strict=True))
 
 
 def test_a_step_that_cannot_be_captured_runs_uncaptured(models, caplog) -> None:
@@ -555,7 +540,7 @@ def test_a_step_that_cannot_be_captured_runs_uncaptured(models, caplog) -> None:
     ids, positions, mask = torch.ones((2, 1)), torch.zeros((2, 1)), torch.ones((2, 4))
     kv = object()
     for value in (1.0, 2.0, 3.0):
-        out, _ = steps(ids * value, positions, mask, kv)
+        out, _ = steps(ids * value, positions, mask, kv=kv)
         assert torch.equal(out, ids * value)
     assert len(calls) == 3 and steps.captures == 0 and len(steps) == 0
     assert "runs uncaptured" in caplog.text
@@ -579,10 +564,10 @@ def test_captured_steps_copy_inputs_in_and_forget_the_least_recent_shape() -> No
     kv = object()
     for rows in (1, 2, 1, 4):  # rows 2 is the least recent when 4 arrives
         ids = torch.full((rows, 1), float(rows))
-        out, total = steps(ids, torch.zeros((rows, 1)), torch.ones((rows, 3)), kv)
+        out, total = steps(ids, torch.zeros((rows, 1)), torch.ones((rows, 3)), kv=kv)
         assert torch.equal(out, ids * 2) and torch.equal(total, torch.full((rows, 1), 3.0 * rows))
     assert steps.captures == 3 and len(steps) == 2
-    steps(torch.ones((2, 1)), torch.zeros((2, 1)), torch.ones((2, 3)), kv)
+    steps(torch.ones((2, 1)), torch.zeros((2, 1)), torch.ones((2, 3)), kv=kv)
     assert steps.captures == 4  # forgotten, captured again
 
 
@@ -603,8 +588,8 @@ def test_on_cuda_captured_compiled_models_emit_the_eager_static_tokens(sampling)
         for _ in range(2):
             out = captured.generate(ROWS, copy.deepcopy(policy), NEW_TOKENS)
             assert [r.tokens for r in out] == [r.tokens for r in eager], policy.name
-    captures = {r: r._step.captures for r in runners}
+    captures = {r: r._captured.captures for r in runners}
     captured.generate(ROWS, SpeculativeDecoding(gamma=3), NEW_TOKENS)
-    assert {r: r._step.captures for r in runners} == captures  # replays, no new capture
+    assert {r: r._captured.captures for r in runners} == captures  # replays, no new capture
     drafting = (captured.target, captured.draft)  # no method here runs the companion
     assert all(r.compile_seconds > 0 and r.seconds > 0 for r in drafting)

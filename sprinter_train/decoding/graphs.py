@@ -29,6 +29,10 @@ What a capture may assume, and how it holds:
 The first call of a key runs the step itself (the real forward, compiling it: the runner
 counts it as compile time), then records the graph without running it; later calls replay.
 A shape that cannot be captured keeps running uncaptured, with a warning.
+
+The runner captures more than the body (`ModelRunner._captured_forward`): the outputs at the
+kept offsets, the head and the broken-logits watch replay in the same graph, about thirty
+host ops a forward fewer, and the rows kept are copied out of the graph's buffers.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+Step = Callable[..., tuple[torch.Tensor, ...]]
 
 
 class CudaGraph:
@@ -63,17 +67,52 @@ class CudaGraph:
         self.graph.replay()
 
 
+class HostGraph:
+    """A CUDA graph's contract played on the host, where no CUDA graph exists: for the CPU
+    tests and for counting the host ops a captured engine leaves (benchmarks/host_ops.py).
+    `capture` hands back output buffers and leaves `state` (a `StaticCache`) as it was: it
+    runs the step, then puts the keys, values and write counters back; `replay` runs the step
+    on the graph's input buffers and writes into those same output buffers, so a caller that
+    kept an output past the next replay reads the new values, as on a GPU."""
+
+    replays = 0  # across instances: what a test or a count reads
+
+    def __init__(self, pool: Any) -> None:
+        self.run: Callable[[], Any] | None = None
+        self.outputs: tuple[torch.Tensor, ...] = ()
+
+    def capture(self, run: Callable[[], Any], state: Any) -> Any:
+        saved = [
+            (layer.keys.clone(), layer.values.clone(), layer.cumulative_length.clone())
+            for layer in state.layers
+        ]
+        self.run = run
+        self.outputs = tuple(t.clone() for t in run())
+        with torch.inference_mode():
+            for layer, (keys, values, length) in zip(state.layers, saved, strict=True):
+                layer.keys.copy_(keys)
+                layer.values.copy_(values)
+                layer.cumulative_length.copy_(length)
+        return self.outputs
+
+    def replay(self) -> None:
+        assert self.run is not None
+        HostGraph.replays += 1
+        for buffer, value in zip(self.outputs, self.run(), strict=True):
+            buffer.copy_(value)
+
+
 @dataclass
 class _Captured:
     graph: Any
     inputs: tuple[torch.Tensor, ...]  # the graph's own input buffers
-    outputs: tuple[torch.Tensor, torch.Tensor]  # written by every replay
+    outputs: tuple[torch.Tensor, ...]  # written by every replay
     kv: Any  # held, so the cache's id names it for the entry's life
 
 
 class CapturedSteps:
-    """`step(ids, positions, mask, kv)` replayed from one captured graph per (shapes, `kv`);
-    `keep` graphs at most (the least recently used leaves first). `new_graph(pool)` makes a
+    """`step(*inputs, kv, **options)` replayed from one captured graph per (the inputs'
+    shapes and dtypes, `kv`, `options`: plain values a capture freezes); `keep` graphs at most (the least recently used leaves first). `new_graph(pool)` makes a
     graph (`CudaGraph` on a GPU); all of a runner's graphs share one memory pool, safe since
     each keeps its outputs alive and a replay overwrites only its own dead intermediates."""
 
@@ -87,32 +126,33 @@ class CapturedSteps:
         self._pool: Any = None
         self._graphs: OrderedDict[tuple, _Captured | None] = OrderedDict()
 
-    def __call__(
-        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, kv: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (ids.shape, positions.shape, mask.shape, ids.device, id(kv))
+    def __call__(self, *inputs: torch.Tensor, kv: Any, **options: Any) -> tuple[torch.Tensor, ...]:
+        shapes = tuple((t.shape, t.dtype) for t in inputs)
+        key = (shapes, inputs[0].device, id(kv), tuple(sorted(options.items())))
         if key not in self._graphs:
-            outputs = self.step(ids, positions, mask, kv)
-            self._graphs[key] = self._capture((ids, positions, mask), kv)
+            outputs = self.step(*inputs, kv, **options)
+            self._graphs[key] = self._capture(inputs, kv, options)
             self._forget()
             return outputs
         self._graphs.move_to_end(key)
         entry = self._graphs[key]
         if entry is None:  # could not be captured
-            return self.step(ids, positions, mask, kv)
-        for buffer, value in zip(entry.inputs, (ids, positions, mask), strict=True):
+            return self.step(*inputs, kv, **options)
+        for buffer, value in zip(entry.inputs, inputs, strict=True):
             buffer.copy_(value)
         entry.graph.replay()
         return entry.outputs
 
-    def _capture(self, inputs: tuple[torch.Tensor, ...], kv: Any) -> _Captured | None:
+    def _capture(
+        self, inputs: tuple[torch.Tensor, ...], kv: Any, options: dict[str, Any]
+    ) -> _Captured | None:
         """Record the step on copies of `inputs` (nothing runs: the cache is untouched)."""
         if self._pool is None and inputs[0].device.type == "cuda":
             self._pool = torch.cuda.graph_pool_handle()
         buffers = tuple(value.clone() for value in inputs)
         graph = self.new_graph(self._pool)
         try:
-            outputs = graph.capture(lambda: self.step(*buffers, kv), kv)
+            outputs = graph.capture(lambda: self.step(*buffers, kv, **options), kv)
         except Exception as error:  # noqa: BLE001  # an uncapturable op: run it uncaptured
             log.warning("a forward of shape %s runs uncaptured: %s", tuple(inputs[0].shape), error)
             return None

@@ -102,8 +102,8 @@ class ModelRunner:
         self.captured = self.static and (self.compiled and cuda if captured is None else captured)
         if self.compiled:
             self._step = compiled_step(self._body_step, self.device, not self.captured)
-        if self.captured:
-            self._step = CapturedSteps(self._step)
+        # the body and what the runner does with its outputs, replayed as one graph
+        self._captured = CapturedSteps(self._captured_forward) if self.captured else None
         self._shapes_seen: set[tuple[int, int, int]] = set()
         self.min_capacity = min_capacity
         # see `prefill_groups`: padded by default on a GPU only
@@ -233,7 +233,7 @@ class ModelRunner:
         that raised either compiled or captured."""
         return (
             compiled_graphs() if self.compiled else 0,
-            self._step.captures if self.captured else 0,
+            self._captured.captures if self._captured is not None else 0,
         )
 
     def _add_compile(self, began: float, graphs: tuple[int, int]) -> None:
@@ -340,13 +340,68 @@ class ModelRunner:
             # shape, its time hidden in the forwards'
             ids = ids.clone()
         with self._timed((rows, width), compiling):
-            final, chosen = self._step(ids, positions, mask, cache.kv)
-            final, chosen = final[:rows], chosen[:rows]
+            if self._captured is not None:
+                logits, hidden, picked, first = self._replayed(
+                    cache, ids, positions, mask, counts, keep, restricted
+                )
+            else:
+                final, chosen = self._step(ids, positions, mask, cache.kv)
+                final, chosen = final[:rows], chosen[:rows]
+                picked, hidden = _pick(final, chosen, keep, width)
+                logits, _ = self._head(picked, restricted)
             cache.append(cache.kv, counts, width)
-            picked, hidden = _pick(final, chosen, keep, width)
-            logits, support = self._head(picked, restricted)
-        self._watch(logits, positions[:rows], keep, counts)
+        if self._captured is not None:
+            self._fold_broken(first)
+        else:
+            self._watch(logits, positions[:rows], keep, counts)
+        support = self.support if restricted else None
         return RowOutput(logits, hidden, support, picked)
+
+    def _replayed(
+        self,
+        cache: StaticRowCache,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        counts: torch.Tensor,
+        keep: torch.Tensor,
+        restricted: bool,
+    ) -> tuple[torch.Tensor, ...]:
+        """`_captured_forward` over the padded block, replayed from its captured graph: a
+        replay overwrites its outputs, so the rows kept are copied out (the engine holds a
+        round's draft logits until the verify)."""
+        assert self._captured is not None
+        outputs = self._captured(
+            ids,
+            positions,
+            mask,
+            cache.pad_rows(keep),
+            cache.pad_rows(counts),
+            kv=cache.kv,
+            restricted=restricted,
+        )
+        rows = len(counts)
+        *kept, first = outputs
+        return (*(t[:rows].clone() for t in kept), first.clone())
+
+    def _captured_forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        keep: torch.Tensor,
+        counts: torch.Tensor,
+        kv: Any,
+        restricted: bool,
+    ) -> tuple[torch.Tensor, ...]:
+        """What a captured graph records, over the row bucket: the body, the outputs at the
+        kept offsets, the head and the lowest broken position (inert rows feed nothing, so
+        they never count as broken)."""
+        width = ids.shape[1]
+        final, chosen = self._step(ids, positions, mask, kv)
+        picked, hidden = _pick(final, chosen, keep, width)
+        logits, _ = self._head(picked, restricted)
+        return logits, hidden, picked, broken_first(logits, positions, keep, counts)
 
     def _head(
         self, hidden: torch.Tensor, restricted: bool
@@ -404,12 +459,9 @@ class ModelRunner:
         offsets past a row's fed tokens are padding and not checked)."""
         if logits.numel() == 0:
             return
-        fed = (keep >= 0) & (keep < counts[:, None])
-        if positions.shape[1] == 1:  # a one-token block: every kept offset clamps to it
-            at = positions
-        else:
-            at = positions.gather(1, keep.clamp(0, positions.shape[1] - 1))
-        first = torch.where(broken_rows(logits) & fed, at, NO_POSITION).amin()
+        self._fold_broken(broken_first(logits, positions, keep, counts))
+
+    def _fold_broken(self, first: torch.Tensor) -> None:
         seen = self._nonfinite
         self._nonfinite = first if seen is None else torch.minimum(seen, first)
 
@@ -428,6 +480,19 @@ class ModelRunner:
                 raise nonfinite_error(
                     role, f"at position {position} (the next-token distribution after it)"
                 )
+
+
+def broken_first(
+    logits: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """() on the device: the lowest fed position whose logits are broken, or NO_POSITION (the
+    offsets past a row's fed tokens are padding and not checked)."""
+    fed = (keep >= 0) & (keep < counts[:, None])
+    if positions.shape[1] == 1:  # a one-token block: every kept offset clamps to it
+        at = positions
+    else:
+        at = positions.gather(1, keep.clamp(0, positions.shape[1] - 1))
+    return torch.where(broken_rows(logits) & fed, at, NO_POSITION).amin()
 
 
 def prefill_groups(lengths: list[int], padded: bool, budget: int) -> list[list[int]]:
