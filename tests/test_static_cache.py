@@ -16,6 +16,7 @@ import torch
 
 from sprinter_train.bench.latency import measure_runner_times
 from sprinter_train.core.config import compose_config
+from sprinter_train.core.sampling import warp_probs
 from sprinter_train.decoding import graphs, static_cache
 from sprinter_train.decoding import runner as runner_module
 from sprinter_train.decoding.engine import Engine, decoding_problems, static_settings
@@ -501,7 +502,8 @@ def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed)
     counts = torch.ones(len(PROMPTS), dtype=torch.long)
     for cache, more in ((pooled, 0), (fresh, 1)):
         runner.prime(cache, PROMPTS)
-        runner.forward(cache, ids, counts, torch.zeros((len(PROMPTS), 1), dtype=torch.long))
+        keep = torch.zeros((len(PROMPTS), 1), dtype=torch.long)
+        runner.forward(cache, ids, counts, keep, warp=GREEDY)  # the engine's key: it warps
         assert runner._captured.captures == captures + more
 
 
@@ -514,12 +516,13 @@ def test_a_replayed_forwards_outputs_outlive_the_next_replay(models, replayed) -
     counts, keep = torch.ones(2, dtype=torch.long), torch.zeros((2, 1), dtype=torch.long)
     held = []
     for token in (3, 4, 5):  # a capture, then two replays
-        out = runner.forward(cache, torch.full((2, 1), token), counts, keep)
-        held.append((out, [t.clone() for t in (out.logits, out.hidden, out.final)]))
+        out = runner.forward(cache, torch.full((2, 1), token), counts, keep, warp=SAMPLING)
+        held.append((out, [t.clone() for t in (out.logits, out.hidden, out.final, out.probs)]))
     assert replayed.replays == 2
     for out, seen in held:
-        now = (out.logits, out.hidden, out.final)
+        now = (out.logits, out.hidden, out.final, out.probs)
         assert all(torch.equal(t, s) for t, s in zip(now, seen, strict=True))
+        assert torch.equal(out.probs, warp_probs(out.logits, SAMPLING))  # warped in the graph
 
 
 def test_a_step_that_cannot_be_captured_runs_uncaptured(models, caplog) -> None:

@@ -5,6 +5,7 @@ alpha, sd's gamma per batch size and the methods' plan."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -85,13 +86,20 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         eos_token_id=models.eos_token_id,
         pack_every=int(cfg.decoding.pack_every),
     )
+    began = time.perf_counter()
     profile = latency_profile(cfg, models, device, batch_sizes, engine)
+    log.info(
+        "bench: latency profile ready in %.1f s (%.1f s of it compiling)",
+        time.perf_counter() - began,
+        sum(r.compile_seconds for r in engine.present_runners.values()),
+    )
     identities = {role: model_identity(getattr(models, role)) for role in ("target", "draft")}
     alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg, identities)
     profile, verdict = checked_profile(
         cfg, engine, models, device, batch_sizes, profile, prompts[0]
     )
     engine.timings.set_priors(**profile.priors())  # then corrected by the run's forwards
+    log.info("bench: set up in %.1f s (alpha %.3f)", time.perf_counter() - began, alpha)
     gammas = {size: sd_gamma(cfg, profile, alpha, size, verdict) for size in batch_sizes}
     plan = plan_methods(
         cfg,

@@ -10,6 +10,7 @@ warmed up on the first group first (caches, allocator, the kernels of that batch
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from sprinter_train.bench.energy import EnergyMeter
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.state import DecodeStats, Policy
+
+log = logging.getLogger(__name__)
 
 Decoded = tuple[list[list[int]], float, DecodeStats]  # rows' tokens, group's seconds, counts
 Decode = Callable[[str, Sequence[Prompt], Sequence[int]], Decoded]  # (method, prompts, seeds)
@@ -80,8 +83,12 @@ def run_methods(
         start = time.perf_counter()
         for run in range(warmup_runs):
             decode(name, first, [seed + run + i for i in range(len(first))])
+        elapsed = time.perf_counter() - start
+        # a GPU's first calls compile and capture for tens of seconds: say so as it goes, so
+        # a run cut short shows where its time went
+        log.info("bench: %s warmed up at batch %d in %.1f s", name, batch_size, elapsed)
         if warmup_s is not None:
-            warmup_s[name] = time.perf_counter() - start
+            warmup_s[name] = elapsed
     runs: dict[str, list[GroupRun]] = {name: [] for name in names}
     label = f"bench batch {batch_size}" + (f" ({passes} passes)" if passes > 1 else "")
     for chunk in tqdm(chunks, desc=label, unit="group"):

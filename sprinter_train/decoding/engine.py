@@ -136,6 +136,11 @@ class Engine:
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         return warp_probs(logits, self.sampling)
 
+    def warped(self, out: RowOutput) -> torch.Tensor:
+        """The engine's sampling over a forward's logits: the runner's, warped in its captured
+        graph (a forward asked with `warp`), else warped here."""
+        return out.probs if out.probs is not None else self.warp(out.logits)
+
     def runner(self, role: str) -> ModelRunner:
         runner = self.runners[role]
         if runner is None:
@@ -150,11 +155,12 @@ class Engine:
         after: torch.Tensor | None = None,
         after_counts: torch.Tensor | None = None,
         restricted: bool = False,
+        warp: bool = False,
     ) -> RowOutput:
         """Feed each active row what `role`'s cache lacks of its committed tokens, then
         after[r, :after_counts[r]] (drafts on the device); outputs at the fed positions that
         predict each of those drafts and the token past them: (B, A + 1, ...). `restricted`:
-        see `ModelRunner.forward`."""
+        see `ModelRunner.forward`; `warp`: the caller will warp the logits (`warped`)."""
         lack = [row.tokens[held:] for row, held in zip(batch.rows, batch.held[role], strict=True)]
         if not batch.caches[role].slots and max(len(x) for x in lack) > 1:
             # a prompt's prefill, one row at a time (see ModelRunner.prime); the last token
@@ -174,7 +180,7 @@ class Engine:
             ids.scatter_(1, plan_t[:, extra + 2 :], after)
             counts = counts + after_counts
         counts = counts * active  # a row not active feeds nothing
-        return self.forward(batch, role, ids, counts, keep, restricted)
+        return self.forward(batch, role, ids, counts, keep, restricted, warp)
 
     def forward(
         self,
@@ -184,10 +190,12 @@ class Engine:
         counts: torch.Tensor,
         keep: torch.Tensor,
         restricted: bool = False,
+        warp: bool = False,
     ) -> RowOutput:
         """One forward of `role` over the batch's rows (its call counted; its time is read from
-        the runner once the generation ends)."""
-        out = self.runner(role).forward(batch.caches[role], ids, counts, keep, restricted)
+        the runner once the generation ends); `warp`: see `feed`."""
+        sampling = self.sampling if warp else None
+        out = self.runner(role).forward(batch.caches[role], ids, counts, keep, restricted, sampling)
         setattr(batch.stats, f"{role}_calls", getattr(batch.stats, f"{role}_calls") + 1)
         return out
 
@@ -218,9 +226,9 @@ class Engine:
         A restricted-head draft is warped and sampled on its K head tokens (ascending ids):
         its logits are -inf elsewhere, so warping gives q = 0 there and the inverse CDF walks
         the same nonzero masses in the same order; the drawn index is mapped to its id."""
-        out = self.draft_side(batch, "draft", rnd, active, restricted=True)
+        out = self.draft_side(batch, "draft", rnd, active, restricted=True, warp=True)
         logits = out.logits[:, 0]
-        q = self.warp(logits)
+        q = self.warped(out)[:, 0]
         step = DraftStep(
             torch.zeros_like(active, dtype=torch.long),
             q,
@@ -246,8 +254,8 @@ class Engine:
         them, a large share of a small companion's step; `DraftStep.on_space_of` puts q on
         the same tokens."""
         shared = self._companion_on_draft_head()
-        out = self.draft_side(batch, "companion", rnd, active, restricted=shared)
-        return self.warp(out.logits[:, 0])
+        out = self.draft_side(batch, "companion", rnd, active, restricted=shared, warp=True)
+        return self.warped(out)[:, 0]
 
     def _companion_on_draft_head(self) -> bool:
         """Whether draft and companion have restricted heads over the same tokens (asked once)."""
@@ -269,25 +277,26 @@ class Engine:
         rnd: Round,
         active: torch.Tensor,
         restricted: bool = False,
+        warp: bool = False,
     ) -> RowOutput:
         """A draft-side model's k-th call of a round feeds what it lacks of the committed
-        tokens (k = 0) or the round's draft k - 1, one token a row."""
+        tokens (k = 0) or the round's draft k - 1, one token a row; `warp`: see `feed`."""
         k = rnd.calls.get(role, 0)
         rnd.calls[role] = k + 1
         if k == 0:
-            return self.feed(batch, role, active, restricted=restricted)
+            return self.feed(batch, role, active, restricted=restricted, warp=warp)
         keep = torch.zeros((len(batch), 1), dtype=torch.long, device=self.device)
         tokens = rnd.steps[k - 1].tokens[:, None]
-        return self.forward(batch, role, tokens, active.long(), keep, restricted)
+        return self.forward(batch, role, tokens, active.long(), keep, restricted, warp)
 
     def target_probs(self, batch: Batch, rnd: Round, active: torch.Tensor) -> torch.Tensor:
         """(B, G + 1, V) warped target distributions at each row's drafts and one past them."""
         if not rnd.steps:
-            out = self.feed(batch, "target", active)
+            out = self.feed(batch, "target", active, warp=True)
         else:
-            out = self.feed(batch, "target", active, rnd.tokens(), rnd.counts)
+            out = self.feed(batch, "target", active, rnd.tokens(), rnd.counts, warp=True)
         batch.verified = out  # its state at the round's last target token (commit keeps it)
-        return self.warp(out.logits)
+        return self.warped(out)
 
     def any(self, flags: torch.Tensor) -> bool:
         """Whether any row still drafts. On CPU the answer is exact. On CUDA it is the answer

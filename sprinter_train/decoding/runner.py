@@ -25,6 +25,7 @@ from transformers import DynamicCache
 
 from sprinter_train.core.broken_logits import broken_rows, nonfinite_error
 from sprinter_train.core.runtime import synchronize
+from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.cache import RowCache
 from sprinter_train.decoding.graphs import CapturedSteps
 from sprinter_train.decoding.static_cache import KVPool, StaticRowCache, supports_static
@@ -44,6 +45,9 @@ class RowOutput:
     support: torch.Tensor | None = None
     # (rows, keep, d_model) the final hidden state (the head's input) at the same positions
     final: torch.Tensor | None = None
+    # `logits` warped by the sampling `forward` was asked to warp with, where the runner did
+    # it (in a captured graph); None: the caller warps
+    probs: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -273,15 +277,18 @@ class ModelRunner:
         counts: torch.Tensor,
         keep: torch.Tensor,
         restricted: bool = False,
+        warp: SamplingConfig | None = None,
     ) -> RowOutput:
         """Append ids[r, :counts[r]] to row r; return the outputs at block offsets keep[r, k]
         (the offset of the token whose next-token distribution is wanted; clamped into the
         block, so a row's unused entries may point anywhere). `restricted`: logits over the
-        head's own tokens where the model has a restricted head (`RowOutput.support`)."""
+        head's own tokens where the model has a restricted head (`RowOutput.support`).
+        `warp`: the sampling the caller will warp the logits with; a captured runner does it
+        in its graph (`RowOutput.probs`), the others leave it to the caller."""
         if self.lean is not None:
             return self._lean_forward(cache, ids, counts, keep, restricted)
         if isinstance(cache, StaticRowCache):
-            return self._static_forward(cache, ids, counts, keep, restricted)
+            return self._static_forward(cache, ids, counts, keep, restricted, warp)
         width = ids.shape[1]
         positions, mask = cache.block(counts, width)
         with self._timed((ids.shape[0], width)):
@@ -323,6 +330,7 @@ class ModelRunner:
         counts: torch.Tensor,
         keep: torch.Tensor,
         restricted: bool,
+        warp: SamplingConfig | None = None,
     ) -> RowOutput:
         """`forward` over a `StaticRowCache`: the block and the mask padded to the cache's row
         bucket and capacity, the body at that static shape, the inert rows' outputs dropped;
@@ -339,11 +347,13 @@ class ModelRunner:
             # (the engine's) against one made inside (the latency profile's) recompiled every
             # shape, its time hidden in the forwards'
             ids = ids.clone()
+        probs = None
         with self._timed((rows, width), compiling):
             if self._captured is not None:
-                logits, hidden, picked, first = self._replayed(
-                    cache, ids, positions, mask, counts, keep, restricted
+                logits, hidden, picked, *warped, first = self._replayed(
+                    cache, ids, positions, mask, counts, keep, restricted, warp
                 )
+                probs = warped[0] if warped else None
             else:
                 final, chosen = self._step(ids, positions, mask, cache.kv)
                 final, chosen = final[:rows], chosen[:rows]
@@ -355,7 +365,7 @@ class ModelRunner:
         else:
             self._watch(logits, positions[:rows], keep, counts)
         support = self.support if restricted else None
-        return RowOutput(logits, hidden, support, picked)
+        return RowOutput(logits, hidden, support, picked, probs)
 
     def _replayed(
         self,
@@ -366,10 +376,11 @@ class ModelRunner:
         counts: torch.Tensor,
         keep: torch.Tensor,
         restricted: bool,
+        warp: SamplingConfig | None,
     ) -> tuple[torch.Tensor, ...]:
         """`_captured_forward` over the padded block, replayed from its captured graph: a
-        replay overwrites its outputs, so the rows kept are copied out (the engine holds a
-        round's draft logits until the verify)."""
+        replay overwrites its outputs, so the rows kept are copied out (the engine may hold a
+        round's draft outputs until the verify)."""
         assert self._captured is not None
         outputs = self._captured(
             ids,
@@ -379,6 +390,7 @@ class ModelRunner:
             cache.pad_rows(counts),
             kv=cache.kv,
             restricted=restricted,
+            warp=warp,
         )
         rows = len(counts)
         *kept, first = outputs
@@ -393,15 +405,18 @@ class ModelRunner:
         counts: torch.Tensor,
         kv: Any,
         restricted: bool,
+        warp: SamplingConfig | None,
     ) -> tuple[torch.Tensor, ...]:
         """What a captured graph records, over the row bucket: the body, the outputs at the
-        kept offsets, the head and the lowest broken position (inert rows feed nothing, so
-        they never count as broken)."""
+        kept offsets, the head, the warped distributions when `warp` is given (about twenty
+        host ops a warp; row by row, so the inert rows change nothing) and the lowest broken
+        position (inert rows feed nothing, so they never count as broken)."""
         width = ids.shape[1]
         final, chosen = self._step(ids, positions, mask, kv)
         picked, hidden = _pick(final, chosen, keep, width)
         logits, _ = self._head(picked, restricted)
-        return logits, hidden, picked, broken_first(logits, positions, keep, counts)
+        warped = () if warp is None else (warp_probs(logits, warp),)
+        return logits, hidden, picked, *warped, broken_first(logits, positions, keep, counts)
 
     def _head(
         self, hidden: torch.Tensor, restricted: bool
