@@ -461,6 +461,19 @@ def test_the_engine_reuses_the_latency_profiles_graphs(models) -> None:
     assert runner_module.compiled_graphs() == graphs
 
 
+def test_the_engine_replays_the_latency_profiles_captured_graphs(models, replayed) -> None:
+    """The profile times the forwards a round runs, warped as the engine warps them: the
+    engine then replays the profile's graphs on the pooled cache, capturing none again (on a
+    GPU each capture is a synchronisation and tens of milliseconds of set-up)."""
+    target = ModelRunner(models["target"], VOCAB, static=True, captured=True, min_capacity=128)
+    widths = {"target": [1]}
+    measure_runner_times({"target": target}, widths, 1, 16, torch.device("cpu"), [1], SAMPLING)
+    captures = target._captured.captures
+    assert captures == 1
+    Engine(target, SAMPLING, timings=fixed_timings()).generate([PROMPTS[0]], TargetOnly(), 8)
+    assert target._captured.captures == captures
+
+
 @pytest.fixture
 def replayed(monkeypatch):
     monkeypatch.setattr(graphs, "CudaGraph", graphs.HostGraph)

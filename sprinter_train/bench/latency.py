@@ -269,12 +269,14 @@ def measure_runner_times(
     context: int,
     device: torch.device,
     batch_sizes: Sequence[int] = (1,),
+    warp: Any = None,
 ) -> dict[str, dict[int, dict[int, float]]]:
     """`measure_step_times` through the engine's own `ModelRunner`s (decoding/runner.py): the
     forward a round runs, in its layout (lean, static, compiled), with the head applied
-    where a round applies it. A compiled runner's shapes compile in the warm-up rounds. The
-    runners' forward timings are drained after, so the engine's `Timings` learn from the
-    run's own forwards only."""
+    where a round applies it and the logits warped by `warp` (the engine's sampling) where a
+    captured runner warps them in its graph: the same graphs the engine then replays. A
+    compiled runner's shapes compile in the warm-up rounds. The runners' forward timings are
+    drained after, so the engine's `Timings` learn from the run's own forwards only."""
     vocab = min(int(r.vocab_size) for r in runners.values())
     gen = torch.Generator().manual_seed(0)
     caches: dict[tuple[str, int], Any] = {}
@@ -292,7 +294,7 @@ def measure_runner_times(
         keep = torch.arange(n, device=device).expand(b, -1)
         synchronize(device)
         start = time.perf_counter()
-        runner.forward(cache, ids, counts, keep, restricted=runner.support is not None)
+        runner.forward(cache, ids, counts, keep, runner.support is not None, warp)
         synchronize(device)
         elapsed = time.perf_counter() - start
         cache.truncate(held[b], context)
@@ -315,10 +317,12 @@ def profile_models(
     device: torch.device,
     batch_sizes: Sequence[int] = (1,),
     runners: dict[str, Any] | None = None,
+    warp: Any = None,
 ) -> LatencyProfile:
     """Measure the profile at batch 1 and at every one of `batch_sizes`: through the
-    engine's `runners` (role -> ModelRunner) when given, else raw Hugging Face forwards over
-    a DynamicCache (draft_eval's measure of the models themselves).
+    engine's `runners` (role -> ModelRunner) when given, with the engine's sampling `warp`,
+    else raw Hugging Face forwards over a DynamicCache (draft_eval's measure of the models
+    themselves).
 
     Provenance's machine readings are imported here, not at the top: an export folder copies
     this module to read a profile (stage=export), and provenance's imports (omegaconf, the
@@ -335,7 +339,7 @@ def profile_models(
         med = measure_step_times(models, sizes, reps, context, device, sizes_b)
     else:
         chosen = {name: runners[name] for name in models}
-        med = measure_runner_times(chosen, sizes, reps, context, device, sizes_b)
+        med = measure_runner_times(chosen, sizes, reps, context, device, sizes_b, warp)
 
     def ms(name: str, b: int) -> dict[int, float]:
         return {n: s * 1e3 for n, s in med[name][b].items()}

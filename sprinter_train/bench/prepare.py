@@ -188,6 +188,7 @@ def measure_profile(
         device,
         batch_sizes,
         runners=None if engine is None else engine.present_runners,
+        warp=None if engine is None else engine.sampling,
     )
     profile.models = timed_models(models)
     profile.kernels = timed_kernels(models, engine)
