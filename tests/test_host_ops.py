@@ -1,0 +1,31 @@
+"""benchmarks/host_ops.py, the CPU's count of the launches a GPU round pays outside its
+graphs: run as a script, the captured layout (the GPU's default, played on the host by
+`graphs.HostGraph`) leaves fewer ops a round than the uncaptured static one, since the head,
+the kept offsets, the broken-logits watch and the warp replay inside the graph."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ops_per_round(*args: str) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "host_ops.py"), "--tokens", "16", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    rows = [line.split() for line in done.stdout.splitlines()[1:] if line.strip()]
+    return {row[0]: float(row[1]) for row in rows}
+
+
+def test_captured_rounds_leave_fewer_host_ops_than_uncaptured_ones() -> None:
+    plain, captured = ops_per_round(), ops_per_round("--captured")
+    assert set(plain) == set(captured) == {"target_only", "sd", "svip"}
+    for method, ops in captured.items():
+        assert 0 < ops < 0.9 * plain[method], method
