@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -59,8 +61,6 @@ def count(engine: Engine, policy: Any, prompt: list[int], tokens: int) -> tuple[
     """The ops outside the bodies of one generation, and its stats (after a warm-up one)."""
     engine.generate([prompt], policy, tokens)
     counter = OpCounter()
-    runners = engine.present_runners.values()
-    steps = {runner: runner._step for runner in runners}
 
     def uncounted(step: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -72,23 +72,18 @@ def count(engine: Engine, policy: Any, prompt: list[int], tokens: int) -> tuple[
 
         return run
 
-    captured = {r: r._captured for r in runners if r._captured is not None}
-    replayed = {r: c.step for r, c in captured.items()}
-    for runner, step in steps.items():
-        runner._step = uncounted(step)
-    for runner, steps_of in captured.items():
-        steps_of.step = uncounted(replayed[runner])
-    replays, replay = HostGraph.replays, HostGraph.replay
-    HostGraph.replay = uncounted(replay)  # a GPU's replay: one launch, counted below
-    try:
+    # what a GPU runs inside its graphs is not counted: the bodies, a captured forward, and a
+    # replay (one launch, counted below)
+    with ExitStack() as uncounting:
+        for runner in engine.present_runners.values():
+            uncounting.enter_context(patch.object(runner, "_step", uncounted(runner._step)))
+            if runner._captured is not None:
+                graphs_of = runner._captured
+                uncounting.enter_context(patch.object(graphs_of, "step", uncounted(graphs_of.step)))
+        uncounting.enter_context(patch.object(HostGraph, "replay", uncounted(HostGraph.replay)))
+        replays = HostGraph.replays
         with counter:
             result = engine.generate([prompt], policy, tokens)[0]
-    finally:
-        for runner, step in steps.items():
-            runner._step = step
-        for runner, steps_of in captured.items():
-            steps_of.step = replayed[runner]
-        HostGraph.replay = replay
     if HostGraph.replays > replays:
         counter.ops["graph replay"] += HostGraph.replays - replays
     return counter.ops, result.stats

@@ -99,7 +99,11 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         cfg, engine, models, device, batch_sizes, profile, prompts[0]
     )
     engine.timings.set_priors(**profile.priors())  # then corrected by the run's forwards
-    log.info("bench: set up in %.1f s (alpha %.3f)", time.perf_counter() - began, alpha)
+    log.info(
+        "bench: profile, alpha %.3f and the profile's check in %.1f s",
+        alpha,
+        time.perf_counter() - began,
+    )
     gammas = {size: sd_gamma(cfg, profile, alpha, size, verdict) for size in batch_sizes}
     plan = plan_methods(
         cfg,

@@ -136,10 +136,13 @@ class Engine:
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         return warp_probs(logits, self.sampling)
 
-    def warped(self, out: RowOutput) -> torch.Tensor:
-        """The engine's sampling over a forward's logits: the runner's, warped in its captured
-        graph (a forward asked with `warp`), else warped here."""
-        return out.probs if out.probs is not None else self.warp(out.logits)
+    def warped(self, out: RowOutput, offset: int | None = None) -> torch.Tensor:
+        """The engine's sampling over a forward's logits (at kept `offset` only, when given):
+        the runner's, warped in its captured graph (a forward asked with `warp`), else warped
+        here."""
+        if out.probs is not None:
+            return out.probs if offset is None else out.probs[:, offset]
+        return self.warp(out.logits if offset is None else out.logits[:, offset])
 
     def runner(self, role: str) -> ModelRunner:
         runner = self.runners[role]
@@ -228,7 +231,7 @@ class Engine:
         the same nonzero masses in the same order; the drawn index is mapped to its id."""
         out = self.draft_side(batch, "draft", rnd, active, restricted=True, warp=True)
         logits = out.logits[:, 0]
-        q = self.warped(out)[:, 0]
+        q = self.warp(logits) if out.probs is None else out.probs[:, 0]  # `warped`, one view less
         step = DraftStep(
             torch.zeros_like(active, dtype=torch.long),
             q,
@@ -255,7 +258,7 @@ class Engine:
         the same tokens."""
         shared = self._companion_on_draft_head()
         out = self.draft_side(batch, "companion", rnd, active, restricted=shared, warp=True)
-        return self.warped(out)[:, 0]
+        return self.warped(out, 0)
 
     def _companion_on_draft_head(self) -> bool:
         """Whether draft and companion have restricted heads over the same tokens (asked once)."""

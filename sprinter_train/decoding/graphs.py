@@ -115,9 +115,10 @@ class _Captured:
 
 class CapturedSteps:
     """`step(*inputs, kv, **options)` replayed from one captured graph per (the inputs'
-    shapes and dtypes, `kv`, `options`: plain values a capture freezes); `keep` graphs at most (the least recently used leaves first). `new_graph(pool)` makes a
-    graph (`CudaGraph` on a GPU); all of a runner's graphs share one memory pool, safe since
-    each keeps its outputs alive and a replay overwrites only its own dead intermediates."""
+    shapes and dtypes, `kv`, `options`: plain values a capture freezes); `keep` graphs at
+    most (the least recently used leaves first). `new_graph(pool)` makes a graph (`CudaGraph`
+    on a GPU); all of a runner's graphs share one memory pool, safe since each keeps its
+    outputs alive and a replay overwrites only its own dead intermediates."""
 
     def __init__(
         self, step: Step, new_graph: Callable[[Any], Any] | None = None, keep: int = 64
