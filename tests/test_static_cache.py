@@ -16,7 +16,7 @@ import torch
 
 from sprinter_train.bench.latency import measure_runner_times
 from sprinter_train.core.config import compose_config
-from sprinter_train.core.sampling import warp_probs
+from sprinter_train.core.sampling import inverse_cdf, warp_probs
 from sprinter_train.decoding import graphs, static_cache
 from sprinter_train.decoding import runner as runner_module
 from sprinter_train.decoding.engine import Engine, decoding_problems, static_settings
@@ -516,7 +516,8 @@ def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed)
     for cache, more in ((pooled, 0), (fresh, 1)):
         runner.prime(cache, PROMPTS)
         keep = torch.zeros((len(PROMPTS), 1), dtype=torch.long)
-        runner.forward(cache, ids, counts, keep, warp=GREEDY)  # the engine's key: it warps
+        u = torch.zeros(len(PROMPTS), dtype=torch.float64)
+        runner.forward(cache, ids, counts, keep, warp=GREEDY, u=u)  # the engine's key: it draws
         assert runner._captured.captures == captures + more
 
 
@@ -528,14 +529,18 @@ def test_a_replayed_forwards_outputs_outlive_the_next_replay(models, replayed) -
     runner.prime(cache, PROMPTS[:2])
     counts, keep = torch.ones(2, dtype=torch.long), torch.zeros((2, 1), dtype=torch.long)
     held = []
-    for token in (3, 4, 5):  # a capture, then two replays
-        out = runner.forward(cache, torch.full((2, 1), token), counts, keep, warp=SAMPLING)
-        held.append((out, [t.clone() for t in (out.logits, out.hidden, out.final, out.probs)]))
+    draws = torch.rand((3, 2), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for token, u in zip((3, 4, 5), draws, strict=True):  # a capture, then two replays
+        out = runner.forward(cache, torch.full((2, 1), token), counts, keep, warp=SAMPLING, u=u)
+        outputs = (out.logits, out.hidden, out.final, out.probs, out.drawn)
+        held.append((out, u, [t.clone() for t in outputs]))
     assert replayed.replays == 2
-    for out, seen in held:
-        now = (out.logits, out.hidden, out.final, out.probs)
+    for out, u, seen in held:
+        now = (out.logits, out.hidden, out.final, out.probs, out.drawn)
         assert all(torch.equal(t, s) for t, s in zip(now, seen, strict=True))
         assert torch.equal(out.probs, warp_probs(out.logits, SAMPLING))  # warped in the graph
+        assert torch.equal(out.drawn, inverse_cdf(out.probs[:, 0], u))  # and drawn in it
+    assert len({tuple(out.drawn.tolist()) for out, _, _ in held}) > 1  # the draws differ
 
 
 def test_a_step_that_cannot_be_captured_runs_uncaptured(models, caplog) -> None:
@@ -548,7 +553,7 @@ def test_a_step_that_cannot_be_captured_runs_uncaptured(models, caplog) -> None:
 
     calls = []
 
-    def step(*args):
+    def step(*args, kv):
         calls.append(args[0].clone())
         return args[0].float(), args[1].float()
 

@@ -1,6 +1,6 @@
 """RowStreams against SplitMix64 written out in Python integers: every draw is the number at
-its row's counter, however the calls, the partial advances, the rows leaving and the block
-refills fall."""
+its row's counter, however the calls, the partial advances, the draws shown before they are
+taken, the rows leaving and the block refills fall."""
 
 from __future__ import annotations
 
@@ -52,7 +52,13 @@ def test_draws_are_the_numbers_at_each_rows_counter() -> None:
             ]
             n = 1
         else:
-            drawn = streams.uniform(n, None if call % 3 == 0 else counts)
+            given = None if call % 3 == 0 else counts
+            if call % 4 == 1:  # shown first, taken after (the draws the engine's graphs make)
+                drawn = streams.peek(n)
+                assert torch.equal(streams.peek(n), drawn)  # showing moves no counter
+                streams.advance(n, given)
+            else:
+                drawn = streams.uniform(n, given)
             want = [
                 [number(s, c + k) for k in range(n)] for s, c in zip(seeds, counter, strict=True)
             ]

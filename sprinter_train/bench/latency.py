@@ -261,6 +261,13 @@ def measure_step_times(
     return interleaved_medians(timed, new_tokens, reps, batch_sizes)
 
 
+def draws_a_token(role: str, tokens: int) -> bool:
+    """Whether the engine draws a token from a forward of `role` over `tokens` tokens a row
+    (`Engine.draw`, in the graph of a captured runner): every draft step, and the target's
+    forward of one token (a round without drafts)."""
+    return role == "draft" or (role == "target" and tokens == 1)
+
+
 @torch.inference_mode()
 def measure_runner_times(
     runners: dict[str, Any],
@@ -273,11 +280,13 @@ def measure_runner_times(
 ) -> dict[str, dict[int, dict[int, float]]]:
     """`measure_step_times` through the engine's own `ModelRunner`s (decoding/runner.py): the
     forward a round runs, in its layout (lean, static, compiled), with the head applied
-    where a round applies it and the logits warped by `warp` (the engine's sampling) where a
-    captured runner warps them in its graph: the same graphs the engine then replays. A
-    compiled runner's shapes compile in the warm-up rounds. The runners' forward timings are
-    drained after, so the engine's `Timings` learn from the run's own forwards only."""
+    where a round applies it and the logits warped by `warp` (the engine's sampling) and a
+    token drawn where the engine draws one (`draws_a_token`), which a captured runner does in
+    its graph: the same graphs the engine then replays. A compiled runner's shapes compile in
+    the warm-up rounds. The runners' forward timings are drained after, so the engine's
+    `Timings` learn from the run's own forwards only."""
     vocab = min(int(r.vocab_size) for r in runners.values())
+
     gen = torch.Generator().manual_seed(0)
     caches: dict[tuple[str, int], Any] = {}
     for b in batch_sizes:
@@ -292,9 +301,12 @@ def measure_runner_times(
         ids = torch.randint(0, vocab, (b, n), generator=gen).to(device)
         counts = torch.full((b,), n, device=device)
         keep = torch.arange(n, device=device).expand(b, -1)
+        u = None
+        if warp is not None and draws_a_token(name, n):
+            u = torch.rand(b, generator=gen, dtype=torch.float64).to(device)
         synchronize(device)
         start = time.perf_counter()
-        runner.forward(cache, ids, counts, keep, runner.support is not None, warp)
+        runner.forward(cache, ids, counts, keep, runner.support is not None, warp, u)
         synchronize(device)
         elapsed = time.perf_counter() - start
         cache.truncate(held[b], context)

@@ -72,15 +72,25 @@ class RowStreams:
         """(rows, n) float64 uniforms in [0, 1); row r's counter advances by counts[r]
         (default n; each in 0..n), so draws a row did not use are drawn again by its next
         call."""
+        draws = self.peek(n)
+        self._advance(n, counts)
+        return draws
+
+    def peek(self, n: int = 1) -> torch.Tensor:
+        """(rows, n) the numbers the next `uniform(n)` returns, no counter moved: a draw
+        made where its rows are not yet known (inside a captured forward, before the
+        policy's rule decides who drafts), then taken with `advance`."""
         block = self._block
         if block is None or n > self._room:
             block = self._refill(n)
         index = self._offset[:, None]
         if n != 1:
             index = index + torch.arange(n, device=self.device)
-        draws = block.gather(1, index)
+        return block.gather(1, index)
+
+    def advance(self, n: int, counts: torch.Tensor | None = None) -> None:
+        """Take what `peek(n)` showed: row r's counter moves by counts[r] (default n)."""
         self._advance(n, counts)
-        return draws
 
     def grid(self, n: int, counts: torch.Tensor | None = None) -> torch.Tensor:
         """(rows, n) uniforms for one wide draw (MTAD's Gumbel noise over beams x vocabulary):

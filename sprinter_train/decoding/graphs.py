@@ -114,7 +114,7 @@ class _Captured:
 
 
 class CapturedSteps:
-    """`step(*inputs, kv, **options)` replayed from one captured graph per (the inputs'
+    """`step(*inputs, kv=kv, **options)` replayed from one captured graph per (the inputs'
     shapes and dtypes, `kv`, `options`: plain values a capture freezes); `keep` graphs at
     most (the least recently used leaves first). `new_graph(pool)` makes a graph (`CudaGraph`
     on a GPU); all of a runner's graphs share one memory pool, safe since each keeps its
@@ -134,14 +134,14 @@ class CapturedSteps:
         shapes = tuple((t.shape, t.dtype) for t in inputs)
         key = (shapes, inputs[0].device, id(kv), tuple(sorted(options.items())))
         if key not in self._graphs:
-            outputs = self.step(*inputs, kv, **options)
+            outputs = self.step(*inputs, kv=kv, **options)
             self._graphs[key] = self._capture(inputs, kv, options)
             self._forget()
             return outputs
         self._graphs.move_to_end(key)
         entry = self._graphs[key]
         if entry is None:  # could not be captured
-            return self.step(*inputs, kv, **options)
+            return self.step(*inputs, kv=kv, **options)
         for buffer, value in zip(entry.inputs, inputs, strict=True):
             buffer.copy_(value)
         entry.graph.replay()
@@ -156,7 +156,7 @@ class CapturedSteps:
         buffers = tuple(value.clone() for value in inputs)
         graph = self.new_graph(self._pool)
         try:
-            outputs = graph.capture(lambda: self.step(*buffers, kv, **options), kv)
+            outputs = graph.capture(lambda: self.step(*buffers, kv=kv, **options), kv)
         except Exception as error:  # noqa: BLE001  # an uncapturable op: run it uncaptured
             log.warning("a forward of shape %s runs uncaptured: %s", tuple(inputs[0].shape), error)
             return None

@@ -25,7 +25,7 @@ from transformers import DynamicCache
 
 from sprinter_train.core.broken_logits import broken_rows, nonfinite_error
 from sprinter_train.core.runtime import synchronize
-from sprinter_train.core.sampling import SamplingConfig, warp_probs
+from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
 from sprinter_train.decoding.cache import RowCache
 from sprinter_train.decoding.graphs import CapturedSteps
 from sprinter_train.decoding.static_cache import KVPool, StaticRowCache, supports_static
@@ -48,6 +48,10 @@ class RowOutput:
     # `logits` warped by the sampling `forward` was asked to warp with, where the runner did
     # it (in a captured graph); None: the caller warps
     probs: torch.Tensor | None = None
+    # (rows,) the index `inverse_cdf(probs[:, 0], u)` of the uniforms `forward` was given,
+    # drawn in the captured graph (into `logits`' columns: a head index when `support` is
+    # set); None: the caller draws
+    drawn: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -278,17 +282,20 @@ class ModelRunner:
         keep: torch.Tensor,
         restricted: bool = False,
         warp: SamplingConfig | None = None,
+        u: torch.Tensor | None = None,
     ) -> RowOutput:
         """Append ids[r, :counts[r]] to row r; return the outputs at block offsets keep[r, k]
         (the offset of the token whose next-token distribution is wanted; clamped into the
         block, so a row's unused entries may point anywhere). `restricted`: logits over the
         head's own tokens where the model has a restricted head (`RowOutput.support`).
         `warp`: the sampling the caller will warp the logits with; a captured runner does it
-        in its graph (`RowOutput.probs`), the others leave it to the caller."""
+        in its graph (`RowOutput.probs`), the others leave it to the caller. `u` (with
+        `warp`): (rows,) uniforms the caller will draw from the first kept offset's
+        distribution with; a captured runner draws in its graph (`RowOutput.drawn`)."""
         if self.lean is not None:
             return self._lean_forward(cache, ids, counts, keep, restricted)
         if isinstance(cache, StaticRowCache):
-            return self._static_forward(cache, ids, counts, keep, restricted, warp)
+            return self._static_forward(cache, ids, counts, keep, restricted, warp, u)
         width = ids.shape[1]
         positions, mask = cache.block(counts, width)
         with self._timed((ids.shape[0], width)):
@@ -331,6 +338,7 @@ class ModelRunner:
         keep: torch.Tensor,
         restricted: bool,
         warp: SamplingConfig | None = None,
+        u: torch.Tensor | None = None,
     ) -> RowOutput:
         """`forward` over a `StaticRowCache`: the block and the mask padded to the cache's row
         bucket and capacity, the body at that static shape, the inert rows' outputs dropped;
@@ -347,13 +355,15 @@ class ModelRunner:
             # (the engine's) against one made inside (the latency profile's) recompiled every
             # shape, its time hidden in the forwards'
             ids = ids.clone()
-        probs = None
+        probs = drawn = None
         with self._timed((rows, width), compiling):
             if self._captured is not None:
                 logits, hidden, picked, *warped, first = self._replayed(
-                    cache, ids, positions, mask, counts, keep, restricted, warp
+                    cache, ids, positions, mask, counts, keep, restricted, warp, u
                 )
-                probs = warped[0] if warped else None
+                if warped:
+                    probs, *draws = warped
+                    drawn = draws[0] if draws else None
             else:
                 final, chosen = self._step(ids, positions, mask, cache.kv)
                 final, chosen = final[:rows], chosen[:rows]
@@ -365,7 +375,7 @@ class ModelRunner:
         else:
             self._watch(logits, positions[:rows], keep, counts)
         support = self.support if restricted else None
-        return RowOutput(logits, hidden, support, picked, probs)
+        return RowOutput(logits, hidden, support, picked, probs, drawn)
 
     def _replayed(
         self,
@@ -377,17 +387,20 @@ class ModelRunner:
         keep: torch.Tensor,
         restricted: bool,
         warp: SamplingConfig | None,
+        u: torch.Tensor | None,
     ) -> tuple[torch.Tensor, ...]:
         """`_captured_forward` over the padded block, replayed from its captured graph: a
         replay overwrites its outputs, so the rows kept are copied out (the engine may hold a
         round's draft outputs until the verify)."""
         assert self._captured is not None
+        draw = () if warp is None or u is None else (cache.pad_rows(u),)
         outputs = self._captured(
             ids,
             positions,
             mask,
             cache.pad_rows(keep),
             cache.pad_rows(counts),
+            *draw,
             kv=cache.kv,
             restricted=restricted,
             warp=warp,
@@ -403,19 +416,24 @@ class ModelRunner:
         mask: torch.Tensor,
         keep: torch.Tensor,
         counts: torch.Tensor,
+        *u: torch.Tensor,
         kv: Any,
         restricted: bool,
         warp: SamplingConfig | None,
     ) -> tuple[torch.Tensor, ...]:
         """What a captured graph records, over the row bucket: the body, the outputs at the
         kept offsets, the head, the warped distributions when `warp` is given (about twenty
-        host ops a warp; row by row, so the inert rows change nothing) and the lowest broken
+        host ops a warp; row by row, so the inert rows change nothing), the draw at the
+        uniforms `u` when given (nine host ops a draw: `inverse_cdf`) and the lowest broken
         position (inert rows feed nothing, so they never count as broken)."""
         width = ids.shape[1]
         final, chosen = self._step(ids, positions, mask, kv)
         picked, hidden = _pick(final, chosen, keep, width)
         logits, _ = self._head(picked, restricted)
-        warped = () if warp is None else (warp_probs(logits, warp),)
+        warped: tuple[torch.Tensor, ...] = ()
+        if warp is not None:
+            probs = warp_probs(logits, warp)
+            warped = (probs, *(inverse_cdf(probs[:, 0], uniforms) for uniforms in u))
         return logits, hidden, picked, *warped, broken_first(logits, positions, keep, counts)
 
     def _head(

@@ -143,11 +143,13 @@ def verify(engine: Engine, batch: Batch, rnd: Round) -> Emitted:
     """Speculative sampling over every row's drafts: its accepted prefix, then a correction
     from norm(max(0, p - q)) at its first rejection or a bonus token from p."""
     everyone = torch.ones(len(batch), dtype=torch.bool, device=engine.device)
-    p = engine.target_probs(batch, rnd, everyone)
-    if not rnd.steps:
-        token = engine.sample(p[:, 0], batch, everyone)
+    if not rnd.steps:  # the target's own token, drawn in its graph where it has one
+        u = batch.streams.peek()[:, 0]
+        p = engine.target_probs(batch, rnd, everyone, u)
+        token = engine.draw(p[:, 0], batch.verified, batch, u, everyone)
         none = torch.zeros_like(token)
         return Emitted(token[:, None], none + 1, none, none, none)
+    p = engine.target_probs(batch, rnd, everyone)
     drafts = rnd.tokens()
     u = batch.streams.uniform(drafts.shape[1], rnd.counts)
     accepted, law = speculative_rows(p, rnd.q(), drafts, rnd.counts, u)
