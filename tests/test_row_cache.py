@@ -9,6 +9,7 @@ from transformers import DynamicCache
 
 from sprinter_train.decoding.cache import RowCache
 from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.static_cache import StaticRowCache
 from sprinter_train.models.lean import StaticKV
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import feed_rows
@@ -31,10 +32,14 @@ def feed(runner: ModelRunner, cache, rows: list[list[int]]) -> torch.Tensor:
     return feed_rows(runner, cache, rows).logits
 
 
-def test_ragged_appends_rejections_packing_and_leaving_rows(model) -> None:
-    runner = ModelRunner(model, VOCAB)
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_ragged_appends_rejections_packing_and_leaving_rows(model, static) -> None:
+    """Both layouts; the static one keeps its slot map in device buffers (`RowStaticCache`),
+    its rows leaving into a smaller bucket."""
+    runner = ModelRunner(model, VOCAB, static=static)
     seqs = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
     cache = runner.new_cache(len(seqs))
+    assert isinstance(cache, StaticRowCache) == static
     rng = torch.Generator().manual_seed(0)
     out = feed(runner, cache, seqs)
     for r, seq in enumerate(seqs):

@@ -521,6 +521,28 @@ def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed)
         assert runner._captured.captures == captures + more
 
 
+def test_broken_logits_met_in_a_replay_stop_the_generation_where_uncaptured_does(
+    models, replayed
+) -> None:
+    """The captured graphs fold the broken-logits watch into the runner's own device scalar
+    (`_broken_in_graphs`): logits that break after every shape was captured stop the next
+    generation with the message the uncaptured static layout gives."""
+    messages = []
+    for captured in (False, True):
+        target = copy.deepcopy(models["target"])
+        runner = ModelRunner(target, VOCAB, static=True, captured=captured)
+        engine_ = Engine(runner, GREEDY, timings=fixed_timings())
+        engine_.generate(PROMPTS, TargetOnly(), 4)  # every decode shape captured
+        with torch.no_grad():
+            target.lm_head.weight.fill_(float("nan"))
+        replays = replayed.replays
+        with pytest.raises(FloatingPointError, match="target model's logits") as error:
+            engine_.generate(PROMPTS, TargetOnly(), 4)
+        assert (replayed.replays > replays) == captured  # met in a replay
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]
+
+
 def test_a_replayed_forwards_outputs_outlive_the_next_replay(models, replayed) -> None:
     """A replay writes into the graph's own output buffers: what a forward returned must not
     change when the next forward of that shape replays (the engine may hold it)."""

@@ -16,14 +16,15 @@ H100: a batch-1 target step of 2.10 ms against 2.56 with `reduce-overhead`, an s
 What a capture may assume, and how it holds:
 
 - **Static addresses.** The inputs are copied into the graph's own buffers; the keys,
-  values and write counters live in the `StaticCache`, whose buffers never move while it
-  lives, and a cache is part of the key (held by the entry, so its id is never reused). A
+  values, write counters and slot map live in the `RowStaticCache`, whose buffers never
+  move while it lives, and a cache is part of the key (held by the entry, so its id is never reused). A
   cache replaced by a bigger one (`StaticRowCache.reserve`, `select` into a new bucket) is a
   new key; a pooled cache (`KVPool`) comes back with its addresses, so a new generation of a
   known shape replays.
 - **State on the device.** The step's writes go to slots counted by each layer's
   `cumulative_length`, a device tensor the graph reads and advances, never a host integer
-  frozen at capture.
+  frozen at capture; the block's slots are marked in the slot map at that counter, and the
+  rows' lengths advanced, in place.
 - **Outputs copied out before the next replay.** A replay writes its outputs into the same
   buffers; the runner copies the rows it returns out of them (`ModelRunner._replayed`),
   since the engine may hold a forward's outputs past the model's next forward.
@@ -32,10 +33,12 @@ The first call of a key runs the step itself (the real forward, compiling it: th
 counts it as compile time), then records the graph without running it; later calls replay.
 A shape that cannot be captured keeps running uncaptured, with a warning.
 
-The runner captures more than the body (`ModelRunner._captured_forward`): the outputs at the
-kept offsets, the head, the broken-logits watch and the sampling's warp replay in the same
-graph (`benchmarks/host_ops.py --captured`: 74.6 host ops a target-only step and 332 an sd
-round, against 100.6 and 437 uncaptured).
+The runner captures more than the body (`ModelRunner._captured_forward`): the block's
+position ids and mask with their bookkeeping, the outputs at the kept offsets, the head, the
+broken-logits watch, the sampling's warp and the token's draw replay in the same graph
+(`benchmarks/host_ops.py --captured`: 54.5 host ops a target-only step and 235 an sd round,
+against 102.5 and 419 uncaptured; 74.6 and 332 captured before the bookkeeping and the draw
+moved in).
 """
 
 from __future__ import annotations
@@ -73,8 +76,9 @@ class CudaGraph:
 class HostGraph:
     """A CUDA graph's contract played on the host, where no CUDA graph exists: for the CPU
     tests and for counting the host ops a captured engine leaves (benchmarks/host_ops.py).
-    `capture` hands back output buffers and leaves `state` (a `StaticCache`) as it was: it
-    runs the step, then puts the keys, values and write counters back; `replay` runs the step
+    `capture` hands back output buffers and leaves `state` (a `RowStaticCache`) as it was: it
+    runs the step, then puts back every buffer it writes (`written`: the keys, values, write
+    counters and slot map); `replay` runs the step
     on the graph's input buffers and writes into those same output buffers, so a caller that
     kept an output past the next replay reads the new values, as on a GPU."""
 
@@ -85,17 +89,16 @@ class HostGraph:
         self.outputs: tuple[torch.Tensor, ...] = ()
 
     def capture(self, run: Callable[[], Any], state: Any) -> Any:
-        saved = [
-            (layer.keys.clone(), layer.values.clone(), layer.cumulative_length.clone())
-            for layer in state.layers
-        ]
+        written = state.written
+        saved = [t.clone() for t in written]
         self.run = run
-        self.outputs = tuple(t.clone() for t in run())
+        made, buffers = run(), {}
+        for t in made:  # one buffer per output tensor, as a CUDA graph has
+            buffers.setdefault(id(t), t.clone())
+        self.outputs = tuple(buffers[id(t)] for t in made)
         with torch.inference_mode():
-            for layer, (keys, values, length) in zip(state.layers, saved, strict=True):
-                layer.keys.copy_(keys)
-                layer.values.copy_(values)
-                layer.cumulative_length.copy_(length)
+            for buffer, was in zip(written, saved, strict=True):
+                buffer.copy_(was)
         return self.outputs
 
     def replay(self) -> None:

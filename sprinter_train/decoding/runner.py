@@ -139,6 +139,12 @@ class ModelRunner:
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._nonfinite: torch.Tensor | None = None  # lowest position with broken logits
         self._none_broken = torch.tensor(NO_POSITION, device=self.device)
+        # the same, folded in place by the captured graphs (a static address they write)
+        self._broken_in_graphs: torch.Tensor | None = None
+        self._replays_since_read = False  # whether they may have folded since it was read
+        if self.captured:
+            with torch.inference_mode():
+                self._broken_in_graphs = self._none_broken.clone()
         # (rows, block width, seconds or CUDA events) of the latest forwards (not prefills)
         self._shapes: deque[tuple[int, int, Any]] = deque(maxlen=256)
 
@@ -309,7 +315,7 @@ class ModelRunner:
                 use_cache=True,
             )
             cache.append(kv, counts, width)
-            picked, hidden = _pick(final, chosen, keep, width)
+            picked, hidden = _pick(final, chosen, keep, width, self.hidden_layer == -1)
             # the reference layout: full-vocabulary logits even for a restricted head
             logits = head_logits(self.model, picked, self.vocab_size).float()
         self._watch(logits, positions, keep, counts)
@@ -345,7 +351,6 @@ class ModelRunner:
         `restricted`: see `_head`."""
         rows, width = ids.shape
         cache.reserve(width)
-        positions, mask = cache.block(counts, width)
         key = (cache.bucket, width, cache.capacity)
         compiling = self.compiled and key not in self._shapes_seen
         self._shapes_seen.add(key)
@@ -358,21 +363,20 @@ class ModelRunner:
         probs = drawn = None
         with self._timed((rows, width), compiling):
             if self._captured is not None:
-                logits, hidden, picked, *warped, first = self._replayed(
-                    cache, ids, positions, mask, counts, keep, restricted, warp, u
+                logits, hidden, picked, *warped = self._replayed(
+                    cache, ids, counts, keep, restricted, warp, u
                 )
                 if warped:
                     probs, *draws = warped
                     drawn = draws[0] if draws else None
             else:
+                positions, mask = cache.block(counts, width)
                 final, chosen = self._step(ids, positions, mask, cache.kv)
                 final, chosen = final[:rows], chosen[:rows]
-                picked, hidden = _pick(final, chosen, keep, width)
+                picked, hidden = _pick(final, chosen, keep, width, self.hidden_layer == -1)
                 logits, _ = self._head(picked, restricted)
             cache.append(cache.kv, counts, width)
-        if self._captured is not None:
-            self._fold_broken(first)
-        else:
+        if self._captured is None:
             self._watch(logits, positions[:rows], keep, counts)
         support = self.support if restricted else None
         return RowOutput(logits, hidden, support, picked, probs, drawn)
@@ -381,8 +385,6 @@ class ModelRunner:
         self,
         cache: StaticRowCache,
         ids: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
         counts: torch.Tensor,
         keep: torch.Tensor,
         restricted: bool,
@@ -393,11 +395,10 @@ class ModelRunner:
         replay overwrites its outputs, so the rows kept are copied out (the engine may hold a
         round's draft outputs until the verify)."""
         assert self._captured is not None
+        self._replays_since_read = True
         draw = () if warp is None or u is None else (cache.pad_rows(u),)
         outputs = self._captured(
             ids,
-            positions,
-            mask,
             cache.pad_rows(keep),
             cache.pad_rows(counts),
             *draw,
@@ -405,15 +406,15 @@ class ModelRunner:
             restricted=restricted,
             warp=warp,
         )
-        rows = len(counts)
-        *kept, first = outputs
-        return (*(t[:rows].clone() for t in kept), first.clone())
+        rows, copies = len(counts), {}
+        for t in outputs:  # an output returned twice (hidden layer -1) copied once
+            if id(t) not in copies:
+                copies[id(t)] = t[:rows].clone()
+        return tuple(copies[id(t)] for t in outputs)
 
     def _captured_forward(
         self,
         ids: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
         keep: torch.Tensor,
         counts: torch.Tensor,
         *u: torch.Tensor,
@@ -421,20 +422,27 @@ class ModelRunner:
         restricted: bool,
         warp: SamplingConfig | None,
     ) -> tuple[torch.Tensor, ...]:
-        """What a captured graph records, over the row bucket: the body, the outputs at the
-        kept offsets, the head, the warped distributions when `warp` is given (about twenty
+        """What a captured graph records, over the row bucket: the block's position ids and
+        mask, recorded in the cache's slot map (`RowStaticCache.block`), the body, the
+        outputs at the kept offsets, the head, the warped distributions when `warp` is given (about twenty
         host ops a warp; row by row, so the inert rows change nothing), the draw at the
         uniforms `u` when given (nine host ops a draw: `inverse_cdf`) and the lowest broken
-        position (inert rows feed nothing, so they never count as broken)."""
+        position, folded into `_broken_in_graphs` (inert rows feed nothing, so they never
+        count as broken)."""
         width = ids.shape[1]
+        positions, mask = kv.block(counts, width)
         final, chosen = self._step(ids, positions, mask, kv)
-        picked, hidden = _pick(final, chosen, keep, width)
+        picked, hidden = _pick(final, chosen, keep, width, self.hidden_layer == -1)
         logits, _ = self._head(picked, restricted)
         warped: tuple[torch.Tensor, ...] = ()
         if warp is not None:
             probs = warp_probs(logits, warp)
             warped = (probs, *(inverse_cdf(probs[:, 0], uniforms) for uniforms in u))
-        return logits, hidden, picked, *warped, broken_first(logits, positions, keep, counts)
+        first = broken_first(logits, positions, keep, counts)
+        broken = self._broken_in_graphs
+        assert broken is not None
+        torch.minimum(broken, first, out=broken)
+        return logits, hidden, picked, *warped
 
     def _head(
         self, hidden: torch.Tensor, restricted: bool
@@ -476,7 +484,7 @@ class ModelRunner:
             if width == 1 and keep.shape[1] == 1:  # keep is clamped to the only offset
                 picked, hidden = final, chosen
             else:
-                picked, hidden = _pick(final, chosen, keep, width)
+                picked, hidden = _pick(final, chosen, keep, width, self.hidden_layer == -1)
             logits, support = self._head(picked, restricted)
         self._watch(logits, positions, keep, counts)
         return RowOutput(logits, hidden, support, picked)
@@ -503,6 +511,12 @@ class ModelRunner:
         last call, or NO_POSITION; resets. The engine sends it home in each round's one
         transfer."""
         found, self._nonfinite = self._nonfinite, None
+        if self._broken_in_graphs is not None and self._replays_since_read:
+            self._replays_since_read = False
+            with torch.inference_mode():
+                in_graphs = self._broken_in_graphs.clone()
+                self._broken_in_graphs.fill_(NO_POSITION)
+            found = in_graphs if found is None else torch.minimum(found, in_graphs)
         return self._none_broken if found is None else found
 
     @staticmethod
@@ -554,12 +568,15 @@ def prefill_groups(lengths: list[int], padded: bool, budget: int) -> list[list[i
 
 
 def _pick(
-    final: torch.Tensor, chosen: torch.Tensor, keep: torch.Tensor, width: int
+    final: torch.Tensor, chosen: torch.Tensor, keep: torch.Tensor, width: int, same: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The final and chosen hidden states of a block at offsets keep[r, k] (clamped into the
-    block: a row's unused entries may point anywhere)."""
+    block: a row's unused entries may point anywhere); `same`: the chosen states are the
+    final ones (hidden layer -1), picked once and returned as both."""
     index = keep.clamp(0, width - 1)[..., None]
     picked = final.gather(1, index.expand(-1, -1, final.shape[-1]))
+    if same:
+        return picked, picked
     return picked, chosen.gather(1, index.expand(-1, -1, chosen.shape[-1]))
 
 

@@ -6,9 +6,11 @@ a row holds. That is exactly transformers' `StaticCache` contract: each layer's 
 values live in a (rows, heads, capacity, head dim) buffer written in place at a slot counter
 (`StaticLayer.cumulative_length`, a device tensor), and the attention mask covers the whole
 capacity. So this layout keeps `RowCache`'s bookkeeping (`position`, `lengths`, `settled`)
-unchanged and changes only where the keys and values live:
+and changes where it and the keys and values live:
 
-- the buffers are a `transformers.StaticCache` allocated once per generation at a capacity
+- the buffers are a `RowStaticCache` (a `transformers.StaticCache` that also holds the slot
+  map, `position` and `lengths`, in buffers of the whole capacity and row bucket) allocated
+  once per generation at a capacity
   bucket (covering prompt + budget + slack: a power of two >= `MIN_CAPACITY` up to 128, then a
   multiple of 128, see `capacity_bucket`) and a row bucket
   (the rows rounded up to a power of two); the mask is padded with zeros to the capacity and
@@ -16,6 +18,11 @@ unchanged and changes only where the keys and values live:
   dropped), so a forward's shapes depend on (row bucket, width, capacity) alone and a
   compiled forward (`torch.compile(fullgraph=True)`, see `runner.compiled_step`) is reused
   across rounds;
+- `RowCache` builds each forward's mask by concatenating its slot map with the new block on
+  the host's orders, then appends the block; here the block is written into the slot map on
+  the device before the forward and the mask read from it (`RowStaticCache.block`), at fixed
+  addresses, so a captured graph records that work with the body and replays it (a captured
+  sd round left 235 host ops instead of 305: benchmarks/host_ops.py --captured);
 - a `DynamicCache` grows by concatenation each forward and `pack` truncates it; here `pack`
   moves the held slots down in place and resets the slot counter, and `select` gathers rows
   in place while the row bucket holds (a new bucket allocates new buffers: a new shape);
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
+from typing import Any
 
 import torch
 from transformers import StaticCache
@@ -98,13 +106,71 @@ def _give_back(pool: KVPool, held: dict) -> None:
     pool.give(held["key"], held["kv"])
 
 
+class RowStaticCache(StaticCache):
+    """A `StaticCache` that also holds its rows' slot map, on the device at static addresses:
+    `position[r, s]` (the position slot s of row r holds, -1 if none: (row bucket, capacity))
+    and `lengths[r]` (row bucket,). With them a forward's bookkeeping, the block's position
+    ids, its slots marked and the attention mask, is device work over fixed buffers
+    (`block`), so a captured graph records it with the body, instead of the ~50 host ops an
+    sd round spent building it around the graph (`RowCache.block`/`append`, a cat over
+    the slots each forward). The buffers travel with the keys and values through the
+    `KVPool`, so a pooled cache's graph replays on the same addresses."""
+
+    def __init__(self, config: Any, rows: int, capacity: int, shape: tuple, device: Any) -> None:
+        """`shape`: (heads, head dim, dtype) of the keys and values."""
+        super().__init__(config, max_cache_len=capacity)
+        heads, head_dim, dtype = shape
+        self.early_initialization(rows, heads, head_dim, dtype, device)
+        self.position = torch.full((rows, capacity), -1, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        self.columns = torch.arange(capacity, device=device)
+
+    @property
+    def written(self) -> list[torch.Tensor]:
+        """Every buffer a forward writes (what a stand-in capture puts back)."""
+        per_layer = [(x.keys, x.values, x.cumulative_length) for x in self.layers]
+        return [t for layer in per_layer for t in layer] + [self.position, self.lengths]
+
+    def clear(self) -> None:
+        """As allocated: nothing held (the pool's next cache of this shape)."""
+        for layer in self.layers:
+            layer.keys.zero_()
+            layer.values.zero_()
+            layer.cumulative_length.fill_(0)
+        self.position.fill_(-1)
+        self.lengths.zero_()
+
+    def block(
+        self, counts: torch.Tensor, width: int, inert: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(position ids, attention mask) over the whole bucket of a forward appending
+        counts[r] tokens to row r in a block of `width` slots at the write counter, with the
+        block recorded first: its filled slots marked in `position` and `lengths` advanced.
+        A row with nothing held and nothing fed (an inert row) sees its own block slots, so
+        its attention has something to weigh; its outputs are never read. `inert` false: the
+        caller knows there is no such row (six ops fewer)."""
+        start = self.layers[0].cumulative_length  # the block's first slot, on the device
+        offsets = torch.arange(width, device=counts.device)
+        positions = self.lengths[:, None] + offsets
+        filled = offsets < counts[:, None]
+        self.position.index_copy_(1, start + offsets, torch.where(filled, positions, -1))
+        self.lengths.add_(counts)
+        mask = self.position >= 0
+        if inert:
+            in_block = (self.columns >= start) & (self.columns < start + width)
+            mask |= (self.lengths == 0)[:, None] & in_block
+        return positions, mask.long()
+
+
 class StaticRowCache(RowCache):
-    """`RowCache` whose keys and values live in a preallocated `StaticCache` of `capacity`
-    slots and `row_bucket(rows)` rows (see the module docstring). With a `pool`, buffers are
-    taken from it and given back when replaced or when the cache is collected; `shrink=False`
+    """`RowCache` whose keys, values and slot map live in a preallocated `RowStaticCache` of
+    `capacity` slots and `row_bucket(rows)` rows (see the module docstring). `position` and
+    `lengths` are views of the live rows and slots of its buffers (live: a forward writes
+    them in place); `rows` and `slots` are kept on the host. With a `pool`, buffers are taken
+    from it and given back when replaced or when the cache is collected; `shrink=False`
     keeps the row bucket when rows leave."""
 
-    def __init__(
+    def __init__(  # RowCache.__init__ is not called: the slot map is the buffers'
         self,
         rows: int,
         device: torch.device,
@@ -113,11 +179,14 @@ class StaticRowCache(RowCache):
         pool: KVPool | None = None,
         shrink: bool = True,
     ) -> None:
-        super().__init__(rows, device)
         self.model = model
+        self.device = torch.device(device)
         self.capacity = capacity_bucket(capacity)
         self.bucket = row_bucket(rows)
         self.shrink = shrink
+        self.settled = 0
+        self._rows = rows
+        self._slots = 0
         self._pool = pool
         self._held: dict = {}  # the buffers in use and their pool key (the finaliser's view)
         self.kv = self._allocate(self.bucket, self.capacity)
@@ -126,30 +195,41 @@ class StaticRowCache(RowCache):
         self._round_start = 0  # `slots` when the engine last asked `crowded`
         self._round_growth = 0  # slots the last round appended
 
-    def _allocate(self, rows: int, capacity: int) -> StaticCache:
-        """Buffers for (rows, capacity): the pool's, zeroed, when it has them."""
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    @property
+    def slots(self) -> int:
+        return self._slots
+
+    @property
+    def position(self) -> torch.Tensor:
+        return self.kv.position[: self._rows, : self._slots]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.kv.lengths[: self._rows]
+
+    def _allocate(self, rows: int, capacity: int) -> RowStaticCache:
+        """Buffers for (rows, capacity): the pool's, cleared, when it has them."""
         kv = None if self._pool is None else self._pool.take((rows, capacity))
         if kv is None:
             kv = self._new_buffers(rows, capacity)
         else:
             with torch.inference_mode():
-                for layer in kv.layers:
-                    layer.keys.zero_()
-                    layer.values.zero_()
-                    layer.cumulative_length.fill_(0)
+                kv.clear()
         self._held.update(key=(rows, capacity), kv=kv)
         return kv
 
-    def _new_buffers(self, rows: int, capacity: int) -> StaticCache:
+    def _new_buffers(self, rows: int, capacity: int) -> RowStaticCache:
         config = self.model.config.get_text_config(decoder=True)
         # GPT-2's config has no num_key_value_heads (every head its own keys and values)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         dtype = next(self.model.parameters()).dtype
         with torch.inference_mode():  # inference tensors, whenever allocated (see `_set_slots`)
-            kv = StaticCache(config, max_cache_len=capacity)
-            kv.early_initialization(rows, heads, head_dim, dtype, self.lengths.device)
-        return kv
+            return RowStaticCache(config, rows, capacity, (heads, head_dim, dtype), self.device)
 
     @property
     def buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -157,6 +237,7 @@ class StaticRowCache(RowCache):
 
     def _set_slots(self, slots: int) -> None:
         """Point every layer's write counter at slot `slots` (in place: a static address)."""
+        self._slots = slots
         with torch.inference_mode():  # the buffers and counters are inference tensors
             for layer in self.kv.layers:
                 layer.cumulative_length.fill_(slots)
@@ -167,7 +248,7 @@ class StaticRowCache(RowCache):
         if self.slots + width <= self.capacity:
             return
         capacity = capacity_bucket(self.slots + width)
-        self._replace(torch.arange(self.rows, device=self.lengths.device), capacity)
+        self._replace(torch.arange(self.rows, device=self.device), capacity)
         self.capacity = capacity
 
     def crowded(self) -> bool:
@@ -179,19 +260,11 @@ class StaticRowCache(RowCache):
         return crowded
 
     def block(self, counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`RowCache.block` with the mask padded to (row bucket, capacity): the slots past
-        the block are empty, and an inert row sees only its own block slots."""
-        positions, mask = super().block(counts, width)
-        mask = torch.nn.functional.pad(mask, (0, self.capacity - mask.shape[1]))
-        return self.pad_rows(positions), self._pad_mask(mask, width)
-
-    def _pad_mask(self, mask: torch.Tensor, width: int) -> torch.Tensor:
-        extra = self.bucket - self.rows
-        if extra == 0:
-            return mask
-        inert = mask.new_zeros((extra, self.capacity))
-        inert[:, self.slots : self.slots + width] = 1
-        return torch.cat([mask, inert])
+        """`RowStaticCache.block` over the row bucket (inert rows feed nothing): unlike
+        `RowCache.block`, it records the block on the device too; `append` then moves the
+        host's slot count. A captured forward runs it in its graph instead."""
+        with torch.inference_mode():
+            return self.kv.block(self.pad_rows(counts), width, self.bucket > self.rows)
 
     def pad_rows(self, values: torch.Tensor) -> torch.Tensor:
         """(rows, ...) → (row bucket, ...): inert rows of zeros appended."""
@@ -201,7 +274,8 @@ class StaticRowCache(RowCache):
         return torch.cat([values, values.new_zeros((extra, *values.shape[1:]))])
 
     def append(self, kv, counts: torch.Tensor, width: int) -> None:
-        super().append(self.kv, counts, width)
+        """The block `block` recorded on the device now fills `width` more slots."""
+        self._slots += width
 
     def absorb(self, groups, counts: list[int]) -> None:
         """`RowCache.absorb` into slots 0 .. max(counts) - 1 of the buffers."""
@@ -209,42 +283,60 @@ class StaticRowCache(RowCache):
         if width == 0:
             return
         self.reserve(width)
+        counts_t = torch.as_tensor(counts, device=self.device)
         with torch.inference_mode():
             for layer, (keys, values) in enumerate(self.buffers):
                 write_groups(keys, values, groups, layer)
+            self.kv.lengths[: self.rows] = counts_t
         self._set_slots(width)
-        counts_t = torch.as_tensor(counts, device=self.lengths.device)
-        RowCache.append(self, self.kv, counts_t, width)
+        self._mark_from_lengths()
         self.settled = min(counts)
+
+    def truncate(self, lengths: torch.Tensor, floor: int = 0) -> None:
+        """`RowCache.truncate` in place."""
+        with torch.inference_mode():
+            held = self.lengths
+            torch.minimum(held, lengths, out=held)
+            position = self.position
+            position.masked_fill_(position >= held[:, None], -1)
+        self.settled = min(self.settled, floor)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep these rows, in this order: gathered in place while the row bucket holds (or
-        when the cache does not shrink), into new buffers of the new bucket otherwise."""
+        when the cache does not shrink; the rows past them turn inert), into new buffers of
+        the new bucket otherwise."""
         bucket = row_bucket(len(rows))
         if not self.shrink:
             bucket = max(bucket, self.bucket)
+        n = len(rows)
         if bucket == self.bucket:
+            kv = self.kv
             with torch.inference_mode():
                 for keys, values in self.buffers:
-                    keys[: len(rows)] = keys[rows]
-                    values[: len(rows)] = values[rows]
+                    keys[:n] = keys[rows]
+                    values[:n] = values[rows]
+                kv.position[:n] = kv.position[rows]
+                kv.lengths[:n] = kv.lengths[rows]
+                kv.position[n:] = -1
+                kv.lengths[n:] = 0
         else:
             self.bucket = bucket
             self._replace(rows, self.capacity)
-        self.position = self.position[rows]
-        self.lengths = self.lengths[rows]
+        self._rows = n
 
     def _replace(self, rows: torch.Tensor, capacity: int) -> None:
         """New buffers (this bucket, `capacity`) holding `rows` of the old ones."""
-        old, old_key, old_kv = self.buffers, self._held["key"], self._held["kv"]
+        old, old_key = self.kv, self._held["key"]
         self.kv = self._allocate(self.bucket, capacity)
-        span = min(self.slots, capacity)
+        span, n = min(self.slots, capacity), len(rows)
         with torch.inference_mode():
-            for (keys, values), (new_keys, new_values) in zip(old, self.buffers, strict=True):
-                new_keys[: len(rows), :, :span] = keys[rows, :, :span]
-                new_values[: len(rows), :, :span] = values[rows, :, :span]
+            for old_layer, new_layer in zip(old.layers, self.kv.layers, strict=True):
+                new_layer.keys[:n, :, :span] = old_layer.keys[rows, :, :span]
+                new_layer.values[:n, :, :span] = old_layer.values[rows, :, :span]
+            self.kv.position[:n, :span] = old.position[rows, :span]
+            self.kv.lengths[:n] = old.lengths[rows]
         if self._pool is not None:  # copied out: the old buffers serve the next cache
-            self._pool.give(old_key, old_kv)
+            self._pool.give(old_key, old)
         self._set_slots(self.slots)
 
     def pack(self, longest: int, shortest: int = 0) -> None:
@@ -264,5 +356,13 @@ class StaticRowCache(RowCache):
                 keys[:n, :, start:longest] = keys[:n].gather(2, spreads[shape])
                 values[:n, :, start:longest] = values[:n].gather(2, spreads[shape])
         self._set_slots(longest)
-        self._after_pack(longest, shortest)
+        self._mark_from_lengths()
+        self.settled = shortest
         self._round_start = self.slots
+
+    def _mark_from_lengths(self) -> None:
+        """Every row's tokens sit in slots 0 .. length - 1: mark them so (the rest empty)."""
+        columns = self.kv.columns
+        with torch.inference_mode():
+            marks = torch.where(columns[None, :] < self.lengths[:, None], columns, -1)
+            self.kv.position[: self.rows] = marks
