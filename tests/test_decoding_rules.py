@@ -20,6 +20,7 @@ from sprinter_train.core.rules import (
     mtad_accept_lengths,
     residual_rows,
     speculative_rows,
+    speculative_step,
     sprinter_check_rows,
     sv_expected_accepted,
     sv_goodput,
@@ -29,6 +30,7 @@ from sprinter_train.core.rules import (
 from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, sample, warp_probs
 from sprinter_train.core.streams import RowStreams
 from sprinter_train.decoding.registry import traits_of
+from sprinter_train.decoding.runner import RowOutput
 from sprinter_train.decoding.state import Batch, DraftStep, Row
 
 
@@ -179,8 +181,10 @@ class ScriptedEngine:
             step.active = active & keep(step)
         return step
 
-    def target_probs(self, batch, rnd, active) -> torch.Tensor:
-        return self.one_hot[:, None, :].expand(-1, len(rnd.steps) + 1, -1)
+    def target_probs(self, batch, rnd, active, then=None) -> torch.Tensor:
+        probs = self.one_hot[:, None, :].expand(-1, len(rnd.steps) + 1, -1)
+        batch.verified = RowOutput(probs.log(), torch.zeros(len(self.H), 1, 2))  # not checked
+        return probs
 
     def sample(self, probs, batch, active) -> torch.Tensor:
         return probs.argmax(-1)
@@ -224,3 +228,24 @@ def test_heuristic_schedule() -> None:
     assert heuristic_next_gamma(5, accepted=5, drafted=5) == 7
     assert heuristic_next_gamma(5, accepted=2, drafted=5) == 4
     assert heuristic_next_gamma(1, accepted=0, drafted=1) == 1
+
+
+def test_a_speculative_step_takes_the_numbers_the_sequential_draws_took() -> None:
+    """`speculative_step` on the rows' next G + 1 numbers (shown, then taken by counts + 1:
+    what a captured verify does) accepts and draws what the tests' G numbers and the draw's
+    next one did taken one call after the other, and leaves the same counters."""
+    gen = torch.Generator().manual_seed(3)
+    B, G, V = 6, 3, 5
+    p = torch.rand((B, G + 1, V), generator=gen)
+    q = torch.rand((B, G, V), generator=gen)
+    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+    drafts = torch.randint(0, V, (B, G), generator=gen)
+    counts = torch.tensor([0, 1, 2, 3, 3, 2])
+    shown, taken = RowStreams(list(range(B))), RowStreams(list(range(B)))
+    for _ in range(40):  # across block refills
+        accepted, token = speculative_step(p, q, drafts, counts, shown.peek(G + 1))
+        shown.advance(G + 1, counts + 1)
+        want, law = speculative_rows(p, q, drafts, counts, taken.uniform(G, counts))
+        assert torch.equal(accepted, want)
+        assert torch.equal(token, inverse_cdf(law, taken.uniform(1)[:, 0]))
+        assert torch.equal(shown.counters, taken.counters)

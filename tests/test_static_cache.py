@@ -19,6 +19,7 @@ from sprinter_train.core.config import compose_config
 from sprinter_train.core.sampling import inverse_cdf, warp_probs
 from sprinter_train.decoding import graphs, static_cache
 from sprinter_train.decoding import runner as runner_module
+from sprinter_train.decoding.after_warp import Draw
 from sprinter_train.decoding.engine import Engine, decoding_problems, static_settings
 from sprinter_train.decoding.policies import (
     MTAD,
@@ -517,7 +518,7 @@ def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed)
         runner.prime(cache, PROMPTS)
         keep = torch.zeros((len(PROMPTS), 1), dtype=torch.long)
         u = torch.zeros(len(PROMPTS), dtype=torch.float64)
-        runner.forward(cache, ids, counts, keep, warp=GREEDY, u=u)  # the engine's key: it draws
+        runner.forward(cache, ids, counts, keep, warp=GREEDY, then=Draw(u))  # the engine draws
         assert runner._captured.captures == captures + more
 
 
@@ -553,7 +554,9 @@ def test_a_replayed_forwards_outputs_outlive_the_next_replay(models, replayed) -
     held = []
     draws = torch.rand((3, 2), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for token, u in zip((3, 4, 5), draws, strict=True):  # a capture, then two replays
-        out = runner.forward(cache, torch.full((2, 1), token), counts, keep, warp=SAMPLING, u=u)
+        out = runner.forward(
+            cache, torch.full((2, 1), token), counts, keep, warp=SAMPLING, then=Draw(u)
+        )
         outputs = (out.logits, out.hidden, out.final, out.probs, out.drawn)
         held.append((out, u, [t.clone() for t in outputs]))
     assert replayed.replays == 2

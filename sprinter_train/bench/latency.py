@@ -26,6 +26,7 @@ import torch
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.core.io import corrupt_input, read_json_input, write_json
 from sprinter_train.core.runtime import synchronize
+from sprinter_train.decoding.after_warp import AfterWarp, Check, Draw
 from sprinter_train.models.cache import crop_cache, returned_cache, with_cache
 
 
@@ -261,11 +262,27 @@ def measure_step_times(
     return interleaved_medians(timed, new_tokens, reps, batch_sizes)
 
 
-def draws_a_token(role: str, tokens: int) -> bool:
-    """Whether the engine draws a token from a forward of `role` over `tokens` tokens a row
-    (`Engine.draw`, in the graph of a captured runner): every draft step, and the target's
-    forward of one token (a round without drafts)."""
-    return role == "draft" or (role == "target" and tokens == 1)
+def engine_then(
+    role: str, tokens: int, rows: int, vocab: int, gen: torch.Generator, device: torch.device
+) -> AfterWarp | None:
+    """What the engine does after the warp of a forward of `role` over `tokens` tokens a row
+    (`after_warp`; in the graph of a captured runner), on random inputs of its shapes: a
+    draw at every draft step and at the target's forward of one token (a round without
+    drafts), a speculative check of `tokens - 1` drafts at the target's wider forwards."""
+    if role not in ("draft", "target"):
+        return None
+
+    def uniforms(n: int) -> torch.Tensor:
+        return torch.rand((rows, n), generator=gen, dtype=torch.float64).to(device)
+
+    if role == "draft" or tokens == 1:
+        return Draw(uniforms(1)[:, 0])
+    drafted = tokens - 1
+    q = torch.rand((rows, drafted, vocab), generator=gen)
+    drafts = torch.randint(0, vocab, (rows, drafted), generator=gen)
+    counts = torch.full((rows,), drafted)
+    check = (q / q.sum(-1, keepdim=True), drafts, counts)
+    return Check(*(t.to(device) for t in check), uniforms(tokens))
 
 
 @torch.inference_mode()
@@ -280,9 +297,9 @@ def measure_runner_times(
 ) -> dict[str, dict[int, dict[int, float]]]:
     """`measure_step_times` through the engine's own `ModelRunner`s (decoding/runner.py): the
     forward a round runs, in its layout (lean, static, compiled), with the head applied
-    where a round applies it and the logits warped by `warp` (the engine's sampling) and a
-    token drawn where the engine draws one (`draws_a_token`), which a captured runner does in
-    its graph: the same graphs the engine then replays. A compiled runner's shapes compile in
+    where a round applies it and the logits warped by `warp` (the engine's sampling) and
+    what the engine then does (`engine_then`: a draw or a speculative check), which a
+    captured runner does in its graph: the same graphs the engine then replays. A compiled runner's shapes compile in
     the warm-up rounds. The runners' forward timings are drained after, so the engine's
     `Timings` learn from the run's own forwards only."""
     vocab = min(int(r.vocab_size) for r in runners.values())
@@ -301,12 +318,12 @@ def measure_runner_times(
         ids = torch.randint(0, vocab, (b, n), generator=gen).to(device)
         counts = torch.full((b,), n, device=device)
         keep = torch.arange(n, device=device).expand(b, -1)
-        u = None
-        if warp is not None and draws_a_token(name, n):
-            u = torch.rand(b, generator=gen, dtype=torch.float64).to(device)
+        then = None
+        if warp is not None:
+            then = engine_then(name, n, b, int(runner.vocab_size), gen, device)
         synchronize(device)
         start = time.perf_counter()
-        runner.forward(cache, ids, counts, keep, runner.support is not None, warp, u)
+        runner.forward(cache, ids, counts, keep, runner.support is not None, warp, then)
         synchronize(device)
         elapsed = time.perf_counter() - start
         cache.truncate(held[b], context)

@@ -63,6 +63,17 @@ def speculative_rows(
     return accepted, torch.where(rejected, residual_rows(p_n, q_n), p_n)
 
 
+def speculative_step(
+    p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, counts: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`speculative_rows` with its next token drawn: (accepted (B,), token (B,)).
+
+    u: (B, G + 1) the row's next numbers: u[r, :G] test its drafts, u[r, counts[r]] (the
+    number after the tests it used) draws from the law."""
+    accepted, law = speculative_rows(p, q, drafts, counts, u[:, :-1])
+    return accepted, inverse_cdf(law, u.gather(1, counts[:, None])[:, 0])
+
+
 def sprinter_check_rows(
     p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u: torch.Tensor, u_fresh: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

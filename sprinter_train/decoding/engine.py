@@ -28,6 +28,7 @@ from sprinter_train.core.runtime import parse_switch, resolve_compile, synchroni
 from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
 from sprinter_train.core.streams import RowStreams
 from sprinter_train.core.validation import check_whole
+from sprinter_train.decoding.after_warp import AfterWarp, Check, Draw
 from sprinter_train.decoding.runner import ModelRunner, RowOutput
 from sprinter_train.decoding.state import (
     Batch,
@@ -159,13 +160,13 @@ class Engine:
         after_counts: torch.Tensor | None = None,
         restricted: bool = False,
         warp: bool = False,
-        u: torch.Tensor | None = None,
+        then: AfterWarp | None = None,
     ) -> RowOutput:
         """Feed each active row what `role`'s cache lacks of its committed tokens, then
         after[r, :after_counts[r]] (drafts on the device); outputs at the fed positions that
         predict each of those drafts and the token past them: (B, A + 1, ...). `restricted`:
-        see `ModelRunner.forward`; `warp`: the caller will warp the logits (`warped`); `u`:
-        and draw from the first offset's distribution at these uniforms (`draw`)."""
+        see `ModelRunner.forward`; `warp`: the caller will warp the logits (`warped`); `then`:
+        and do this with them (`after_warp`: a draw or a speculative check)."""
         lack = [row.tokens[held:] for row, held in zip(batch.rows, batch.held[role], strict=True)]
         if not batch.caches[role].slots and max(len(x) for x in lack) > 1:
             # a prompt's prefill, one row at a time (see ModelRunner.prime); the last token
@@ -185,7 +186,7 @@ class Engine:
             ids.scatter_(1, plan_t[:, extra + 2 :], after)
             counts = counts + after_counts
         counts = counts * active  # a row not active feeds nothing
-        return self.forward(batch, role, ids, counts, keep, restricted, warp, u)
+        return self.forward(batch, role, ids, counts, keep, restricted, warp, then)
 
     def forward(
         self,
@@ -196,13 +197,13 @@ class Engine:
         keep: torch.Tensor,
         restricted: bool = False,
         warp: bool = False,
-        u: torch.Tensor | None = None,
+        then: AfterWarp | None = None,
     ) -> RowOutput:
         """One forward of `role` over the batch's rows (its call counted; its time is read from
-        the runner once the generation ends); `warp`, `u`: see `feed`."""
+        the runner once the generation ends); `warp`, `then`: see `feed`."""
         sampling = self.sampling if warp else None
         runner = self.runner(role)
-        out = runner.forward(batch.caches[role], ids, counts, keep, restricted, sampling, u)
+        out = runner.forward(batch.caches[role], ids, counts, keep, restricted, sampling, then)
         setattr(batch.stats, f"{role}_calls", getattr(batch.stats, f"{role}_calls") + 1)
         return out
 
@@ -224,15 +225,16 @@ class Engine:
         probs: torch.Tensor,
         out: RowOutput,
         batch: Batch,
-        u: torch.Tensor,
+        draw: Draw,
         active: torch.Tensor,
     ) -> torch.Tensor:
-        """(B,) the token index at uniforms u (`RowStreams.peek`, handed to the forward `out`)
-        in (B, V) `probs`, `out`'s warped distribution at its first offset: the index its
-        captured graph drew, else drawn here; only active rows use their draw. The token
-        `sample` gives, without its nine host ops where the graph drew."""
+        """(B,) the token index `draw` (uniforms shown by `RowStreams.peek`, handed to the
+        forward `out`) makes in `probs`, `out`'s (B, 1, V) warped distributions at its first
+        offset: the index its captured graph drew, else drawn here; only active rows use
+        their draw. The token `sample` gives, without its nine host ops where the graph
+        drew."""
         batch.streams.advance(1, active)
-        return inverse_cdf(probs, u) if out.drawn is None else out.drawn
+        return draw.apply(probs, draw.u)[0] if out.drawn is None else out.drawn
 
     def draft_step(
         self,
@@ -248,10 +250,11 @@ class Engine:
         A restricted-head draft is warped and sampled on its K head tokens (ascending ids):
         its logits are -inf elsewhere, so warping gives q = 0 there and the inverse CDF walks
         the same nonzero masses in the same order; the drawn index is mapped to its id."""
-        u = batch.streams.peek()[:, 0]  # drawn in the forward's graph where it has one
-        out = self.draft_side(batch, "draft", rnd, active, restricted=True, warp=True, u=u)
+        draw = Draw(batch.streams.peek()[:, 0])  # in the forward's graph where it has one
+        out = self.draft_side(batch, "draft", rnd, active, restricted=True, warp=True, then=draw)
         logits = out.logits[:, 0]
-        q = self.warp(logits) if out.probs is None else out.probs[:, 0]  # `warped`, one view less
+        probs = self.warp(out.logits[:, :1]) if out.probs is None else out.probs
+        q = probs[:, 0]  # `warped`, one view less
         step = DraftStep(
             torch.zeros_like(active, dtype=torch.long),
             q,
@@ -264,7 +267,7 @@ class Engine:
         )
         if keep is not None:
             step.active = active & keep(step)
-        drawn = self.draw(q, out, batch, u, step.active)
+        drawn = self.draw(probs, out, batch, draw, step.active)
         step.head_tokens = drawn
         step.tokens = drawn if out.support is None else out.support[drawn]
         return step
@@ -301,27 +304,29 @@ class Engine:
         active: torch.Tensor,
         restricted: bool = False,
         warp: bool = False,
-        u: torch.Tensor | None = None,
+        then: AfterWarp | None = None,
     ) -> RowOutput:
         """A draft-side model's k-th call of a round feeds what it lacks of the committed
-        tokens (k = 0) or the round's draft k - 1, one token a row; `warp`, `u`: see `feed`."""
+        tokens (k = 0) or the round's draft k - 1, one token a row; `warp`, `then`: see
+        `feed`."""
         k = rnd.calls.get(role, 0)
         rnd.calls[role] = k + 1
         if k == 0:
-            return self.feed(batch, role, active, restricted=restricted, warp=warp, u=u)
+            return self.feed(batch, role, active, restricted=restricted, warp=warp, then=then)
         keep = torch.zeros((len(batch), 1), dtype=torch.long, device=self.device)
         tokens = rnd.steps[k - 1].tokens[:, None]
-        return self.forward(batch, role, tokens, active.long(), keep, restricted, warp, u)
+        return self.forward(batch, role, tokens, active.long(), keep, restricted, warp, then)
 
     def target_probs(
-        self, batch: Batch, rnd: Round, active: torch.Tensor, u: torch.Tensor | None = None
+        self, batch: Batch, rnd: Round, active: torch.Tensor, then: AfterWarp | None = None
     ) -> torch.Tensor:
         """(B, G + 1, V) warped target distributions at each row's drafts and one past them;
-        `u`, in a round without drafts: see `feed` (then `draw` from `batch.verified`)."""
+        `then`: see `feed` (its results in `batch.verified`)."""
         if not rnd.steps:
-            out = self.feed(batch, "target", active, warp=True, u=u)
+            out = self.feed(batch, "target", active, warp=True, then=then)
         else:
-            out = self.feed(batch, "target", active, rnd.tokens(), rnd.counts, warp=True)
+            drafts = then.drafts if isinstance(then, Check) else rnd.tokens()
+            out = self.feed(batch, "target", active, drafts, rnd.counts, warp=True, then=then)
         batch.verified = out  # its state at the round's last target token (commit keeps it)
         return self.warped(out)
 

@@ -35,10 +35,11 @@ A shape that cannot be captured keeps running uncaptured, with a warning.
 
 The runner captures more than the body (`ModelRunner._captured_forward`): the block's
 position ids and mask with their bookkeeping, the outputs at the kept offsets, the head, the
-broken-logits watch, the sampling's warp and the token's draw replay in the same graph
-(`benchmarks/host_ops.py --captured`: 54.5 host ops a target-only step and 235 an sd round,
-against 102.5 and 419 uncaptured; 74.6 and 332 captured before the bookkeeping and the draw
-moved in).
+broken-logits watch, the sampling's warp and what the engine does with it (`after_warp`: the
+draft's and the target's draw, the verify's speculative check) replay in the same graph
+(`benchmarks/host_ops.py --captured`: 52.5 host ops a target-only step and 178 an sd round,
+against 100.5 and 420 uncaptured; 74.6 and 332 captured before the bookkeeping, the draws
+and the check moved in).
 """
 
 from __future__ import annotations

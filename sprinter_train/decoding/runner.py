@@ -25,7 +25,8 @@ from transformers import DynamicCache
 
 from sprinter_train.core.broken_logits import broken_rows, nonfinite_error
 from sprinter_train.core.runtime import synchronize
-from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
+from sprinter_train.core.sampling import SamplingConfig, warp_probs
+from sprinter_train.decoding.after_warp import AfterWarp
 from sprinter_train.decoding.cache import RowCache
 from sprinter_train.decoding.graphs import CapturedSteps
 from sprinter_train.decoding.static_cache import KVPool, StaticRowCache, supports_static
@@ -48,10 +49,12 @@ class RowOutput:
     # `logits` warped by the sampling `forward` was asked to warp with, where the runner did
     # it (in a captured graph); None: the caller warps
     probs: torch.Tensor | None = None
-    # (rows,) the index `inverse_cdf(probs[:, 0], u)` of the uniforms `forward` was given,
-    # drawn in the captured graph (into `logits`' columns: a head index when `support` is
-    # set); None: the caller draws
+    # (rows,) the token of the `then` that `forward` was given (`after_warp`), drawn in the
+    # captured graph (into `logits`' columns: a head index when `support` is set); None: the
+    # caller draws
     drawn: torch.Tensor | None = None
+    # (rows,) the drafts each row's `Check` accepted, in the captured graph; None: not checked
+    accepted: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -288,20 +291,20 @@ class ModelRunner:
         keep: torch.Tensor,
         restricted: bool = False,
         warp: SamplingConfig | None = None,
-        u: torch.Tensor | None = None,
+        then: AfterWarp | None = None,
     ) -> RowOutput:
         """Append ids[r, :counts[r]] to row r; return the outputs at block offsets keep[r, k]
         (the offset of the token whose next-token distribution is wanted; clamped into the
         block, so a row's unused entries may point anywhere). `restricted`: logits over the
         head's own tokens where the model has a restricted head (`RowOutput.support`).
         `warp`: the sampling the caller will warp the logits with; a captured runner does it
-        in its graph (`RowOutput.probs`), the others leave it to the caller. `u` (with
-        `warp`): (rows,) uniforms the caller will draw from the first kept offset's
-        distribution with; a captured runner draws in its graph (`RowOutput.drawn`)."""
+        in its graph (`RowOutput.probs`), the others leave it to the caller. `then` (with
+        `warp`): what the caller will do with the warped distributions (`after_warp`); a
+        captured runner does it in its graph (`RowOutput.drawn`, `RowOutput.accepted`)."""
         if self.lean is not None:
             return self._lean_forward(cache, ids, counts, keep, restricted)
         if isinstance(cache, StaticRowCache):
-            return self._static_forward(cache, ids, counts, keep, restricted, warp, u)
+            return self._static_forward(cache, ids, counts, keep, restricted, warp, then)
         width = ids.shape[1]
         positions, mask = cache.block(counts, width)
         with self._timed((ids.shape[0], width)):
@@ -344,7 +347,7 @@ class ModelRunner:
         keep: torch.Tensor,
         restricted: bool,
         warp: SamplingConfig | None = None,
-        u: torch.Tensor | None = None,
+        then: AfterWarp | None = None,
     ) -> RowOutput:
         """`forward` over a `StaticRowCache`: the block and the mask padded to the cache's row
         bucket and capacity, the body at that static shape, the inert rows' outputs dropped;
@@ -360,15 +363,13 @@ class ModelRunner:
             # (the engine's) against one made inside (the latency profile's) recompiled every
             # shape, its time hidden in the forwards'
             ids = ids.clone()
-        probs = drawn = None
+        probs = drawn = accepted = None
         with self._timed((rows, width), compiling):
             if self._captured is not None:
                 logits, hidden, picked, *warped = self._replayed(
-                    cache, ids, counts, keep, restricted, warp, u
+                    cache, ids, counts, keep, restricted, warp, then
                 )
-                if warped:
-                    probs, *draws = warped
-                    drawn = draws[0] if draws else None
+                probs, drawn, accepted = (*warped, None, None, None)[:3]
             else:
                 positions, mask = cache.block(counts, width)
                 final, chosen = self._step(ids, positions, mask, cache.kv)
@@ -379,7 +380,7 @@ class ModelRunner:
         if self._captured is None:
             self._watch(logits, positions[:rows], keep, counts)
         support = self.support if restricted else None
-        return RowOutput(logits, hidden, support, picked, probs, drawn)
+        return RowOutput(logits, hidden, support, picked, probs, drawn, accepted)
 
     def _replayed(
         self,
@@ -389,22 +390,25 @@ class ModelRunner:
         keep: torch.Tensor,
         restricted: bool,
         warp: SamplingConfig | None,
-        u: torch.Tensor | None,
+        then: AfterWarp | None,
     ) -> tuple[torch.Tensor, ...]:
         """`_captured_forward` over the padded block, replayed from its captured graph: a
         replay overwrites its outputs, so the rows kept are copied out (the engine may hold a
         round's draft outputs until the verify)."""
         assert self._captured is not None
         self._replays_since_read = True
-        draw = () if warp is None or u is None else (cache.pad_rows(u),)
+        if warp is None:
+            then = None
+        extra = () if then is None else tuple(cache.pad_rows(t) for t in then.tensors)
         outputs = self._captured(
             ids,
             cache.pad_rows(keep),
             cache.pad_rows(counts),
-            *draw,
+            *extra,
             kv=cache.kv,
             restricted=restricted,
             warp=warp,
+            then=None if then is None else type(then),
         )
         rows, copies = len(counts), {}
         for t in outputs:  # an output returned twice (hidden layer -1) copied once
@@ -417,16 +421,18 @@ class ModelRunner:
         ids: torch.Tensor,
         keep: torch.Tensor,
         counts: torch.Tensor,
-        *u: torch.Tensor,
+        *extra: torch.Tensor,
         kv: Any,
         restricted: bool,
         warp: SamplingConfig | None,
+        then: type[AfterWarp] | None,
     ) -> tuple[torch.Tensor, ...]:
         """What a captured graph records, over the row bucket: the block's position ids and
         mask, recorded in the cache's slot map (`RowStaticCache.block`), the body, the
         outputs at the kept offsets, the head, the warped distributions when `warp` is given (about twenty
-        host ops a warp; row by row, so the inert rows change nothing), the draw at the
-        uniforms `u` when given (nine host ops a draw: `inverse_cdf`) and the lowest broken
+        host ops a warp; row by row, so the inert rows change nothing), `then`'s work over
+        them on its tensors `extra` when given (`after_warp`: a draw, nine host ops, or a
+        speculative check, about forty; inert rows check nothing) and the lowest broken
         position, folded into `_broken_in_graphs` (inert rows feed nothing, so they never
         count as broken)."""
         width = ids.shape[1]
@@ -437,7 +443,7 @@ class ModelRunner:
         warped: tuple[torch.Tensor, ...] = ()
         if warp is not None:
             probs = warp_probs(logits, warp)
-            warped = (probs, *(inverse_cdf(probs[:, 0], uniforms) for uniforms in u))
+            warped = (probs, *(() if then is None else then.apply(probs, *extra)))
         first = broken_first(logits, positions, keep, counts)
         broken = self._broken_in_graphs
         assert broken is not None

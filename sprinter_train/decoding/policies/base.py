@@ -18,7 +18,8 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import torch
 
-from sprinter_train.core.rules import speculative_rows
+from sprinter_train.core.rules import speculative_step
+from sprinter_train.decoding.after_warp import Check, Draw
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.goodput import round_goodput
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
@@ -144,16 +145,23 @@ def verify(engine: Engine, batch: Batch, rnd: Round) -> Emitted:
     from norm(max(0, p - q)) at its first rejection or a bonus token from p."""
     everyone = torch.ones(len(batch), dtype=torch.bool, device=engine.device)
     if not rnd.steps:  # the target's own token, drawn in its graph where it has one
-        u = batch.streams.peek()[:, 0]
-        p = engine.target_probs(batch, rnd, everyone, u)
-        token = engine.draw(p[:, 0], batch.verified, batch, u, everyone)
+        draw = Draw(batch.streams.peek()[:, 0])
+        p = engine.target_probs(batch, rnd, everyone, draw)
+        token = engine.draw(p, batch.verified, batch, draw, everyone)
         none = torch.zeros_like(token)
         return Emitted(token[:, None], none + 1, none, none, none)
-    p = engine.target_probs(batch, rnd, everyone)
+    # the drafts' tests and the next token's draw take the rows' next G + 1 numbers: the
+    # tests' counts[r], then the draw's; checked in the target's graph where it has one
     drafts = rnd.tokens()
-    u = batch.streams.uniform(drafts.shape[1], rnd.counts)
-    accepted, law = speculative_rows(p, rnd.q(), drafts, rnd.counts, u)
-    token = engine.sample(law, batch, everyone)
+    G = drafts.shape[1]
+    check = Check(rnd.q(), drafts, rnd.counts, batch.streams.peek(G + 1))
+    p = engine.target_probs(batch, rnd, everyone, check)
+    out = batch.verified
+    if out.accepted is None:
+        accepted, token = speculative_step(p, check.q, drafts, check.counts, check.u)
+    else:
+        accepted, token = out.accepted, out.drawn
+    batch.streams.advance(G + 1, rnd.counts + 1)
     tokens = torch.cat([drafts, drafts[:, :1]], 1).scatter(1, accepted[:, None], token[:, None])
     return Emitted(tokens, accepted + 1, accepted, rnd.counts, accepted)
 
