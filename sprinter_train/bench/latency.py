@@ -299,9 +299,9 @@ def measure_runner_times(
     forward a round runs, in its layout (lean, static, compiled), with the head applied
     where a round applies it and the logits warped by `warp` (the engine's sampling) and
     what the engine then does (`engine_then`: a draw or a speculative check), which a
-    captured runner does in its graph: the same graphs the engine then replays. A compiled runner's shapes compile in
-    the warm-up rounds. The runners' forward timings are drained after, so the engine's
-    `Timings` learn from the run's own forwards only."""
+    captured runner does in its graph: the same graphs the engine then replays. A compiled
+    runner's shapes compile in the warm-up rounds. The runners' forward timings are drained
+    after, so the engine's `Timings` learn from the run's own forwards only."""
     vocab = min(int(r.vocab_size) for r in runners.values())
 
     gen = torch.Generator().manual_seed(0)

@@ -17,9 +17,9 @@ What a capture may assume, and how it holds:
 
 - **Static addresses.** The inputs are copied into the graph's own buffers; the keys,
   values, write counters and slot map live in the `RowStaticCache`, whose buffers never
-  move while it lives, and a cache is part of the key (held by the entry, so its id is never reused). A
-  cache replaced by a bigger one (`StaticRowCache.reserve`, `select` into a new bucket) is a
-  new key; a pooled cache (`KVPool`) comes back with its addresses, so a new generation of a
+  move while it lives, and a cache is part of the key (held by the entry, so its id is
+  never reused). A cache replaced by a bigger one (`StaticRowCache.reserve`, `select` into
+  a new bucket) is a new key; a pooled cache (`KVPool`) comes back with its addresses, so a new generation of a
   known shape replays.
 - **State on the device.** The step's writes go to slots counted by each layer's
   `cumulative_length`, a device tensor the graph reads and advances, never a host integer

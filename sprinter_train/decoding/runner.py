@@ -429,12 +429,12 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, ...]:
         """What a captured graph records, over the row bucket: the block's position ids and
         mask, recorded in the cache's slot map (`RowStaticCache.block`), the body, the
-        outputs at the kept offsets, the head, the warped distributions when `warp` is given (about twenty
-        host ops a warp; row by row, so the inert rows change nothing), `then`'s work over
-        them on its tensors `extra` when given (`after_warp`: a draw, nine host ops, or a
-        speculative check, about forty; inert rows check nothing) and the lowest broken
-        position, folded into `_broken_in_graphs` (inert rows feed nothing, so they never
-        count as broken)."""
+        outputs at the kept offsets, the head, the warped distributions when `warp` is given
+        (about twenty host ops a warp; row by row, so the inert rows change nothing),
+        `then`'s work over them on its tensors `extra` when given (`after_warp`: a draw,
+        nine host ops, or a speculative check, about forty; inert rows check nothing) and the
+        lowest broken position, folded into `_broken_in_graphs` (inert rows feed nothing, so
+        they never count as broken)."""
         width = ids.shape[1]
         positions, mask = kv.block(counts, width)
         final, chosen = self._step(ids, positions, mask, kv)
