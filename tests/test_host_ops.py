@@ -1,7 +1,10 @@
 """benchmarks/host_ops.py, the CPU's count of the launches a GPU round pays outside its
 graphs: run as a script, the captured layout (the GPU's default, played on the host by
-`graphs.HostGraph`) leaves fewer ops a round than the uncaptured static one, since the head,
-the kept offsets, the broken-logits watch and the warp replay inside the graph."""
+`graphs.HostGraph`) leaves under two thirds of the uncaptured static layout's ops a round,
+since the block's bookkeeping, the head, the kept offsets, the broken-logits watch, the warp,
+the draws and the verify's check replay inside the graph (at 16 tokens, session 17: 0.57x
+target_only, 0.51x sd, 0.54x svip; 0.77-0.82x before the draws, the bookkeeping and the
+check moved in)."""
 
 from __future__ import annotations
 
@@ -28,4 +31,4 @@ def test_captured_rounds_leave_fewer_host_ops_than_uncaptured_ones() -> None:
     plain, captured = ops_per_round(), ops_per_round("--captured")
     assert set(plain) == set(captured) == {"target_only", "sd", "svip"}
     for method, ops in captured.items():
-        assert 0 < ops < 0.9 * plain[method], method
+        assert 0 < ops < 0.65 * plain[method], method
