@@ -303,7 +303,6 @@ def measure_runner_times(
     runner's shapes compile in the warm-up rounds. The runners' forward timings are drained
     after, so the engine's `Timings` learn from the run's own forwards only."""
     vocab = min(int(r.vocab_size) for r in runners.values())
-
     gen = torch.Generator().manual_seed(0)
     caches: dict[tuple[str, int], Any] = {}
     for b in batch_sizes:

@@ -73,7 +73,7 @@ class RowStreams:
         (default n; each in 0..n), so draws a row did not use are drawn again by its next
         call."""
         draws = self.peek(n)
-        self._advance(n, counts)
+        self.advance(n, counts)
         return draws
 
     def peek(self, n: int = 1) -> torch.Tensor:
@@ -89,14 +89,16 @@ class RowStreams:
         return block.gather(1, index)
 
     def advance(self, n: int, counts: torch.Tensor | None = None) -> None:
-        """Take what `peek(n)` showed: row r's counter moves by counts[r] (default n)."""
-        self._advance(n, counts)
+        """Take what `peek(n)` showed: row r's counter moves by counts[r] (default n; integer
+        or bool counts, a bool adding as 0 / 1 without a cast)."""
+        self._offset = self._offset + (n if counts is None else counts)
+        self._room -= n
 
     def grid(self, n: int, counts: torch.Tensor | None = None) -> torch.Tensor:
         """(rows, n) uniforms for one wide draw (MTAD's Gumbel noise over beams x vocabulary):
         the row's next number keys a second stream of n, and the counter advances by one."""
         key = mix64(self.keys + self.counters * _GOLDEN)
-        self._advance(1, counts)
+        self.advance(1, counts)
         index = torch.arange(n, device=self.device)
         return _unit(mix64(key[:, None] + (index + 1) * _GOLDEN))
 
@@ -107,11 +109,6 @@ class RowStreams:
         out._block = None if self._block is None else self._block[rows]
         out._room = self._room
         return out
-
-    def _advance(self, n: int, counts: torch.Tensor | None) -> None:
-        """Integer or bool counts (a bool adds as 0 / 1, without a cast)."""
-        self._offset = self._offset + (n if counts is None else counts)
-        self._room -= n
 
     def _refill(self, n: int) -> torch.Tensor:
         """Hash every row's next max(BLOCK, n) numbers, from its counter on."""
