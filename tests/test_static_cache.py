@@ -35,6 +35,7 @@ from sprinter_train.decoding.policies import (
 from sprinter_train.decoding.policies.online import OnlineLength
 from sprinter_train.decoding.registry import method_class
 from sprinter_train.decoding.runner import ModelRunner, prefill_groups
+from sprinter_train.decoding.state import Round
 from sprinter_train.decoding.static_cache import StaticRowCache, capacity_bucket, row_bucket
 from sprinter_train.models.packed import pack_linears
 from tests.decoding_helpers import (
@@ -566,6 +567,35 @@ def test_a_replayed_forwards_outputs_outlive_the_next_replay(models, replayed) -
         assert torch.equal(out.probs, warp_probs(out.logits, SAMPLING))  # warped in the graph
         assert torch.equal(out.drawn, inverse_cdf(out.probs[:, 0], u))  # and drawn in it
     assert len({tuple(out.drawn.tolist()) for out, _, _ in held}) > 1  # the draws differ
+
+
+def test_the_targets_forwards_are_transient_and_run_once_a_round(models, replayed) -> None:
+    """The engine reads a target forward's outputs before the target's next one, so a
+    captured runner hands them back uncopied (the next replay writes into the same buffers,
+    with the values an uncaptured forward gives), and a round that ran the target twice
+    stops instead of reading overwritten outputs."""
+    runners = [ModelRunner(models["target"], VOCAB, static=True, captured=c) for c in (1, 0)]
+    caches = [runner.new_cache(2) for runner in runners]
+    for runner, cache in zip(runners, caches, strict=True):
+        runner.prime(cache, PROMPTS[:2])
+    counts, keep = torch.ones(2, dtype=torch.long), torch.zeros((2, 1), dtype=torch.long)
+    outs = []
+    for token in (3, 4, 5):  # a capture, then two replays
+        ids = torch.full((2, 1), token)
+        out, want = (
+            r.forward(c, ids, counts, keep, warp=SAMPLING, transient=True)
+            for r, c in zip(runners, caches, strict=True)
+        )
+        torch.testing.assert_close(out.probs, warp_probs(want.logits, SAMPLING))
+        outs.append(out)
+    assert replayed.replays == 2
+    assert outs[1].logits.data_ptr() == outs[2].logits.data_ptr()  # the graph's own buffer
+    engine_ = Engine(runners[0], SAMPLING, timings=fixed_timings())
+    batch = engine_.new_batch(PROMPTS[:2], 4, [0, 1])
+    everyone = torch.ones(2, dtype=torch.bool)
+    engine_.target_probs(batch, Round(), everyone)
+    with pytest.raises(RuntimeError, match="ran the target twice"):
+        engine_.target_probs(batch, Round(), everyone)
 
 
 def test_a_step_that_cannot_be_captured_runs_uncaptured(models, caplog) -> None:

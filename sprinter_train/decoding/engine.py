@@ -200,10 +200,13 @@ class Engine:
         then: AfterWarp | None = None,
     ) -> RowOutput:
         """One forward of `role` over the batch's rows (its call counted; its time is read from
-        the runner once the generation ends); `warp`, `then`: see `feed`."""
+        the runner once the generation ends); `warp`, `then`: see `feed`. The target's
+        outputs are transient (`ModelRunner.forward`): it runs once a round (`target_probs`
+        checks), and what reads them reads them in that round and its commit."""
         sampling = self.sampling if warp else None
-        runner = self.runner(role)
-        out = runner.forward(batch.caches[role], ids, counts, keep, restricted, sampling, then)
+        runner, cache = self.runner(role), batch.caches[role]
+        transient = role == "target"
+        out = runner.forward(cache, ids, counts, keep, restricted, sampling, then, transient)
         setattr(batch.stats, f"{role}_calls", getattr(batch.stats, f"{role}_calls") + 1)
         return out
 
@@ -322,6 +325,8 @@ class Engine:
     ) -> torch.Tensor:
         """(B, G + 1, V) warped target distributions at each row's drafts and one past them;
         `then`: see `feed` (its results in `batch.verified`)."""
+        if batch.verified is not None:  # its outputs are transient (see `forward`)
+            raise RuntimeError("a round ran the target twice; its first outputs are gone")
         if not rnd.steps:
             out = self.feed(batch, "target", active, warp=True, then=then)
         else:

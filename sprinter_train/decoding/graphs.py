@@ -27,7 +27,9 @@ What a capture may assume, and how it holds:
   rows' lengths advanced, in place.
 - **Outputs copied out before the next replay.** A replay writes its outputs into the same
   buffers; the runner copies the rows it returns out of them (`ModelRunner._replayed`),
-  since the engine may hold a forward's outputs past the model's next forward.
+  since the engine may hold a forward's outputs past the model's next forward: a round's
+  drafts until its verify. The target's are the exception (`transient`): it runs once a
+  round and its outputs are read in that round, so they are handed back uncopied.
 
 The first call of a key runs the step itself (the real forward, compiling it: the runner
 counts it as compile time), then records the graph without running it; later calls replay.
@@ -37,9 +39,9 @@ The runner captures more than the body (`ModelRunner._captured_forward`): the bl
 position ids and mask with their bookkeeping, the outputs at the kept offsets, the head, the
 broken-logits watch, the sampling's warp and what the engine does with it (`after_warp`: the
 draft's and the target's draw, the verify's speculative check) replay in the same graph
-(`benchmarks/host_ops.py --captured`: 52.5 host ops a target-only step and 178 an sd round,
+(`benchmarks/host_ops.py --captured`: 49.5 host ops a target-only step and 174 an sd round,
 against 100.5 and 420 uncaptured; 74.6 and 332 captured before the bookkeeping, the draws
-and the check moved in).
+and the check moved in and the target's outputs stopped being copied).
 """
 
 from __future__ import annotations

@@ -292,6 +292,7 @@ class ModelRunner:
         restricted: bool = False,
         warp: SamplingConfig | None = None,
         then: AfterWarp | None = None,
+        transient: bool = False,
     ) -> RowOutput:
         """Append ids[r, :counts[r]] to row r; return the outputs at block offsets keep[r, k]
         (the offset of the token whose next-token distribution is wanted; clamped into the
@@ -300,11 +301,14 @@ class ModelRunner:
         `warp`: the sampling the caller will warp the logits with; a captured runner does it
         in its graph (`RowOutput.probs`), the others leave it to the caller. `then` (with
         `warp`): what the caller will do with the warped distributions (`after_warp`); a
-        captured runner does it in its graph (`RowOutput.drawn`, `RowOutput.accepted`)."""
+        captured runner does it in its graph (`RowOutput.drawn`, `RowOutput.accepted`).
+        `transient`: the caller is done with every output before this runner's next forward,
+        so a captured runner hands back views of its graph's output buffers, not copies (at
+        batch 64 a verify's logits and probabilities are ~100 MB a round)."""
         if self.lean is not None:
             return self._lean_forward(cache, ids, counts, keep, restricted)
         if isinstance(cache, StaticRowCache):
-            return self._static_forward(cache, ids, counts, keep, restricted, warp, then)
+            return self._static_forward(cache, ids, counts, keep, restricted, warp, then, transient)
         width = ids.shape[1]
         positions, mask = cache.block(counts, width)
         with self._timed((ids.shape[0], width)):
@@ -348,6 +352,7 @@ class ModelRunner:
         restricted: bool,
         warp: SamplingConfig | None = None,
         then: AfterWarp | None = None,
+        transient: bool = False,
     ) -> RowOutput:
         """`forward` over a `StaticRowCache`: the block and the mask padded to the cache's row
         bucket and capacity, the body at that static shape, the inert rows' outputs dropped;
@@ -367,7 +372,7 @@ class ModelRunner:
         with self._timed((rows, width), compiling):
             if self._captured is not None:
                 logits, hidden, picked, *warped = self._replayed(
-                    cache, ids, counts, keep, restricted, warp, then
+                    cache, ids, counts, keep, restricted, warp, then, transient
                 )
                 probs, drawn, accepted = (*warped, None, None, None)[:3]
             else:
@@ -391,10 +396,11 @@ class ModelRunner:
         restricted: bool,
         warp: SamplingConfig | None,
         then: AfterWarp | None,
+        transient: bool,
     ) -> tuple[torch.Tensor, ...]:
         """`_captured_forward` over the padded block, replayed from its captured graph: a
         replay overwrites its outputs, so the rows kept are copied out (the engine may hold a
-        round's draft outputs until the verify)."""
+        round's draft outputs until the verify), unless `transient` (see `forward`)."""
         assert self._captured is not None
         self._replays_since_read = True
         if warp is None:
@@ -411,6 +417,8 @@ class ModelRunner:
             then=None if then is None else type(then),
         )
         rows, copies = len(counts), {}
+        if transient:
+            return tuple(t[:rows] for t in outputs)
         for t in outputs:  # an output returned twice (hidden layer -1) copied once
             if id(t) not in copies:
                 copies[id(t)] = t[:rows].clone()
