@@ -2,9 +2,9 @@
 graphs: run as a script, the captured layout (the GPU's default, played on the host by
 `graphs.HostGraph`) leaves under two thirds of the uncaptured static layout's ops a round,
 since the block's bookkeeping, the head, the kept offsets, the broken-logits watch, the warp,
-the draws and the verify's check replay inside the graph (at 16 tokens, session 17: 0.57x
-target_only, 0.51x sd, 0.54x svip; 0.77-0.82x before the draws, the bookkeeping and the
-check moved in)."""
+the draws and the verify's check replay inside the graph, and the target's outputs are not
+copied (at 16 tokens, session 17: 0.54x target_only, 0.50x sd, 0.52x svip; 0.77-0.82x
+before that session moved them in)."""
 
 from __future__ import annotations
 
