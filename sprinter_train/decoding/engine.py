@@ -256,8 +256,8 @@ class Engine:
         draw = Draw(batch.streams.peek()[:, 0])  # in the forward's graph where it has one
         out = self.draft_side(batch, "draft", rnd, active, restricted=True, warp=True, then=draw)
         logits = out.logits[:, 0]
-        probs = self.warp(out.logits[:, :1]) if out.probs is None else out.probs
-        q = probs[:, 0]  # `warped`, one view less
+        probs = self.warped(out)  # (B, 1, K): the step keeps one offset
+        q = probs[:, 0]
         step = DraftStep(
             torch.zeros_like(active, dtype=torch.long),
             q,

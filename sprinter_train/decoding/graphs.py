@@ -19,8 +19,8 @@ What a capture may assume, and how it holds:
   values, write counters and slot map live in the `RowStaticCache`, whose buffers never
   move while it lives, and a cache is part of the key (held by the entry, so its id is
   never reused). A cache replaced by a bigger one (`StaticRowCache.reserve`, `select` into
-  a new bucket) is a new key; a pooled cache (`KVPool`) comes back with its addresses, so a new generation of a
-  known shape replays.
+  a new bucket) is a new key; a pooled cache (`KVPool`) comes back with its addresses, so a
+  new generation of a known shape replays.
 - **State on the device.** The step's writes go to slots counted by each layer's
   `cumulative_length`, a device tensor the graph reads and advances, never a host integer
   frozen at capture; the block's slots are marked in the slot map at that counter, and the
@@ -81,9 +81,9 @@ class HostGraph:
     tests and for counting the host ops a captured engine leaves (benchmarks/host_ops.py).
     `capture` hands back output buffers and leaves `state` (a `RowStaticCache`) as it was: it
     runs the step, then puts back every buffer it writes (`written`: the keys, values, write
-    counters and slot map); `replay` runs the step
-    on the graph's input buffers and writes into those same output buffers, so a caller that
-    kept an output past the next replay reads the new values, as on a GPU."""
+    counters and slot map); `replay` runs the step on the graph's input buffers and writes
+    into those same output buffers, so a caller that kept an output past the next replay
+    reads the new values, as on a GPU."""
 
     replays = 0  # across instances: what a test or a count reads
 

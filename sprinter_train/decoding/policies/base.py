@@ -18,7 +18,6 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import torch
 
-from sprinter_train.core.rules import speculative_step
 from sprinter_train.decoding.after_warp import Check, Draw
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.goodput import round_goodput
@@ -157,8 +156,8 @@ def verify(engine: Engine, batch: Batch, rnd: Round) -> Emitted:
     check = Check(rnd.q(), drafts, rnd.counts, batch.streams.peek(G + 1))
     p = engine.target_probs(batch, rnd, everyone, check)
     out = batch.verified
-    if out.accepted is None:
-        accepted, token = speculative_step(p, check.q, drafts, check.counts, check.u)
+    if out.accepted is None:  # not checked in a graph: the same check here
+        token, accepted = check.apply(p, *check.tensors)
     else:
         accepted, token = out.accepted, out.drawn
     batch.streams.advance(G + 1, rnd.counts + 1)
