@@ -40,7 +40,7 @@ position ids and mask with their bookkeeping, the outputs at the kept offsets, t
 broken-logits watch, the sampling's warp and what the engine does with it (`after_warp`: the
 draft's and the target's draw, the verify's speculative check) replay in the same graph
 (`benchmarks/host_ops.py --captured`: 49.5 host ops a target-only step and 174 an sd round,
-against 100.5 and 420 uncaptured; 74.6 and 332 captured before the bookkeeping, the draws
+against 100.5 and 417 uncaptured; 74.6 and 332 captured before the bookkeeping, the draws
 and the check moved in and the target's outputs stopped being copied).
 """
 
