@@ -47,13 +47,17 @@ def tokenize(text: str) -> list[str]:
 
 
 def rouge_l(candidate: str, reference: str) -> float:
-    """ROUGE-L F1 (beta = 1, i.e. 2PR/(P+R)) on a 0-1 scale; 0.0 when either side has no tokens.
+    """ROUGE-L F1 (beta = 1, i.e. 2PR/(P+R)) on a 0-1 scale. Two sides with the same word
+    tokens score 1.0 even when neither has any (two empty or punctuation-only outputs are the
+    same output: a tiny model's text often has no word at all, and scoring it 0 against
+    itself read as drift); a side without word tokens against one with some scores 0.0.
 
     The 0-1 scale is deliberate: the caller multiplies by 100 when it reports points.
     """
     cand, ref = tokenize(candidate), tokenize(reference)
     if not cand or not ref:
-        return 0.0
+        same = cand == ref and candidate.split() == reference.split()
+        return 1.0 if same else 0.0
     common = lcs_length(cand, ref)
     if common == 0:
         return 0.0
