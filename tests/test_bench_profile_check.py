@@ -14,8 +14,8 @@ import torch
 
 from sprinter_train.bench import prepare as stage
 from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.profile_check import check_profile, disagreement
-from sprinter_train.bench.report import profile_warning
+from sprinter_train.bench.profile_check import ProfileCheck, check_profile, disagreement
+from sprinter_train.bench.report import gamma_line, profile_warning
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
@@ -112,7 +112,61 @@ def test_the_bench_checks_its_profile(
     if agrees:
         assert gamma == got.best_gamma(0.6, range(0, 4), 1)
         assert profile_warning({"latency_profile": {"check": verdict.as_dict()}}) is None
-    else:
-        assert gamma == 5
+    else:  # unchecked_gamma=5 is capped at gamma_max=3: sd's planner plays only 0..3
+        assert gamma == 3
+        assert "capped at bench.gamma_max=3" in stage.gamma_source(cfg, verdict)
         warning = profile_warning({"latency_profile": {"check": verdict.as_dict()}})
         assert "could not be made to agree" in warning and "5.00x" in warning
+
+
+def test_gamma_max_zero_checks_the_profile_at_a_width_it_covers(compose_cfg, tiny, monkeypatch):
+    """bench.gamma_max=0: the profile covers one-token target forwards only, so its check must
+    decode at gamma 0; at gamma 1 it found no profiled width, disagreed, and had the profile
+    measured twice for nothing (issue 39, item 3). The run's forwards take the profile's times
+    exactly (real decode, times replaced by width), so only the widths decide."""
+    models, engine = tiny
+    cfg = compose_cfg("stage=bench", "bench.gamma_max=0")
+    covered = LatencyProfile({1: 30.0}, 3.0, None, 128, "cpu", "float32")
+    real = engine.target.forward_times
+    widths: list[int] = []
+
+    def at_profile() -> list[tuple[int, int, float]]:
+        done = real()
+        widths.extend(width for _, width, _ in done)
+        return [(rows, w, covered.target_ms.get(w, 99.0) / 1e3) for rows, w, _ in done]
+
+    monkeypatch.setattr(engine.target, "forward_times", at_profile)
+    calls: list[int] = []
+    monkeypatch.setattr(stage, "profile_models", lambda *a, **k: calls.append(1) or covered)
+    got, verdict = stage.checked_profile(
+        cfg, engine, models, torch.device("cpu"), [1], covered, PROMPT
+    )
+    assert stage.check_gamma(0) == 0 and stage.check_gamma(1) == 1 and stage.check_gamma(8) == 4
+    assert not calls and verdict.agrees and verdict.forwards > 0
+    assert set(widths) - {len(PROMPT.input_ids)} == {1}  # no two-token verify was decoded
+    assert stage.sd_gamma(cfg, got, 0.9, 1, verdict) == 0
+    assert "gamma_max=0" in stage.gamma_source(cfg, verdict)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said", "unsaid"),
+    [
+        (("methods.sd.gamma=2",), "fixed by methods.sd.gamma", "optimum"),
+        (("bench.gamma_max=0",), "bench.gamma_max=0: no drafts", "optimum"),
+        ((), "the implied-speedup optimum over 0..8", "unchecked"),
+    ],
+)
+def test_results_md_says_how_sds_gamma_was_chosen(compose_cfg, overrides, said, unsaid) -> None:
+    """The report's gamma sentence reads results.json's `sd_gamma_source`: a fixed gamma or
+    gamma_max=0 was called "the implied-speedup optimum" (issue 39, item 3)."""
+    cfg = compose_cfg("stage=bench", *overrides)
+    agrees = ProfileCheck(1.0, 1.0, 3, 2.0)
+    line = gamma_line(
+        {
+            "sd_gamma": 0,
+            "alpha": 0.5,
+            "alpha_source": "records",
+            "sd_gamma_source": (stage.gamma_source(cfg, agrees)),
+        }
+    )
+    assert said in line and unsaid not in line

@@ -56,6 +56,7 @@ class Setup:
     alpha_source: str
     gammas: dict[int, int]
     plan: MethodPlan
+    gamma_source: str = ""  # how the gammas were chosen (gamma_source), as results.md says it
 
     @property
     def names(self) -> list[str]:
@@ -120,7 +121,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         log.warning("bench: skipping %s: %s", name, reason)
     return Setup(
         models, prompts, engine, device, dtype, batch_sizes, profile, verdict, alpha,
-        alpha_source, gammas, plan,
+        alpha_source, gammas, plan, gamma_source(cfg, verdict),
     )  # fmt: skip
 
 
@@ -237,7 +238,7 @@ def checked_profile(
     """`profile` when its batch-1 target times agree with this run's own forwards
     (bench/profile_check.py), else one measured again, with the last check's verdict."""
     b = cfg.bench
-    gamma, limit = max(1, int(b.gamma_max) // 2), float(b.latency.check_factor)
+    gamma, limit = check_gamma(int(b.gamma_max)), float(b.latency.check_factor)
 
     def check(candidate: LatencyProfile) -> ProfileCheck:
         return check_profile(
@@ -265,6 +266,14 @@ def checked_profile(
             int(b.latency.unchecked_gamma),
         )
     return profile, verdict
+
+
+def check_gamma(gamma_max: int) -> int:
+    """The sd gamma the profile's check decodes with: half of gamma_max, at least 1, but never
+    beyond gamma_max, so its target forwards (gamma + 1 tokens wide) are ones the profile
+    covers; with gamma_max=0 a check at gamma 1 found no profiled width, disagreed, and had
+    the profile measured twice for nothing."""
+    return min(max(1, gamma_max // 2), gamma_max)
 
 
 def estimate_alpha(
@@ -316,12 +325,29 @@ def sd_gamma(
     """methods.sd.gamma, or for `auto` the implied-speedup optimum at this batch size; 0 (no
     drafts: target-only decoding) when no gamma pays, as on a CPU whose forward at a large
     batch costs in proportion to the tokens it verifies. A profile that disagrees with the
-    run's own forwards (`verdict`) chooses nothing: bench.latency.unchecked_gamma."""
+    run's own forwards (`verdict`) chooses nothing: bench.latency.unchecked_gamma, never
+    beyond bench.gamma_max (sd's planner plays only 0..gamma_max, so a larger one would be
+    reported while sd ran another)."""
     if cfg.methods.sd.gamma == "auto":
+        gamma_max = int(cfg.bench.gamma_max)
         if verdict is not None and not verdict.agrees:
-            return int(cfg.bench.latency.unchecked_gamma)
-        return profile.best_gamma(alpha, range(0, int(cfg.bench.gamma_max) + 1), batch_size)
+            return min(int(cfg.bench.latency.unchecked_gamma), gamma_max)
+        return profile.best_gamma(alpha, range(0, gamma_max + 1), batch_size)
     return int(cfg.methods.sd.gamma)
+
+
+def gamma_source(cfg: DictConfig, verdict: ProfileCheck | None) -> str:
+    """How `sd_gamma` chose sd's gamma, in the words results.md prints after it."""
+    if cfg.methods.sd.gamma != "auto":
+        return "fixed by methods.sd.gamma"
+    gamma_max = int(cfg.bench.gamma_max)
+    if verdict is not None and not verdict.agrees:
+        unchecked = int(cfg.bench.latency.unchecked_gamma)
+        clamp = f", capped at bench.gamma_max={gamma_max}" if unchecked > gamma_max else ""
+        return f"bench.latency.unchecked_gamma: the latency profile disagreed with the run{clamp}"
+    if gamma_max == 0:
+        return "bench.gamma_max=0: no drafts, target-only rounds"
+    return f"the implied-speedup optimum over 0..{gamma_max}"
 
 
 def wants_companion(cfg: DictConfig) -> bool:

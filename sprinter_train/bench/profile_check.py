@@ -62,7 +62,8 @@ def check_profile(
     max_new_tokens: int,
     limit: float,
 ) -> ProfileCheck:
-    """Decode `prompt` with sd at `gamma` and compare its target forwards with `profile`."""
+    """Decode `prompt` with sd at `gamma` (0: target-only rounds) and compare its target
+    forwards with `profile`."""
     with engine.timings.recording("target", engine.runners) as times:
-        engine.generate([list(prompt)], SpeculativeDecoding(max(1, gamma)), max_new_tokens, [0])
+        engine.generate([list(prompt)], SpeculativeDecoding(max(0, gamma)), max_new_tokens, [0])
     return disagreement(profile, times, limit)

@@ -402,6 +402,18 @@ def profile_warning(results: dict[str, Any]) -> str | None:
     )
 
 
+def gamma_line(results: dict[str, Any]) -> str:
+    """What sd's gamma was and how it was chosen, as the run recorded it (`sd_gamma_source`):
+    a fixed or unchecked gamma is not called the implied-speedup optimum."""
+    source = results.get("sd_gamma_source") or "the implied-speedup optimum"
+    priced = "on the latency profile at that batch size" if "optimum" in source else ""
+    return (
+        f"sd's gamma = {results['sd_gamma']} at batch 1 ({source}; alpha "
+        f"{results['alpha']:.3f}, from {results['alpha_source']}{', ' if priced else ''}"
+        f"{priced})."
+    )
+
+
 def overlap_warning(results: dict[str, Any]) -> str | None:
     """The results.md warning for a bench run with bench.allow_train_overlap on prompts its
     verifiers or SV table were fitted on (results.json: settings.<method>.<entry>.train_overlap)."""
@@ -435,9 +447,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
         f"{results['num_prompts']} prompts, {results['max_new_tokens']} new tokens each, sampling "
         f"{results['sampling']}, on {results['device']} ({results['dtype']}, {results['threads']} threads), "
         f"batch sizes {sizes}. Models: {results['models']}.",
-        f"sd's gamma = {results['sd_gamma']} at batch 1 (the implied-speedup optimum at alpha "
-        f"{results['alpha']:.3f}, from {results['alpha_source']}, on the latency profile at "
-        "that batch size).",
+        gamma_line(results),
         "",
         *planner_lines(results),
         *companion_plan_lines(results),

@@ -65,6 +65,8 @@ def summarise_runs(
             "alpha": setup.alpha,
             "alpha_source": setup.alpha_source,
             "sd_gamma": setup.gammas[1],
+            "sd_gamma_source": setup.gamma_source,
+            "gamma_max": int(b.gamma_max),
             "law_distance_prompts": min(int(b.law_distance_prompts), len(setup.prompts)),
             "latency_profile": {
                 "target_ms": profile.target_ms,
