@@ -180,3 +180,39 @@ def test_the_bench_builds_the_online_verifier_from_a_methods_entry() -> None:
     assert isinstance(scorer, OnlineVerifier) and record["kind"] == "online"
     assert scorer.warmup_score == 0.0 and scorer.estimator.positions == 1
     assert record["refit_interval"] == SETTINGS["refit_interval"]  # sd_online's defaults
+
+
+def test_evaluate_scores_the_online_margin_after_the_fit_splits_on_every_mix(tmp_path) -> None:
+    """Issue 38: on a test split of fewer rows than one refit interval the estimator never
+    refitted, and the draft mix's long runs all share the last draft position, whose slope
+    stays at its initial 0: constant scores, AUC exactly 0.5. Run after the train and val
+    records (as a decoder runs after earlier traffic), every mix is ranked."""
+    from sprinter_train.evaluation.scores import predictor_scores
+    from sprinter_train.harvest.reader import open_records
+    from tests.synthetic import write_synthetic_records
+
+    write_synthetic_records(tmp_path / "syn", rows=2048, d=8, positions=32)
+    records = open_records(tmp_path / "syn")
+    frame = records.frame
+    draft = (frame["mix"] == "draft").to_numpy()
+    # a draft continuation: each row's run of draft-made tokens is its index in the region
+    frame.loc[draft, "run_position"] = frame.loc[draft, "position"] - 16
+    rows = records.rows_of("test")
+    cfg = compose_config()
+    assert len(rows) < cfg.methods.sd_online.online.refit_interval  # no refit inside the split
+    scores = predictor_scores(cfg, records, rows, {}, None)["online_margin"]
+    mixes = frame["mix"].to_numpy()[rows]
+    label = frame["ratio"].to_numpy()[rows] <= 1.0
+    assert {"draft", "original"} <= set(mixes)
+    for mix in set(mixes):
+        here = mixes == mix
+        assert len(np.unique(scores[here])) > 1, mix
+        assert auc(label[here], scores[here]) > 0.6, mix
+    alone = online_records(
+        {
+            c: frame[c].to_numpy()[rows]
+            for c in ("draft_margin", "accept_prob", "prompt_id", "position", "run_position")
+        },
+        {"online": SETTINGS},
+    )
+    assert len(np.unique(alone)) == 1  # the failure it fixes: the split alone never refits

@@ -70,11 +70,27 @@ def predictor_scores(
     for name, score in record_scores(cfg).items():
         if missing_columns(score, frame.columns):
             continue  # records harvested before the column: see unscored_notes
-        wanted = [*score.columns, *(c for c in score.optional if c in frame.columns)]
-        columns = {column: frame[column].to_numpy() for column in wanted}
-        scores[score.name] = score.score(columns, cfg.methods[name])
+        scores[score.name] = record_score_of(score, records, rows, cfg.methods[name])
     scores["draft_q"] = np.asarray(frame["q"].to_numpy(), dtype=np.float64)
     return scores
+
+
+def record_score_of(
+    score: RecordScore, records: RecordSet, rows: np.ndarray, settings: DictConfig
+) -> np.ndarray:
+    """One record score on `rows`; a rule with `warm_splits` first sees those splits' other
+    rows (flagged `warm`), and only the scores of `rows` are returned."""
+    frame = records.frame
+    warm = np.zeros(0, dtype=np.int64)
+    if score.warm_splits:
+        split = frame["split"].to_numpy()
+        warm = np.setdiff1d(np.flatnonzero(np.isin(split, score.warm_splits)), rows)
+    every = np.concatenate([warm, np.asarray(rows, dtype=np.int64)])
+    wanted = [*score.columns, *(c for c in score.optional if c in frame.columns)]
+    columns = {column: frame[column].to_numpy()[every] for column in wanted}
+    if score.warm_splits:
+        columns["warm"] = np.arange(len(every)) < len(warm)
+    return np.asarray(score.score(columns, settings))[len(warm) :]
 
 
 def record_scores(cfg: DictConfig) -> dict[str, RecordScore]:

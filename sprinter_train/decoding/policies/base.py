@@ -41,6 +41,9 @@ class RecordScore:
     # the method's settings) -> one score per row
     describe: Callable[[Mapping[str, Any]], str]  # settings -> one line for the report
     optional: tuple[str, ...] = ()  # columns `score` reads where the records have them
+    # splits whose records the rule sees before the scored rows, flagged by a boolean `warm`
+    # column (an online rule learns from them as a decoder learns from earlier traffic)
+    warm_splits: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

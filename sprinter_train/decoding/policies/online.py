@@ -97,14 +97,21 @@ def online_records(columns: Mapping[str, np.ndarray], settings: Mapping[str, Any
     """The online logistic run over the records in sequence order (prompt, then position),
     each record scored before its own outcome is folded in; the outcome is the record's
     min(1, p/q), the verify step's expected accept (no sampling noise). Records carry a
-    draft position in `run_position` where harvested with it; else one shared logistic."""
+    draft position in `run_position` where harvested with it; else one shared logistic.
+
+    Rows flagged in a `warm` column (the fit splits' records) go first: a decoder's
+    estimator has seen many verify outcomes before the rows it is judged on. Without them a
+    test split of a few hundred rows reaches at most one refit, and a draft position that
+    gets fewer than `min_observations` of a round keeps its initial slope 0: every row
+    there scores the same (the draft mix's long runs all share the last position)."""
     online = settings["online"]
     estimator = OnlineLogistic.from_settings(online)
     margin = np.asarray(columns["draft_margin"], dtype=np.float64)
     label = np.asarray(columns["accept_prob"], dtype=np.float64)
     run = columns.get("run_position")
     position = np.zeros(len(margin), np.int64) if run is None else np.asarray(run, np.int64)
-    order = np.lexsort((np.asarray(columns["position"]), np.asarray(columns["prompt_id"])))
+    warm = np.asarray(columns.get("warm", np.zeros(len(margin), bool)), dtype=bool)
+    order = np.lexsort((np.asarray(columns["position"]), np.asarray(columns["prompt_id"]), ~warm))
     scores = np.zeros(len(margin))
     start = 0
     while start < len(order):  # the coefficients change only at a refit: score a block at once
@@ -123,7 +130,8 @@ def online_text(settings: Mapping[str, Any]) -> str:
     return (
         "online per-position logistic on the draft's top-2 logit margin (vLLM-style Newton "
         f"refits every {online['refit_interval']} observations, l2 {online['l2']}), run over "
-        "the records in sequence order with min(1, p/q) as each outcome"
+        "the train and val records, then the scored ones, in sequence order with min(1, p/q) "
+        "as each outcome"
     )
 
 
@@ -145,6 +153,7 @@ class OnlineLength(LearnedLength):
             online_records,
             online_text,
             optional=("run_position",),
+            warm_splits=("train", "val"),
         ),
     )
 
