@@ -46,8 +46,10 @@ from typing import Any
 
 import torch
 from transformers import StaticCache
+from transformers.cache_utils import Cache, StaticLayer
 
 from sprinter_train.decoding.cache import RowCache, write_groups
+from sprinter_train.models.families import kv_layout
 
 MIN_CAPACITY = 64  # smallest capacity bucket: short generations share one shape
 CAPACITY_STEP = 128  # capacity buckets past it are its multiples (see capacity_bucket)
@@ -117,9 +119,11 @@ class RowStaticCache(StaticCache):
     `KVPool`, so a pooled cache's graph replays on the same addresses."""
 
     def __init__(self, config: Any, rows: int, capacity: int, shape: tuple, device: Any) -> None:
-        """`shape`: (heads, head dim, dtype) of the keys and values."""
-        super().__init__(config, max_cache_len=capacity)
+        """`shape`: (heads, head dim, dtype) of the keys and values, the first two per layer."""
         heads, head_dim, dtype = shape
+        # full-attention layers throughout: transformers' sliding-window layer keeps a python
+        # count of its own that pack and truncate cannot rewind (the mask bounds the window)
+        Cache.__init__(self, layers=[StaticLayer(max_cache_len=capacity) for _ in heads])
         self.early_initialization(rows, heads, head_dim, dtype, device)
         self.position = torch.full((rows, capacity), -1, dtype=torch.long, device=device)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
@@ -224,12 +228,11 @@ class StaticRowCache(RowCache):
 
     def _new_buffers(self, rows: int, capacity: int) -> RowStaticCache:
         config = self.model.config.get_text_config(decoder=True)
-        # GPT-2's config has no num_key_value_heads (every head its own keys and values)
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        layout = kv_layout(self.model)  # as the model writes them, not re-derived from config
         dtype = next(self.model.parameters()).dtype
+        shape = (layout.heads, layout.head_dims, dtype)
         with torch.inference_mode():  # inference tensors, whenever allocated (see `_set_slots`)
-            return RowStaticCache(config, rows, capacity, (heads, head_dim, dtype), self.device)
+            return RowStaticCache(config, rows, capacity, shape, self.device)
 
     @property
     def buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -29,6 +29,7 @@ from transformers import (
 )
 
 from sprinter_train.models import student as _student  # noqa: F401  (registers the draft class)
+from sprinter_train.models.families import UnsupportedModelError, kv_layout
 from sprinter_train.models.identity import file_digest
 from sprinter_train.models.packed import pack_linears
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
@@ -177,6 +178,10 @@ def load_model(
     no gradient is needed (`models.packed.pack_linears`; on a CPU: float32, and bf16 where it
     is native)."""
     loaded = _load(spec, role, device, dtype, cache_dir)
+    try:  # a family the engine cannot run is refused here, not mid-decode
+        kv_layout(loaded.model)
+    except UnsupportedModelError as error:
+        raise ModelLoadError(f"the {role} model ({loaded.name}): {error}") from error
     if pack_linear:
         count = pack_linears(loaded.model)
         log.debug("%s model: %d linear layers prepacked", role, count)
