@@ -22,7 +22,10 @@
 # T_PROFILE (100), T_BENCH (260), T_TESTS (70), T_PROFILE_EAGER (70), T_DRAFT_EVAL (50),
 # T_PROFILE_SD (120). A failed
 # or timed-out step is reported and the next one runs; the exit status is 1 when any step
-# failed. A bench cut short keeps the batch sizes it finished (bench/partial/).
+# failed. A bench cut short keeps the batch sizes it finished (bench/partial/). A STEPS naming
+# no known step is refused before anything runs (exit 2). Into a reused OUT, each step that runs
+# first deletes what it wrote there before, and the summary reports only the steps run now: a
+# bench that stops before finishing a batch size says it has no results, never the last run's.
 set -u
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 2
@@ -44,6 +47,31 @@ PROFILE_STEPS=${PROFILE_STEPS:-32}
 PYTEST_PATHS=${PYTEST_PATHS:-$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')}
 BENCH_ARGS=${BENCH_ARGS:-}
 DRAFT_EVAL_ARGS=${DRAFT_EVAL_ARGS:-}
+# profile_sd (an sd round of the offline pair, compiled, gamma PROFILE_GAMMA: 3) runs only when
+# named: the default six fill a call's 10 minutes
+ALL_STEPS=install,profile,bench,gpu_tests,profile_sd,profile_eager,draft_eval
+STEPS=${STEPS:-install,profile,bench,gpu_tests,profile_eager,draft_eval}
+# a misspelt step would otherwise be skipped like an unnamed one: refuse it before any work
+UNKNOWN=() NAMED=0
+IFS=, read -ra STEP_NAMES <<<"$STEPS"
+for name in "${STEP_NAMES[@]}"; do
+  [ -n "$name" ] || continue
+  NAMED=$((NAMED + 1))
+  case ",$ALL_STEPS," in
+    *",$name,"*) ;;
+    *) UNKNOWN+=("$name") ;;
+  esac
+done
+if [ "${#UNKNOWN[@]}" -gt 0 ] || [ "$NAMED" -eq 0 ]; then
+  if [ "${#UNKNOWN[@]}" -gt 0 ]; then
+    problem="no step is called ${UNKNOWN[*]}"
+  else
+    problem="it names no step"
+  fi
+  echo "gpu_bench.sh: STEPS=$STEPS refused ($problem): the steps are ${ALL_STEPS//,/, }" \
+    "(comma-separated, e.g. STEPS=install,bench)" >&2
+  exit 2
+fi
 OUT=${OUT:-gpu_bench_out/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT/logs" || exit 2
 OUT=$(cd "$OUT" && pwd)
@@ -53,19 +81,34 @@ STARTED=$(date +%s)
 FAILED=()
 : >"$OUT/steps.tsv"
 
-# profile_sd (an sd round of the offline pair, compiled, gamma PROFILE_GAMMA: 3) runs only when
-# named: the default six fill a call's 10 minutes
-STEPS=${STEPS:-install,profile,bench,gpu_tests,profile_eager,draft_eval}
+
+selected() {  # selected <name>: STEPS names it
+  case ",$STEPS," in
+    *",$1,"*) return 0 ;;
+  esac
+  return 1
+}
+
+# what a step writes into OUT: deleted before the step runs, so a step that stops early (or
+# fails) cannot leave an earlier run's files looking like its own
+clear_outputs() {
+  case $1 in
+    profile | profile_sd | profile_eager) rm -f "$OUT/$1.txt" "$OUT/$1.json" "$OUT/$1.trace.json" ;;
+    bench) rm -rf "$OUT/bench_run/bench" "$OUT/results.json" "$OUT/results.md" ;;
+    draft_eval) rm -rf "$OUT/draft_eval" "$OUT/draft_eval.json" ;;
+  esac
+}
 
 # step <name> <seconds> <command...>: run it under a time limit, log to logs/<name>.log (a step
 # not in STEPS is skipped)
 step() {
   local name=$1 limit=$2 start rc verdict
   shift 2
-  case ",$STEPS," in
-    *",$name,"*) ;;
-    *) printf '%s\tskipped\t0s\n' "$name" | tee -a "$OUT/steps.tsv"; return ;;
-  esac
+  if ! selected "$name"; then
+    printf '%s\tskipped\t0s\n' "$name" | tee -a "$OUT/steps.tsv"
+    return
+  fi
+  clear_outputs "$name"
   echo "== $name (limit ${limit}s): $*"
   start=$(date +%s)
   timeout --kill-after=10 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
@@ -134,34 +177,46 @@ step profile_eager "${T_PROFILE_EAGER:-70}" "$PYTHON" benchmarks/profile_step.py
 step draft_eval "${T_DRAFT_EVAL:-50}" "$PYTHON" -m sprinter_train stage=draft_eval \
   "${BASE[@]}" experiment=gpu_bench "experiment_dir=$OUT/draft_eval" $DRAFT_EVAL_ARGS
 
-# the figures at the folder's top level
-for f in bench_run/bench/results.json bench_run/bench/results.md draft_eval/draft_eval.json; do
-  [ -f "$OUT/$f" ] && cp "$OUT/$f" "$OUT/"
-done
-if [ ! -f "$OUT/results.json" ] && [ -f "$OUT/bench_run/bench/partial/results.json" ]; then
-  cp "$OUT/bench_run/bench/partial/results."* "$OUT/"  # the batch sizes a cut-short bench finished
+# the figures at the folder's top level, of the steps run now only (their old files are gone)
+BENCH_STATE=not_run
+if selected bench; then
+  if [ -f "$OUT/bench_run/bench/results.json" ]; then
+    cp "$OUT/bench_run/bench/results.json" "$OUT/bench_run/bench/results.md" "$OUT/"
+    BENCH_STATE=complete
+  elif [ -f "$OUT/bench_run/bench/partial/results.json" ]; then
+    cp "$OUT/bench_run/bench/partial/results."* "$OUT/"  # the batch sizes a cut-short bench finished
+    BENCH_STATE=partial
+  else
+    BENCH_STATE=none
+  fi
 fi
-"$PYTHON" - "$OUT" <<'PY' | tee "$OUT/summary.txt"
+if selected draft_eval && [ -f "$OUT/draft_eval/draft_eval.json" ]; then
+  cp "$OUT/draft_eval/draft_eval.json" "$OUT/"
+fi
+"$PYTHON" - "$OUT" "$STEPS" "$BENCH_STATE" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
 from pathlib import Path
-out = Path(sys.argv[1])
+out, steps, bench = Path(sys.argv[1]), sys.argv[2].split(","), sys.argv[3]
 results = out / "results.json"
-if results.exists():
+if bench == "none":
+    print("bench: no results (it stopped before finishing a batch size; logs/bench.log)")
+elif bench in ("complete", "partial"):
     r = json.loads(results.read_text())
-    print(f"bench on {r['device']} ({r['dtype']}), {r['num_prompts']} prompts x {r['max_new_tokens']} tokens; tokens/s:")
+    cut = ", PARTIAL: only the batch sizes it finished before it stopped" if bench == "partial" else ""
+    print(f"bench on {r['device']} ({r['dtype']}), {r['num_prompts']} prompts x {r['max_new_tokens']} tokens{cut}; tokens/s:")
     for size, batch in sorted(r["batches"].items(), key=lambda kv: int(kv[0])):
         row = ", ".join(f"{n} {m['tokens_per_s']:.1f}" for n, m in batch["methods"].items())
         print(f"  batch {size}: {row}")
     if r.get("skipped"):
         print("  skipped:", "; ".join(r["skipped"]))
 draft = out / "draft_eval.json"
-if draft.exists():
+if "draft_eval" in steps and draft.exists():
     d = json.loads(draft.read_text())
     keys = ("alpha", "c", "best_gamma", "implied_speedup", "target_step_ms", "draft_step_ms")
     print("draft_eval:", ", ".join(f"{k} {d[k]:.3g}" for k in keys if isinstance(d.get(k), (int, float))))
 for name in ("profile", "profile_sd", "profile_eager"):
     profile = out / f"{name}.json"
-    if profile.exists():
+    if name in steps and profile.exists():
         p = json.loads(profile.read_text())
         print(f"{name}:", ", ".join(f"{k} {v:.3g}" for k, v in p.items() if v is not None))
 PY

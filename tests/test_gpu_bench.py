@@ -54,6 +54,83 @@ def test_a_step_past_its_limit_is_reported_as_timed_out(tmp_path: Path) -> None:
     assert set(verdicts.values()) == {"TIMED OUT after 1s"}
 
 
+def test_a_misspelt_step_is_refused_naming_the_steps_before_any_work(tmp_path: Path) -> None:
+    done = run_script(tmp_path / "out", STEPS="install,bnech", PYTHON="false")
+    assert done.returncode == 2
+    assert "bnech" in done.stderr and "== install" not in done.stdout
+    assert all(name in done.stderr for name in STEPS)
+    assert not (tmp_path / "out").exists()  # refused before the folder, let alone a step
+    assert run_script(tmp_path / "out", STEPS=",", PYTHON="false").returncode == 2
+
+
+# A stand-in for the stages, so a test can play a run that finishes, one cut short after a batch
+# size and one stopped before any: everything else (the summary) goes to this Python.
+FAKE_PYTHON = f"""#!{sys.executable}
+import json, os, sys, time
+from pathlib import Path
+if sys.argv[1] == "-":
+    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
+args = dict(a.split("=", 1) for a in sys.argv[3:] if "=" in a)
+stage, mode = args["stage"], os.environ["FAKE_" + args["stage"].upper()]
+folder = Path(args["experiment_dir"])
+if stage == "draft_eval" and mode != "fail":
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "draft_eval.json").write_text(json.dumps({{"alpha": float(mode)}}))
+    sys.exit(0)
+if stage == "bench" and mode != "stall":
+    rate, cut = mode.split(":")
+    bench = folder / "bench" / ("partial" if cut == "partial" else "")
+    bench.mkdir(parents=True, exist_ok=True)
+    methods = {{"sd": {{"tokens_per_s": float(rate)}}}}
+    results = {{"device": "cpu", "dtype": "float32", "num_prompts": 2, "max_new_tokens": 8,
+               "batches": {{"1": {{"methods": methods}}}}}}
+    (bench / "results.json").write_text(json.dumps(results))
+    (bench / "results.md").write_text(f"sd {{rate}} tokens/s")
+    if cut != "partial":
+        sys.exit(0)
+if stage == "bench":
+    time.sleep(30)  # the rest of the bench: past T_BENCH
+sys.exit(1)
+"""
+
+
+def test_a_rerun_into_the_same_folder_never_reports_the_last_runs_figures(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+
+    def rerun(bench: str, draft_eval: str) -> tuple[int, str]:
+        done = run_script(
+            out, PYTHON=str(fake), STEPS="bench,draft_eval", T_BENCH="2",
+            FAKE_BENCH=bench, FAKE_DRAFT_EVAL=draft_eval,
+        )  # fmt: skip
+        summary = (out / "summary.txt").read_text()
+        assert summary in done.stdout
+        return done.returncode, summary
+
+    code, summary = rerun("111.1:complete", "0.777")
+    assert code == 0 and "sd 111.1" in summary and "alpha 0.777" in summary
+    assert "PARTIAL" not in summary
+    assert json.loads((out / "results.json").read_text())["batches"]["1"]["methods"]["sd"]
+    # timed out before a batch size, draft_eval failed: none of the first run's figures
+    code, summary = rerun("stall", "fail")
+    verdicts = steps(out)
+    assert code == 1 and verdicts["bench"] == "TIMED OUT after 2s"
+    assert verdicts["draft_eval"] == "FAILED (exit 1)"
+    assert "111.1" not in summary and "0.777" not in summary
+    assert "bench: no results" in summary
+    assert not (out / "results.json").exists() and not (out / "draft_eval.json").exists()
+    # timed out after a batch size: its own partial figures, said to be partial
+    code, summary = rerun("222.2:partial", "0.5")
+    assert code == 1 and "sd 222.2" in summary and "PARTIAL" in summary
+    assert "111.1" not in summary and "alpha 0.5" in summary
+    assert "222.2" in (out / "results.md").read_text()
+    # a run of other steps reports nothing of the bench it did not run
+    done = run_script(out, PYTHON=str(fake), STEPS="draft_eval", FAKE_DRAFT_EVAL="0.6")
+    assert "222.2" not in done.stdout and "bench:" not in (out / "summary.txt").read_text()
+
+
 @pytest.mark.slow
 def test_the_script_runs_end_to_end_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
     out = tmp_path / "out"
