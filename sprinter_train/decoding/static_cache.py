@@ -118,7 +118,7 @@ class RowStaticCache(StaticCache):
     the slots each forward). The buffers travel with the keys and values through the
     `KVPool`, so a pooled cache's graph replays on the same addresses."""
 
-    def __init__(self, config: Any, rows: int, capacity: int, shape: tuple, device: Any) -> None:
+    def __init__(self, rows: int, capacity: int, shape: tuple, device: Any) -> None:
         """`shape`: (heads, head dim, dtype) of the keys and values, the first two per layer."""
         heads, head_dim, dtype = shape
         # full-attention layers throughout: transformers' sliding-window layer keeps a python
@@ -227,12 +227,11 @@ class StaticRowCache(RowCache):
         return kv
 
     def _new_buffers(self, rows: int, capacity: int) -> RowStaticCache:
-        config = self.model.config.get_text_config(decoder=True)
         layout = kv_layout(self.model)  # as the model writes them, not re-derived from config
         dtype = next(self.model.parameters()).dtype
         shape = (layout.heads, layout.head_dims, dtype)
         with torch.inference_mode():  # inference tensors, whenever allocated (see `_set_slots`)
-            return RowStaticCache(config, rows, capacity, shape, self.device)
+            return RowStaticCache(rows, capacity, shape, self.device)
 
     @property
     def buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
