@@ -15,7 +15,9 @@
 # (data.max_prompt_tokens: 960, so prompt + budget fit that capacity), GAMMA_MAX (3: block widths
 # 1-4), SD_GAMMA (3: one verify width), PROFILE_STEPS (32), PYTHON (python3), WHEELS (a folder
 # of wheels, installed --no-deps; default: shared/wheels or wheels/ when present), PYTEST_PATHS
-# (tests), BENCH_ARGS and DRAFT_EVAL_ARGS (extra Hydra overrides, space-separated), STEPS (the
+# (tests), CHECKPOINT_DIR (the bench's verifiers, for sprinter and sd_learned:
+# checkpoints/gpu_bench; gpu_stage.py's run.sh sets it to the carried experiment's),
+# BENCH_ARGS and DRAFT_EVAL_ARGS (extra Hydra overrides, space-separated), STEPS (the
 # steps to run, comma-separated; default all six: install,profile,bench,gpu_tests,
 # profile_eager,draft_eval; profile_sd when named), OUT
 # (gpu_bench_out/<timestamp>), and each step's time limit in seconds: T_INSTALL (25),
@@ -45,6 +47,7 @@ SD_GAMMA=${SD_GAMMA:-3}
 PROFILE_STEPS=${PROFILE_STEPS:-32}
 # the modules holding gpu tests: collecting all of tests/ needs datasets, which does not travel
 PYTEST_PATHS=${PYTEST_PATHS:-$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')}
+CHECKPOINT_DIR=${CHECKPOINT_DIR:-checkpoints/gpu_bench}  # what experiment=gpu_bench reads
 BENCH_ARGS=${BENCH_ARGS:-}
 DRAFT_EVAL_ARGS=${DRAFT_EVAL_ARGS:-}
 # profile_sd (an sd round of the offline pair, compiled, gamma PROFILE_GAMMA: 3) runs only when
@@ -162,7 +165,8 @@ step profile "${T_PROFILE:-100}" "$PYTHON" benchmarks/profile_step.py --models "
 BASE+=("data.max_prompt_tokens=$MAX_PROMPT_TOKENS")
 step bench "${T_BENCH:-260}" "$PYTHON" -m sprinter_train stage=bench "${BASE[@]}" \
   "decoding.compile=$COMPILE" \
-  experiment=gpu_bench "experiment_dir=$OUT/bench_run" "bench.methods=[$METHODS]" \
+  experiment=gpu_bench "experiment_dir=$OUT/bench_run" "checkpoint_dir=$CHECKPOINT_DIR" \
+  "bench.methods=[$METHODS]" \
   "bench.num_prompts=$PROMPTS" "bench.max_new_tokens=$MAX_NEW_TOKENS" \
   "bench.batch_sizes=[$BATCH_SIZES]" bench.min_timed_runs=1 "bench.gamma_max=$GAMMA_MAX" \
   "methods.sd.gamma=$SD_GAMMA" bench.law_distance_prompts=0 bench.judge.enabled=false \

