@@ -23,7 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.core.runtime import resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.core.validation import check_whole
 from sprinter_train.data.overlap import check_overlap
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.gamma_plan import GammaPlanner
@@ -46,31 +45,6 @@ log = logging.getLogger(__name__)
 PEERS = {"hf_assisted": "constant", "hf_assisted_heuristic": "heuristic"}  # name -> schedule
 HF_STATIC = "hf_static"  # the target alone through HF's static cache + compile (bench/hf_static.py)
 PEER_NAMES = (*PEERS, HF_STATIC)  # every HF peer: batch 1 only, settings in cfg.bench.<name>
-COUNTS = {  # bench.<key> -> its least value
-    "num_prompts": 1,
-    "max_new_tokens": 1,
-    "gamma_max": 0,
-    "warmup_runs": 0,
-    "min_timed_runs": 1,
-    "law_distance_prompts": 0,
-}
-
-
-def bench_problems(bench: dict[str, Any]) -> list[str]:
-    """The `bench` section's out-of-range counts and batch sizes, and a method named twice
-    (it would run twice a group and keep its faster run, inflating its speed), one line each:
-    found before any model loads."""
-    problems: list[str] = []
-    for key, least in COUNTS.items():
-        if key in bench:
-            check_whole(problems, f"bench.{key}", bench[key], least)
-    for size in bench.get("batch_sizes") or []:
-        check_whole(problems, "bench.batch_sizes[]", size, 1)
-    names = list(bench.get("methods") or [])
-    twice = sorted({name for name in names if names.count(name) > 1})
-    if twice:
-        problems.append(f"bench.methods names {', '.join(twice)} more than once: name each once")
-    return problems
 
 
 def unknown_methods(methods: Mapping[str, Any], names: Iterable[str]) -> list[str]:

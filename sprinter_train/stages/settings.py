@@ -1,22 +1,26 @@
 """Every section's settings check, run by the entry point before a stage is dispatched.
 
-Each check lives with the package that owns its section; this is the one place that knows
-them all (core.validation holds the mechanism).
+What each key holds (type, range, integer-ness, a non-empty list) is declared in
+stages/schema.py and checked by core.schema; the hand checks of relations between keys live
+with the packages that own their sections, and this is the one place that knows them all.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.bench.methods import bench_problems, method_problems
+from sprinter_train.bench.methods import method_problems
 from sprinter_train.core.sampling import sampling_problems
+from sprinter_train.core.schema import problems as schema_problems
 from sprinter_train.core.validation import SectionCheck, problems_in, raise_problems
 from sprinter_train.data.prompts import data_problems
 from sprinter_train.decoding.engine import decoding_problems
 from sprinter_train.harvest.driver import harvest_problems
+from sprinter_train.stages.schema import schema
 from sprinter_train.verifier.labels import lam_problems, train_problems
 
 CHECKS: dict[str, SectionCheck] = {
@@ -25,7 +29,6 @@ CHECKS: dict[str, SectionCheck] = {
     "data": data_problems,
     "harvest": harvest_problems,
     "decoding": decoding_problems,
-    "bench": bench_problems,
 }
 
 
@@ -41,14 +44,44 @@ def experiment_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     return []
 
 
+def resolved(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """`cfg` as a plain dict, interpolations resolved (what the schema checks)."""
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return dict(cfg)
+
+
+def declared_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
+    """Every setting its declaration (stages/schema.py) refuses, one line each."""
+    return schema_problems(resolved(cfg), schema())
+
+
+def _key(line: str) -> str:
+    """The setting a problem line names (its leading dotted key, without an index)."""
+    found = re.match(r"[A-Za-z_][\w.]*", line)
+    return found.group() if found else line
+
+
 def config_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
-    """Every out-of-range setting of `cfg`, one line each (empty when all are fine)."""
-    return [
-        *experiment_problems(cfg),
-        *problems_in(cfg, CHECKS),
-        *method_problems(cfg),
-        *lam_problems(cfg),
-    ]
+    """Every out-of-range setting of `cfg`, one line each (empty when all are fine): the hand
+    checks (relations between keys, and the ranges their packages word best), then each
+    declared key's type and range (stages/schema.py) the hand checks did not already name."""
+    declared = declared_problems(cfg)
+    by_hand: list[str] = []
+    for of in (
+        experiment_problems,
+        lambda c: problems_in(c, CHECKS),
+        method_problems,
+        lam_problems,
+    ):
+        try:
+            by_hand += of(cfg)
+        except (TypeError, ValueError, IndexError, KeyError, AttributeError):
+            if not declared:
+                raise
+            # a hand check read a value of a type its declaration already refused
+    named = {_key(line) for line in by_hand}
+    return [*by_hand, *(line for line in declared if _key(line) not in named)]
 
 
 def validate_config(cfg: DictConfig | Mapping[str, Any]) -> None:

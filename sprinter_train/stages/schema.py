@@ -1,0 +1,264 @@
+"""What every setting of conf/ holds, one declaration per key, grouped as conf/ groups them.
+
+stages.settings checks a config against these before a stage is dispatched (nothing loads
+before); a test sweeps every numeric and list key with 0, a negative, NaN, a float where an
+integer is meant and [], and refuses a key of conf/ that is declared nowhere here. Where 0
+or a negative is a meaningful value the declaration says so (`note`). Relations between
+keys (fractions that must leave a train split, λ inside train.lam_range, a method the bench
+knows) stay with the hand checks of the packages that own them.
+"""
+
+from __future__ import annotations
+
+from sprinter_train.core.schema import Num, Seq, Spec, Word, positive, share, whole
+
+SEED = whole(0)
+FRACTION = Num(low=0, high=1, above=True, note="a share of prompts: 0 leaves the split empty")
+WORKERS = {"devices": whole(1), "num_nodes": whole(1)}
+LAM = positive()
+C_GRID = Seq(positive())
+
+TOP: dict[str, Spec] = {
+    "num_threads": whole(0, note="0: torch's default"),
+    "all_steps": Seq(Word(("harvest", "train", "tables", "evaluate", "bench")), unique=True),
+}
+
+DATA: dict[str, Spec] = {
+    "num_prompts": whole(1),
+    "seed": SEED,
+    "val_fraction": FRACTION,
+    "test_fraction": FRACTION,
+    "max_prompt_tokens": whole(0, null=True, note="0 or null: no limit"),
+    "prefix_fraction": Num(low=0, high=1, above=True),
+}
+
+DISTILL: dict[str, Spec] = {
+    "seed": SEED,
+    "max_minutes": positive(),
+    "max_tokens": whole(1, null=True, note="null: no limit"),
+    "eval_every_shards": whole(1),
+    "passes_per_shard": whole(1),
+    "eval_sequences": whole(1),
+    "save_every_visits": whole(1),
+    "corpus.seq_len": whole(2),
+    "corpus.shard_sequences": whole(1),
+    "corpus.max_tokens": whole(1),
+    "corpus.max_user_chars": whole(1),
+    "corpus.generated.max_tokens": whole(1),
+    "corpus.generated.max_new_tokens": whole(1),
+    "corpus.generated.block_prompts": whole(1),
+    "teacher.top_k": whole(1),
+    "teacher.batch_size": whole(1),
+    "teacher.threads": whole(1),
+    "train_threads": whole(1),
+    "student.init_layers": Seq(whole(0)),
+    "student.embed_rank": whole(1),
+    "student.head_vocab": whole(1),
+    "student.hidden_size": whole(1),
+    "student.intermediate_size": whole(1),
+    "student.num_attention_heads": whole(1),
+    "student.num_key_value_heads": whole(1),
+    "student.num_layers": whole(1),
+    "optim.lr": positive(),
+    "optim.weight_decay": Num(low=0, note="0: none"),
+    "optim.warmup_steps": whole(0, note="0: no warm-up"),
+    "optim.decay_fraction": share(note="0: no anneal"),
+    "optim.final_lr_fraction": share(),
+    "optim.batch_sequences": whole(1),
+    "optim.grad_clip": positive(),
+    "loss.ce_weight": Num(low=0, note="0: term off"),
+    "loss.tv_weight": Num(low=0, note="0: term off"),
+    "loss.top1_weight": Num(low=0, note="0: term off"),
+}
+
+DRAFT_EVAL: dict[str, Spec] = {
+    "extra_sources": Seq(empty=True, note="[]: `source` alone"),
+    "seed": SEED,
+    "num_sequences": whole(1),
+    "seq_len": whole(2),
+    "prompt_fraction": Num(low=0, high=1, above=True),
+    "max_user_chars": whole(1),
+    "min_reply_tokens": whole(1),
+    "gammas": Seq(whole(1)),
+    "latency_reps": whole(1),
+    "context_tokens": whole(1),
+    "temperatures": Seq(Num(low=0), empty=True, note="0 is greedy; []: `sampling` alone"),
+    "targets.*": positive(),
+    "floor_reps": whole(1),
+    "step_targets.*": positive(),
+}
+
+HARVEST: dict[str, Spec] = {
+    "mix_weights.*": Num(low=0, note="0: the mix is off"),
+    "continuation_tokens": whole(1),
+    "max_positions_per_prompt": whole(1, null=True, note="null: continuation_tokens"),
+    "interleaved_max_run": whole(1),
+    "calibration_prompts": whole(1),
+    "gamma": whole(1),
+    "hidden_layer": Num(low=-1, whole=True, note="-1: the last, normed state"),
+    "seed": SEED,
+    "batch_size": whole(1),
+    "generation_batch_size": whole(1),
+    "shared_generation_rows": whole(0, note="0: never share a call"),
+    "statistics_rows": whole(1),
+    "shard_rows": whole(1),
+    **WORKERS,
+}
+
+TRAIN: dict[str, Spec] = {
+    "all_labels": Seq(Word(("ratio", "accept_prob")), unique=True),
+    "lam": positive(null=True, note="null: every λ of train.lams"),
+    "lams": Seq(LAM, unless="train.lam"),
+    "lam_range": Seq(positive(), size=2, note="[low, high]"),
+    "mlp.hidden": whole(1),
+    "mlp.dropout": Num(low=0, high=1, note="0: none; below 1"),
+    "mlp.weight_decay": Num(low=0, note="0: none"),
+    "mlp.lr": positive(),
+    "features": Seq(unique=True),
+    "select.l2_grid": Seq(positive()),
+    "select.l2_scalars": Num(low=0, note="0: no L2"),
+    "select.tie": Num(low=0, note="0: only equal AUCs tie"),
+    "select.max_train_rows": whole(1),
+    "select.max_iter": whole(1),
+    "feature_settings.run_position_cap": whole(1),
+    "feature_settings.accept_prior": share(),
+    "feature_settings.accept_n0": positive(note="the prior's weight in drafts: 0 divides by 0"),
+    "batch_size": whole(1),
+    "min_batches_per_epoch": whole(1),
+    "lr": positive(),
+    "weight_decay": Num(low=0, note="0: none"),
+    "plateau_factor": Num(low=0, high=1, above=True),
+    "plateau_patience": whole(0, note="0: lower the lr after one flat epoch"),
+    "max_epochs": whole(1),
+    "patience": whole(0, note="0: stop at the first flat epoch"),
+    "min_delta": Num(low=0),
+    "seed": SEED,
+    "learning_curve": Seq(Num(low=0, high=1, above=True), empty=True, note="[] skips"),
+    "log_every_n_steps": whole(1),
+    **WORKERS,
+}
+
+TABLES: dict[str, Spec] = {
+    "grids": Seq(whole(1)),
+    "adaptive": Seq(whole(1)),
+    "min_count": whole(1),
+    "x_bins": whole(1),
+    "fit_splits": Seq(Word(("train", "val", "test")), unique=True),
+    "seed": SEED,
+}
+
+EVALUATE: dict[str, Spec] = {
+    "lams": Seq(LAM, null=True, note="null: the λs stage=train trains"),
+    "taus": Seq(share()),
+    "tau": share(),
+    "ece_bins": whole(1),
+    "theorem_mixes": Seq(),
+    "seed": SEED,
+    "bootstrap.resamples": whole(1),
+    "bootstrap.seed": SEED,
+    "bootstrap.level": Num(low=0, high=1, above=True),
+    "target_auc": share(),
+    "transfer": Seq(empty=True, note="[]: none"),
+    "ceiling.lam": LAM,
+    "ceiling.max_train_rows": whole(1),
+    "ceiling.c_grid": C_GRID,
+    "ceiling.mlp_hidden": whole(1),
+    "ceiling.mlp_alphas": Seq(positive()),
+    "mixes": Seq(empty=True, note="[] skips"),
+    "ablation.groups": Seq(null=True, note="null: every group the records give"),
+    "ablation.lam": LAM,
+    "ablation.max_train_rows": whole(1),
+    "ablation.max_val_rows": whole(1),
+    "ablation.c_grid": C_GRID,
+}
+
+BENCH: dict[str, Spec] = {
+    "methods": Seq(unique=True),
+    "num_prompts": whole(1),
+    "max_new_tokens": whole(1),
+    "batch_sizes": Seq(whole(1), empty=True, note="batch 1 always runs"),
+    "law_distance_prompts": whole(0, note="0: no law distance"),
+    "warmup_runs": whole(0, note="0: no warm-up"),
+    "min_timed_runs": whole(1),
+    "seed": SEED,
+    "gamma_max": whole(0, note="0: sd drafts nothing"),
+    "latency.reps": whole(1),
+    "latency.context_tokens": whole(1),
+    "latency.check_factor": Num(low=1),
+    "latency.unchecked_gamma": whole(0),
+    "hf_assisted.num_assistant_tokens": whole(1, words=("auto",)),
+    "hf_assisted_heuristic.num_assistant_tokens": whole(1, words=("auto",)),
+    "judge.timeout": positive(),
+    "targets.*": Num(low=0),
+}
+
+METHODS: dict[str, Spec] = {
+    "*.max_gamma": whole(0),
+    "*.gamma": whole(0, words=("auto",)),
+    "adaedl.gamma": positive(),
+    "adaedl.lam": Num(low=0),
+    "mtad.beam_width": whole(1),
+    "mtad.tau": positive(),
+    "*.planner.margin": Num(low=0),
+    "*.planner.weight": Num(low=0),
+    "*.planner.probe_every": whole(0, note="0: never"),
+    "sd_heuristic.gamma_init": whole(1),
+    "sd_heuristic.gamma_min": whole(0),
+    "*.verifier.lam": positive(null=True),
+    "*.online.positions": whole(1),
+    "*.online.init_weight": Num(note="a slope: any sign"),
+    "*.online.init_bias": Num(note="a logit: any sign"),
+    "*.online.l2": Num(low=0),
+    "*.online.refit_interval": whole(1),
+    "*.online.min_observations": whole(1),
+    "*.online.warmup_refits": whole(0),
+    "*.online.warmup_score": share(),
+    "sprinter.tau": share(),
+    "sprinter.max_run": whole(1),
+    "*.companion_plan.window": whole(1),
+    "*.companion_plan.margin": Num(low=0),
+    "*.companion_plan.warmup": whole(0),
+    "*.companion_plan.probe_every": whole(0, note="0: never"),
+    "*.companion_plan.weight": Num(low=0),
+    "svip.h": positive(),
+    "svip.c": positive(),
+}
+
+DECODING: dict[str, Spec] = {
+    "pack_every": whole(1),
+    "static_capacity": whole(0, note="0: sized from the prompt and budget"),
+    "prefill_tokens": whole(1),
+}
+
+SAMPLING: dict[str, Spec] = {
+    "temperature": Num(low=0, note="0 is greedy"),
+    "top_k": whole(0, null=True, note="0: no top-k"),
+    "top_p": Num(low=0, high=1, above=True),
+}
+
+MODELS: dict[str, Spec] = {"*.seed": SEED}
+
+GROUPS: dict[str, dict[str, Spec]] = {
+    "data": DATA,
+    "distill": DISTILL,
+    "draft_eval": DRAFT_EVAL,
+    "harvest": HARVEST,
+    "train": TRAIN,
+    "tables": TABLES,
+    "evaluate": EVALUATE,
+    "bench": BENCH,
+    "methods": METHODS,
+    "decoding": DECODING,
+    "sampling": SAMPLING,
+    "models": MODELS,
+}
+
+FREE = ("models.*.config",)  # a model's own config: transformers checks it
+
+
+def schema() -> dict[str, Spec]:
+    """Every declaration, keyed by its full dotted key."""
+    flat = dict(TOP)
+    for group, specs in GROUPS.items():
+        flat.update({f"{group}.{key}": spec for key, spec in specs.items()})
+    return flat

@@ -1,0 +1,162 @@
+"""Every setting is checked before any model loads, by its declaration (stages/schema.py).
+
+The sweep feeds every numeric key of conf/ 0, a negative, NaN and (for an integer) a float,
+and every list key [], and expects a refusal naming the key unless the declaration admits
+the value; a key of conf/ that nothing declares fails it. The tests of the test show the
+sweep catching a key whose check is dropped and a key nobody declared.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from sprinter_train import __main__ as entry
+from sprinter_train.core.config import compose_config
+from sprinter_train.core.schema import Num, Seq, leaves, spec_of, undeclared
+from sprinter_train.core.validation import ConfigError
+from sprinter_train.stages import schema as declarations
+from sprinter_train.stages import settings
+from sprinter_train.stages.settings import config_problems, resolved
+
+VARIANTS = [(), ("models=tiny_random", "data=lm1b", "distill=companion")]  # each group's keys
+NAN = float("nan")
+
+
+def _set(tree: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(tree)
+    *path, last = key.split(".")
+    node = out
+    for name in path:
+        node = node[name]
+    node[last] = value
+    return out
+
+
+def _probes(spec: Num | Seq) -> list[Any]:
+    """0, a negative, NaN and a float where an integer is meant; [] for a list."""
+    if isinstance(spec, Seq):
+        return [[]]
+    return [0, -1, NAN, *([1000.0] if spec.whole else [])]
+
+
+def _names(problems: list[str], key: str) -> bool:
+    return any(line.startswith((f"{key}=", f"{key}[", f"{key} ")) for line in problems)
+
+
+def sweep(
+    tree: dict[str, Any],
+    problems_of: Callable[[dict[str, Any]], list[str]],
+    only: tuple[str, ...] | None = None,
+) -> list[str]:
+    """Each probe whose verdict is not its declaration's (a refusal naming the key where the
+    declaration refuses the value, none where it admits it), and each undeclared key (`only`:
+    probe these keys alone)."""
+    full = declarations.schema()
+    failures = [f"{key}: declared nowhere" for key in undeclared(tree, full, declarations.FREE)]
+    for key, _ in leaves(tree):
+        if only is not None and key not in only:
+            continue
+        spec = spec_of(full, key)
+        if not isinstance(spec, Num | Seq):
+            continue
+        for probe in _probes(spec):
+            refused = _names(problems_of(_set(tree, key, probe)), key)
+            admitted = not spec.problems(key, probe)
+            if refused == admitted:
+                failures.append(f"{key}={probe!r}: {'refused' if refused else 'admitted'}")
+    return failures
+
+
+@pytest.fixture(scope="module")
+def trees() -> list[dict[str, Any]]:
+    return [resolved(compose_config("stage=all", *variant)) for variant in VARIANTS]
+
+
+def test_the_shipped_configs_pass_their_declarations(trees) -> None:
+    for tree in trees:
+        assert config_problems(tree) == []
+
+
+def test_every_numeric_and_list_key_is_swept_and_refused_as_declared(trees) -> None:
+    failures = [line for tree in trees for line in sweep(tree, config_problems)]
+    assert failures == []
+
+
+def test_nan_a_float_integer_and_an_empty_list_are_never_admitted_silently() -> None:
+    """What a declaration can admit is said in it: NaN never, a float never for an integer,
+    [] only with `empty`, 0 or a negative only where a bound or a note says so."""
+    for key, spec in declarations.schema().items():
+        if isinstance(spec, Num):
+            assert not spec.accepts(NAN) and not spec.accepts(math.inf), key
+            if spec.whole:
+                assert not spec.accepts(1000.0) and not spec.accepts(True), key
+            if spec.accepts(0) or spec.accepts(-1):
+                assert spec.low is not None or spec.note, f"{key}: say why 0 or -1 is valid"
+        if isinstance(spec, Seq) and spec.empty:
+            assert spec.note, f"{key}: say what [] means"
+
+
+def test_the_sweep_catches_a_key_whose_check_is_dropped(trees, monkeypatch) -> None:
+    """Test of the test: bench.latency.reps with its declaration removed from the check
+    (the sweep still expects it) is admitted at 0, and the sweep says so."""
+    reduced = {k: v for k, v in declarations.schema().items() if k != "bench.latency.reps"}
+    monkeypatch.setattr(settings, "schema", lambda: reduced)
+    keys = ("bench.latency.reps", "bench.latency.context_tokens")
+    assert sweep(trees[0], config_problems, keys) == [
+        "bench.latency.reps=0: admitted",
+        "bench.latency.reps=-1: admitted",
+        "bench.latency.reps=nan: admitted",
+        "bench.latency.reps=1000.0: admitted",
+    ]
+
+
+def test_the_sweep_catches_a_key_nobody_declared(trees) -> None:
+    """Test of the test: a new numeric key of conf/ without a declaration fails the sweep."""
+    tree = _set(trees[0], "bench.new_knob", 3)
+    assert sweep(tree, config_problems, ()) == ["bench.new_knob: declared nowhere"]
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("bench.max_new_tokens=1e3", "bench.max_new_tokens"),  # item 7
+        ("bench.methods=[]", "bench.methods"),  # item 8
+        ("bench.latency.reps=0", "bench.latency.reps"),  # item 9
+        ("train.feature_settings.accept_n0=-4", "train.feature_settings.accept_n0"),  # item 10
+        ("train.feature_settings.run_position_cap=-1", "train.feature_settings.run_position_cap"),
+        ("harvest.continuation_tokens=nan", "harvest.continuation_tokens"),
+    ],
+)
+def test_the_entry_point_refuses_before_any_model_loads(
+    compose_cfg, monkeypatch, override, key
+) -> None:
+    """Issue 39 items 7-10: each passed validation and failed after the models had loaded
+    (TypeError, ZeroDivisionError, StatisticsError, sklearn's NaN). The stage module is
+    never imported: any work would fail the test."""
+
+    stages, imported = set(entry.STAGES.values()), entry.importlib.import_module
+
+    def no_work(name: str, *args: Any) -> Any:
+        if name in stages:
+            raise AssertionError(f"{name} was imported: work began")
+        return imported(name, *args)
+
+    stage = "train" if key.startswith("train.") else "bench"
+    cfg = compose_cfg(f"stage={stage}", "models=tiny_random", override)
+    monkeypatch.setattr(entry.importlib, "import_module", no_work)
+    with pytest.raises(ConfigError) as error:
+        entry.run_stage(cfg)
+    assert key in str(error.value) and "nothing was run" in str(error.value)
+
+
+def test_a_declared_integer_refuses_a_whole_float_the_config_parses() -> None:
+    """1e3 reaches the config as 1000.0: refused, not rounded, so no slice meets a float."""
+    cfg = compose_config("stage=bench", "bench.max_new_tokens=1e3")
+    assert OmegaConf.to_container(cfg)["bench"]["max_new_tokens"] == 1000.0
+    assert any(line.startswith("bench.max_new_tokens=1000.0") for line in config_problems(cfg))
