@@ -8,6 +8,7 @@ schema's types and plausible values, nothing more.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +90,12 @@ def write_synthetic_records(
     seed: int = 0,
     split_seed: int = 0,
     models: dict[str, Any] | None = None,
+    edit: Callable[[dict[str, np.ndarray], np.random.Generator], None] | None = None,
 ) -> dict[str, Any]:
     """Write records/ (shards + manifest) for `rows` records of `positions` per prompt;
-    `models`: the manifest's role -> model_identity (default: placeholders no bench runs)."""
+    `models`: the manifest's role -> model_identity (default: placeholders no bench runs);
+    `edit` may change a shard's columns in place before they are written (plant a signal
+    elsewhere than the hidden state)."""
     records_dir = Path(experiment_dir) / "records"
     records_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -104,6 +108,8 @@ def write_synthetic_records(
         cols = _columns(rng, hidden, w, margin, noise)
         from_draft = rng.uniform(size=n) < 0.6  # the region's token at each row
         cols.update(_history(cols["accept_prob"], positions, from_draft))
+        if edit is not None:
+            edit(cols, rng)
         local = np.arange(n)
         prompt_idx = prompt + local // positions
         ids = np.array([f"synthetic-{i}" for i in range(prompt, int(prompt_idx[-1]) + 1)])

@@ -170,6 +170,7 @@ def train(compose_cfg, tmp_path: Path, *overrides: str) -> tuple:
         "stage=train",
         "experiment=syn",
         f"checkpoints_root={tmp_path / 'checkpoints'}",
+        "train=paper",  # the Lightning head on the hidden state, as split_rows builds it
         "train.batch_size=512",
         "train.learning_curve=[]",
         *overrides,

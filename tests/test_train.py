@@ -49,7 +49,7 @@ def train_cfg(compose_cfg, tmp_path: Path, *overrides: str):
 
 
 def test_linear_verifier_recovers_the_planted_direction(compose_cfg, tmp_path, synthetic) -> None:
-    cfg = train_cfg(compose_cfg, tmp_path, "train.lam=1")
+    cfg = train_cfg(compose_cfg, tmp_path, "train=paper", "train.lam=1")  # the Lightning head
     result = run_stage(cfg)["verifier_lam1"]
     assert result["test"]["auc_q_le_p"] > 0.95
     checkpoint = load_verifier(verifier_path(cfg.checkpoint_dir, 1.0))

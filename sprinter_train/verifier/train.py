@@ -34,6 +34,7 @@ from sprinter_train.verifier.data import VerifierDataModule, split_features, spl
 from sprinter_train.verifier.features import DraftEmbedder, FeatureSpec
 from sprinter_train.verifier.labels import Label, check_both_classes, labels_at
 from sprinter_train.verifier.module import KeepBest, VerifierModule
+from sprinter_train.verifier.select import Candidate, choose, fit_family, load_splits, scored
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,66 @@ class Fit(NamedTuple):
     metrics: dict[str, Any]
     layout: list[dict[str, Any]]
     calibration: dict[str, Any]
+    selection: dict[str, Any] | None = None
+
+
+def select_head(
+    cfg: DictConfig,
+    records: RecordSet,
+    label: Label,
+    spec: FeatureSpec,
+    embedder: DraftEmbedder | None,
+    layout: list[dict[str, Any]],
+    trained: LinearVerifier,
+    trained_seconds: float = 0.0,
+) -> tuple[LinearVerifier, dict[str, Any]]:
+    """train.select (verifier/select.py): the Lightning head (`full`) beside the scalar-only
+    and the ridge heads, the one with the best val AUC kept (ties to the simpler); returns it
+    as a LinearVerifier on raw features and what the sidecar records of the choice."""
+    scfg = cfg.train.select
+    start = time.perf_counter()
+    cap = scfg.get("max_train_rows")
+    splits = load_splits(
+        records,
+        spec,
+        label,
+        embedder,
+        layout,
+        None if cap is None else int(cap),
+        int(cfg.train.seed),
+    )
+    candidates, _ = fit_family(
+        splits,
+        [float(v) for v in scfg.l2_grid],
+        float(scfg.l2_scalars),
+        int(scfg.get("max_iter", 500)),
+    )
+    raw_w = trained.linear.weight.detach()[0].float()
+    raw_b = trained.linear.bias.detach().float()
+    # the trained head in the standardised space the others were scored in
+    w_std, b_std = raw_w * splits.scale, raw_b + (raw_w * splits.mean).sum()
+    full = Candidate("full", w_std, b_std, seconds=trained_seconds)
+    candidates.append(scored(splits, full, w_std, b_std))
+    winner = choose(candidates, float(scfg.tie))
+    chosen = LinearVerifier(int(raw_w.numel()))
+    chosen.linear.weight.data.copy_(winner.weight[None])
+    chosen.linear.bias.data.copy_(winner.bias)
+    selection = {
+        "chosen": winner.name,
+        "metric": "val AUC against q/p <= 1",
+        "tie": float(scfg.tie),
+        "candidates": {c.name: c.describe() for c in candidates},
+        "train_rows": int(len(splits.y_train)),
+        "seconds": time.perf_counter() - start,
+        "note": "scalars: the scalar features alone (dense weights 0); ridge: L2 on the dense "
+        "blocks chosen on val; full: the Lightning head. All on standardised inputs, folded.",
+    }
+    log.info(
+        "train.select: %s kept (val AUC %s)",
+        winner.name,
+        {c.name: None if c.val_auc is None else round(c.val_auc, 4) for c in candidates},
+    )
+    return chosen, selection
 
 
 def fit_verifier(
@@ -226,11 +287,17 @@ def fit_verifier(
             wandb.finish()
     fit_seconds = time.perf_counter() - start
     verifier: LinearVerifier | MLPVerifier
+    selection = None
     if head == "linear":
         weight, bias = module.folded()
         verifier = LinearVerifier(d_in)
         verifier.linear.weight.data.copy_(weight[None])
         verifier.linear.bias.data.copy_(bias)
+        if selecting(tcfg):
+            verifier, selection = select_head(
+                cfg, records, label, spec, embedder, layout, verifier, fit_seconds
+            )
+            fit_seconds = time.perf_counter() - start
     else:
         verifier = MLPVerifier.of(module.folded_mlp())
     logits = split_logits(verifier.eval(), records, spec, embedder)
@@ -247,7 +314,16 @@ def fit_verifier(
         "train_rows": int(len(records.rows_of("train"))),
         **split_metrics(logits, records, label, calibration["temperature"]),
     }
-    return Fit(verifier, metrics, layout, calibration)
+    if selection is not None:
+        metrics["selected"] = selection["chosen"]
+    return Fit(verifier, metrics, layout, calibration, selection)
+
+
+def selecting(tcfg: DictConfig) -> bool:
+    """Whether train.select runs: on unless disabled (the paper's configuration) or the head
+    is the MLP (its family would be MLPs, not linear heads)."""
+    scfg = tcfg.get("select") or {}
+    return bool(scfg.get("enabled", False)) and str(tcfg.get("head", "linear")) == "linear"
 
 
 def learning_curve(
@@ -285,6 +361,7 @@ def curve_point(fraction: float, records: RecordSet, metrics: dict[str, Any]) ->
         "test_auc_q_le_p": (metrics.get("test") or {}).get("auc_q_le_p"),
         "epochs_run": metrics["epochs_run"],
         "fit_seconds": metrics["fit_seconds"],
+        "selected": metrics.get("selected"),
     }
 
 
@@ -317,7 +394,9 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
     embedder = make_embedder(cfg, spec, records)
     name = label.name + ("" if str(tcfg.get("head", "linear")) == "linear" else "-mlp")
     log_dir = Path(cfg.experiment_dir) / "train"
-    verifier, metrics, layout, calibration = fit_verifier(cfg, records, label, spec, embedder, name)
+    verifier, metrics, layout, calibration, selection = fit_verifier(
+        cfg, records, label, spec, embedder, name
+    )
     fit_seconds = metrics["fit_seconds"]
     d_in = sum(block["width"] for block in layout)
     head = str(tcfg.get("head", "linear"))
@@ -343,6 +422,7 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
         "lam": label.lam,
         **({} if head == "linear" else {"head": head, "mlp": {"hidden": int(weight.shape[0])}}),
         "calibration": calibration,
+        "selection": selection,
         "features": {
             "names": list(spec.names),
             "layout": layout,
@@ -389,6 +469,7 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
         "label": label.kind,
         "lam": label.lam,
         "calibration": calibration,
+        "selection": selection,
         "class_balance": balance,
         **metrics,
     }
