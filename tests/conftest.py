@@ -9,16 +9,24 @@ chains) tests; `make test` runs all three.
 
 No test reads the machine: `_machine_readings` fixes the load, busy cores and usable cores
 that stages choose their threads from and the bench judges its timings by.
+
+transformers' deprecations are errors (`_transformers_deprecations`): each is the next
+release's break, and most are logged (`logger.warning_once`), which pytest's filterwarnings
+never sees.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from sprinter_train.core import machine
 from sprinter_train.core.config import compose_config
@@ -64,6 +72,65 @@ def _machine_readings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(machine, "usable_cores", lambda *a: quiet.cores)
     monkeypatch.setattr(machine, "load_average", lambda: quiet.load)
     monkeypatch.setattr(machine, "busy_cores", lambda *a, **k: quiet.busy)
+
+
+TRANSFORMERS = str(Path(transformers.__file__).parent) + "/"
+# deprecated calls transformers makes itself, which nothing of ours can avoid (file, why)
+TRANSFORMERS_OWN = {
+    "generation/candidate_generator.py": "assisted generation calls the assistant's generate "
+    "with generation_config and min/max_new_tokens beside it (5.17-5.24)",
+}
+DEPRECATION = re.compile("deprecat", re.IGNORECASE)
+
+
+class TransformersDeprecation(Exception):
+    """A deprecated use of transformers, logged or warned by transformers."""
+
+
+def refuse_deprecation(message: str) -> None:
+    """Raise for a deprecation message of transformers' at the point it is issued, unless a
+    frame of transformers' own deprecated calls is on the stack."""
+    if not DEPRECATION.search(message):
+        return
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(TRANSFORMERS) and name[len(TRANSFORMERS) :] in TRANSFORMERS_OWN:
+            return
+        frame = frame.f_back
+    raise TransformersDeprecation(
+        f"transformers: {message} (tests/conftest.py makes transformers' deprecations errors)"
+    )
+
+
+class _RaiseOnDeprecation(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        refuse_deprecation(record.getMessage())
+
+
+@pytest.fixture(autouse=True)
+def _transformers_deprecations(monkeypatch: pytest.MonkeyPatch):
+    """transformers' deprecations, logged (any `transformers.*` logger) or warned (a
+    FutureWarning or DeprecationWarning whose `warnings.warn` is in transformers), raise
+    `TransformersDeprecation` where they are issued; nothing else's warnings change."""
+    warn = warnings.warn
+    kinds = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
+    def checked_warn(message, category=None, stacklevel=1, source=None, **kwargs):
+        kind = category or (type(message) if isinstance(message, Warning) else UserWarning)
+        if issubclass(kind, kinds) and sys._getframe(1).f_code.co_filename.startswith(TRANSFORMERS):
+            refuse_deprecation(str(message))
+        return warn(message, category, stacklevel + 1, source, **kwargs)
+
+    monkeypatch.setattr(warnings, "warn", checked_warn)
+    once = getattr(logging.Logger, "warning_once", None)  # transformers' once-a-process log
+    if hasattr(once, "cache_clear"):
+        once.cache_clear()  # so every test sees its own
+    handler = _RaiseOnDeprecation(logging.WARNING)
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    yield
+    logger.removeHandler(handler)
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ the code:
   longer prompt recompiles. One `StaticCache` of the bench's longest prompt + budget,
   `reset()` before each call (the docs' "pass a StaticCache"), keeps every call on the
   graphs the warm-up compiled.
-- The cache is passed as `past_key_values`, the name 5.17 knows (5.24 renames it `cache` and
-  still accepts the old name until 6.0 with a deprecation warning, silenced here).
+- The cache is passed under the name the target's forward takes (`models/cache.py`): `cache`
+  from 5.24 on, where `past_key_values` is deprecated (gone in 6.0), `past_key_values` on 5.17.
 - A forward hook would be traced into the compiled graph, so calls are not hooked: HF's loop
   makes one prefill and one forward per later token, so the target calls are the tokens.
 """
@@ -25,7 +25,6 @@ the code:
 from __future__ import annotations
 
 import time
-import warnings
 
 import torch
 from transformers import CompileConfig, PreTrainedModel, StaticCache
@@ -33,6 +32,7 @@ from transformers import CompileConfig, PreTrainedModel, StaticCache
 from sprinter_train.bench.peer import PeerRun, cut_after_eos, sampling_kwargs
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.models.cache import with_cache
 
 
 class StaticPeer:
@@ -99,19 +99,17 @@ class StaticPeer:
         torch.manual_seed(seed)
         synchronize(self.device)
         start = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*past_key_values.*")
-            output = self.target.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                past_key_values=self.cache,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=eos_token_id,
-                pad_token_id=pad_token_id,
-                compile_config=self.compile_config,
-                disable_compile=not self.compile,
-                **sampling_kwargs(sampling),
-            )
+        output = self.target.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            compile_config=self.compile_config,
+            disable_compile=not self.compile,
+            **with_cache(self.target, self.cache),
+            **sampling_kwargs(sampling),
+        )
         synchronize(self.device)
         wall_s = time.perf_counter() - start
         tokens = cut_after_eos(output[0, input_ids.shape[1] :].tolist(), eos_token_id)

@@ -37,10 +37,12 @@ def with_cache(model, cache) -> dict[str, Any]:
 
 
 def returned_cache(output) -> Any:
-    """The cache a forward returned: `output.cache` on current transformers, else
+    """The cache a forward returned: `output.cache` where the output has that field (5.24 on;
+    its `past_key_values` is a property that logs a deprecation), else
     `output.past_key_values`."""
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else getattr(output, "past_key_values", None)
+    if "cache" in getattr(output, "__dataclass_fields__", ()):
+        return output.cache
+    return getattr(output, "past_key_values", None)
 
 
 _CACHE_KWARG: dict[type, str] = {}
