@@ -148,3 +148,38 @@ def test_the_soft_label_is_selected_too(compose_cfg, tmp_path, label) -> None:
     result = run_stage(cfg)["verifier_accept"]
     assert result["selection"]["chosen"] in {"scalars", "ridge", "full"}
     assert result["test"]["auc_q_le_p"] > 0.8  # the planted hidden direction is found
+
+
+def test_evaluate_sets_each_verifier_against_its_inputs_and_shows_the_selection(
+    compose_cfg, tmp_path
+) -> None:
+    """The report scores every scalar input alone (signed on val) beside the hand rules, each
+    verifier minus each of them with a paired interval, and the sidecar's selection."""
+    from sprinter_train.core.io import read_json
+    from tests.synthetic import write_synthetic_records
+
+    exp = tmp_path / "artifacts" / "syn"
+    write_synthetic_records(exp, rows=2048, d=16, margin=0.0, noise=1.0, edit=entropy_decides)
+    quick = ("evaluate.ceiling.enabled=false", "evaluate.ablation.enabled=false")
+    for stage in ("train", "tables", "evaluate"):
+        run_stage(train_cfg(compose_cfg, tmp_path, f"stage={stage}", "evaluate.lams=[1]", *quick))
+    report = read_json(exp / "eval" / "report.json")
+    entry = report["beats_inputs"]
+    rivals = entry["rivals"]
+    inputs = {"q", "draft_entropy", "draft_margin", "draft_entropy_raw"}
+    assert {f"input:{n}" for n in inputs} <= set(rivals)
+    assert {"svip_entropy", "sv_table", "draft_q"} <= set(rivals)
+    records = open_records(exp)
+    test = records.rows_of("test")
+    label = records.frame["ratio"].to_numpy()[test] <= 1.0
+    # the entropy ranks acceptance downwards: its sign is flipped on val, not on test
+    entropy = -records.frame["draft_entropy_raw"].to_numpy()[test]
+    assert rivals["input:draft_entropy_raw"]["auc"] == pytest.approx(auc(label, entropy))
+    assert entry["best_rival"] == max(rivals, key=lambda n: rivals[n]["auc"] or 0.0)
+    diff = entry["versus"]["verifier_lam1"]["input:draft_entropy_raw"]
+    verifier_auc = report["auc"]["verifier_lam1"]
+    assert diff["value"] == pytest.approx(verifier_auc - auc(label, entropy))
+    assert diff["ci"][0] <= diff["value"] <= diff["ci"][1]
+    assert entry["selection"]["verifier_lam1"]["chosen"] in {"scalars", "ridge", "full"}
+    text = (exp / "eval" / "report.md").read_text()
+    assert "Does each verifier beat its own inputs?" in text and "**kept**" in text

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sprinter_train.evaluation.selection import section as beats_inputs_section
+
 
 def fmt(value: Any, digits: int = 3) -> str:
     if value is None:
@@ -441,6 +443,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     why = shortfall_lines(report)
     extra = [
+        beats_inputs_section(report),
         calibration_section(report),
         mix_section(report),
         "## Below the target AUC, and why\n\n" + "\n".join(why) if why else None,

@@ -39,6 +39,7 @@ from sprinter_train.evaluation.scores import (
     unscored_notes,
     verifier_logits,
 )
+from sprinter_train.evaluation.selection import beats_inputs
 from sprinter_train.evaluation.strict_json import strict_json
 from sprinter_train.evaluation.sv_report import NO_TABLE_NOTE, information_report
 from sprinter_train.evaluation.theory_checks import check_verifiers
@@ -110,6 +111,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         "auc_sampled": metrics["auc_sampled"],
         "auc_sampled_ci": metrics["auc_sampled_ci"],
         "auc_minus_draft_q": metrics["auc_minus_draft_q"],
+        "beats_inputs": beats_inputs(records, rows, verifiers, scores, y_label, bootstrap),
         "by_mix": by_mix,
         "verifier_by_mix": named_rows(by_mix, list(verifiers)),
         "bootstrap": bootstrap.describe(),
