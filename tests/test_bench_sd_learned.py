@@ -31,7 +31,6 @@ from sprinter_train.harvest.reader import open_records
 from sprinter_train.models.tiny import TINY_DEFAULTS
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from sprinter_train.verifier.data import split_features
-from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
 from sprinter_train.verifier.train import class_balance
@@ -89,7 +88,7 @@ def test_the_prior_is_the_train_splits_mean_label_and_skips_rounds_it_would_not_
     checkpoint = load_verifier(verifier_path(cfg.checkpoint_dir, Label("accept_prob")))
     verifier = CheckpointVerifier(checkpoint, models["draft"])
     records = open_records(cfg.experiment_dir)
-    features, rows = split_features(records, "train", FeatureSpec.from_names(["hidden"]))
+    features, rows = split_features(records, "train", checkpoint.spec)
     accept = records.frame["accept_prob"].to_numpy()[rows]
     assert verifier.prior == pytest.approx(float(accept.mean()), abs=1e-6)
     assert 0.1 < verifier.prior < 0.9
