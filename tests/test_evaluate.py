@@ -182,6 +182,7 @@ def chained(tmp_path_factory) -> dict:
     return {"root": root, "cfg": cfg, "result": result}
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
     cfg, result = chained["cfg"], chained["result"]
     assert result["harvest"]["records"] == 16 * 8
@@ -245,6 +246,7 @@ def test_stage_all_chains_every_stage_and_writes_the_report(chained) -> None:
     assert all(v["trained_on_this_record_set"] for v in report["inputs"]["verifiers"].values())
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_every_auc_has_its_prompt_interval_and_every_verifier_its_calibration(chained) -> None:
     """report.json: an interval beside every AUC (the test prompts resampled), the paired
     verifier - q(x) difference, ECE/Brier before and after each sidecar's temperature, the
@@ -287,6 +289,7 @@ def test_every_auc_has_its_prompt_interval_and_every_verifier_its_calibration(ch
     assert (eval_dir / "reliability_verifiers.png").stat().st_size > 1000
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_greedy_lossless_methods_emit_target_onlys_tokens(chained) -> None:
     """At temperature 0 in float32 every lossless method's output is target_only's: the same
     token count and the target's perplexity of it equal to the last bit (one forward of the
@@ -321,6 +324,7 @@ def test_greedy_lossless_methods_emit_target_onlys_tokens(chained) -> None:
         assert batched[name]["rouge_l_vs_target"] == base["rouge_l_vs_target"], name
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_evaluate_scores_the_same_rows_as_the_exported_verifier(chained) -> None:
     """report AUC = AUC of the checkpoint's own scores on the test rows (no hidden re-ordering)."""
     from sprinter_train.harvest.reader import open_records
@@ -337,6 +341,7 @@ def test_evaluate_scores_the_same_rows_as_the_exported_verifier(chained) -> None
     )
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_transfer_between_two_tiny_experiments(chained) -> None:
     """SPRINTER Table 4: verifiers of one dataset scored on another's test records, both ways."""
     root = chained["root"]
@@ -370,6 +375,7 @@ def test_transfer_between_two_tiny_experiments(chained) -> None:
         )
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_transfer_refuses_records_of_the_verifiers_own_train_prompts(chained) -> None:
     """The same dataset under another data.seed puts some of the verifiers' train prompts in
     the other records' test split: refused, or with evaluate.allow_train_overlap counted."""
@@ -393,6 +399,7 @@ def test_transfer_refuses_records_of_the_verifiers_own_train_prompts(chained) ->
     assert set(counts) == VERIFIERS and all(n > 0 for n in counts.values())
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_token_embedding_feature_reads_the_drafts_embedding(chained) -> None:
     cfg = compose_at(
         chained["root"],
@@ -410,6 +417,7 @@ def test_token_embedding_feature_reads_the_drafts_embedding(chained) -> None:
     ]
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_evaluate_scores_a_verifier_of_every_decode_time_feature(tmp_path) -> None:
     """A verifier trained on the decode-time features (and the target's stale hidden state)
     is scored by evaluate on the features training built for the same rows (evaluate once
@@ -433,6 +441,7 @@ def test_evaluate_scores_a_verifier_of_every_decode_time_feature(tmp_path) -> No
     )
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_missing_inputs_name_the_stage_that_makes_them(tmp_path, chained) -> None:
     with pytest.raises(MissingInputError, match="stage=harvest"):
         run_stage(compose_at(tmp_path, "stage=evaluate", "experiment=none"))
@@ -459,6 +468,7 @@ def test_missing_inputs_name_the_stage_that_makes_them(tmp_path, chained) -> Non
         run_stage(compose_at(tmp_path, "stage=evaluate", "experiment=syn"))
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_ceiling_and_shortfall_sections_explain_a_short_auc(chained) -> None:
     root = chained["root"]
     run_stage(
@@ -483,6 +493,7 @@ def test_ceiling_and_shortfall_sections_explain_a_short_auc(chained) -> None:
         assert entry["test_auc_ci"] is None or entry["test_auc_ci"][0] <= entry["test_auc_ci"][1]
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_the_report_has_every_mix_and_the_feature_ablation(chained) -> None:
     root = chained["root"]
     run_stage(
@@ -512,6 +523,7 @@ def test_the_report_has_every_mix_and_the_feature_ablation(chained) -> None:
     assert "Every predictor on each prefix mix" in text and "Feature ablation" in text
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_ceiling_leaves_out_an_embedding_it_cannot_load(chained, monkeypatch) -> None:
     from sprinter_train.evaluation import ceiling_report as module
     from sprinter_train.harvest.reader import open_records
@@ -554,6 +566,7 @@ class OneDraft(Method):
         return gamma_round(engine, batch, 1)
 
 
+@pytest.mark.heavy  # a stage chain: make test, not test-quick
 def test_a_method_from_one_class_and_one_config_runs_through_bench_and_evaluate(chained) -> None:
     """OneDraft and its config node, added here and nowhere else: the bench runs it beside
     target_only and records its traits, and evaluate scores its rule on the records."""
