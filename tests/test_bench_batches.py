@@ -143,6 +143,7 @@ def bench(tmp_path_factory) -> dict:
     return {"results": read_json(out / "results.json"), "out": out}
 
 
+@pytest.mark.heavy  # a whole bench stage (the module's fixture)
 def test_results_json_has_a_batches_section_per_batch_size(bench) -> None:
     results = bench["results"]
     assert results["batch_sizes"] == [1, 4] and set(results["batches"]) == {"1", "4"}
@@ -171,6 +172,7 @@ def test_results_json_has_a_batches_section_per_batch_size(bench) -> None:
     assert set(profile) == {"1", "4"} and set(profile["4"]["target_ms"]) == {"1", "2", "3", "4"}
 
 
+@pytest.mark.heavy  # a whole bench stage (the module's fixture)
 def test_sv_paper_reports_its_distance_and_sv_reports_none(bench) -> None:
     methods = bench["results"]["methods"]
     assert len(methods["sv"]["tv_first_token_per_prompt"]) == 3
@@ -179,6 +181,7 @@ def test_sv_paper_reports_its_distance_and_sv_reports_none(bench) -> None:
     assert "tv_first_token" not in methods["sd"]
 
 
+@pytest.mark.heavy  # a whole bench stage (the module's fixture)
 def test_results_md_has_a_table_per_batch_size_and_the_goodput_plot(bench) -> None:
     out = bench["out"]
     text = (out / "results.md").read_text()
@@ -192,6 +195,7 @@ def test_results_md_has_a_table_per_batch_size_and_the_goodput_plot(bench) -> No
     assert (out / "goodput_vs_batch.png").stat().st_size > 1000
 
 
+@pytest.mark.heavy  # a whole bench stage (the module's fixture)
 def test_results_carry_provenance_and_greedy_differences_from_target_only(bench) -> None:
     results = bench["results"]
     prov = results["provenance"]
@@ -209,6 +213,7 @@ def test_results_carry_provenance_and_greedy_differences_from_target_only(bench)
     assert all(isinstance(differing[n], int) for n in ("sv_paper", "hf_assisted"))
 
 
+@pytest.mark.heavy  # a whole bench stage (the module's fixture)
 def test_sd_auto_plans_every_round_from_the_bench_alpha_and_records_it(bench) -> None:
     """sd's planner starts from the bench's alpha and records the gammas it chose by live
     rows (at most 4 here, gamma 0..gamma_max); its greedy rows are target_only's (above)."""

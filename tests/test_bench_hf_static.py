@@ -83,6 +83,7 @@ def test_a_prompt_longer_than_the_cache_is_refused(target) -> None:
         )
 
 
+@pytest.mark.heavy  # compiles
 def test_compiled_on_the_cpu_the_rows_stay_and_one_graph_serves_every_prompt_length(
     target, reference
 ) -> None:

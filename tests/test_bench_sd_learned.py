@@ -415,6 +415,7 @@ def bench(tmp_path_factory) -> dict:
     return {"results": read_json(out / "results.json"), "out": out, "path": str(path)}
 
 
+@pytest.mark.heavy  # a whole bench stage (the module's fixture)
 def test_the_bench_reports_sd_learneds_law_bar_and_draft_runs(bench) -> None:
     results = bench["results"]
     methods = results["methods"]
@@ -440,6 +441,7 @@ def test_the_bench_reports_sd_learneds_law_bar_and_draft_runs(bench) -> None:
         assert sd["no_draft_share"] < 0.5 and 1 <= sd["drafted_per_round"] <= 2
 
 
+@pytest.mark.heavy  # a whole bench stage (the module's fixture)
 def test_the_benchs_results_md_shows_the_sd_learned_section(bench) -> None:
     text = (bench["out"] / "results.md").read_text()
     section = text[text.index("## sd_learned against its best rival") :]

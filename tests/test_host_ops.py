@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +29,7 @@ def ops_per_round(*args: str) -> dict[str, float]:
     return {row[0]: float(row[1]) for row in rows}
 
 
+@pytest.mark.heavy  # runs the benchmark script both ways
 def test_captured_rounds_leave_fewer_host_ops_than_uncaptured_ones() -> None:
     plain, captured = ops_per_round(), ops_per_round("--captured")
     assert set(plain) == set(captured) == {"target_only", "sd", "svip"}

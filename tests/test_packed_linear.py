@@ -149,6 +149,7 @@ def test_a_changed_weight_is_repacked(dtype: torch.dtype) -> None:
         assert_same(layer(x), F.linear(x, replacement["weight"], replacement["bias"]))
 
 
+@pytest.mark.heavy  # compiles
 def test_a_compiled_forward_multiplies_by_the_packed_copy_at_any_row_count(monkeypatch) -> None:
     """The compiled graph (dynamo's automatic dynamic shapes, as `decoding.compile` on a CPU)
     calls the module's packed copy through the custom op with no graph break, at the engine's

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 DRAW = """
@@ -28,6 +30,7 @@ print(roc.read_bytes()[:8] == curve.read_bytes()[:8] == b"\\x89PNG\\r\\n\\x1a\\n
 """
 
 
+@pytest.mark.heavy  # another process
 def test_drawing_keeps_the_callers_backend_and_needs_no_pyplot(tmp_path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", DRAW, str(tmp_path)],

@@ -53,6 +53,8 @@ from tests.decoding_helpers import (
 )
 from tests.sd_learned_helpers import before_draw
 
+# the sampled variant stays in make test; the quick loop keeps the greedy one
+SAMPLED_HEAVY = [GREEDY, pytest.param(SAMPLING, marks=pytest.mark.heavy)]
 ROWS = PROMPTS * 2  # 8 rows: the row bucket shrinks 8 -> 4 -> 2 -> 1 as rows finish
 NEW_TOKENS = 24
 
@@ -108,7 +110,7 @@ def test_every_registry_method_is_covered(models) -> None:
     assert registry == {type(policy) for policy in every_method(models)}
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("sampling", SAMPLED_HEAVY, ids=["greedy", "sampled"])
 def test_static_layout_emits_the_dynamic_layouts_tokens_for_every_method(
     models, eos, sampling
 ) -> None:
@@ -188,8 +190,10 @@ def test_reused_buffers_and_unshrinking_rows_keep_the_tokens(models, eos) -> Non
     assert len(static.target.kv_pool) >= 1
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+@pytest.mark.parametrize("sampling", SAMPLED_HEAVY, ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "static", [pytest.param(False, marks=pytest.mark.heavy), True], ids=["dynamic", "static"]
+)
 def test_a_padded_prefill_emits_the_by_length_prefills_tokens(models, eos, sampling, static):
     """The GPU's prefill (rows right-padded into one forward, no mask) changes no token of any
     method: the causal mask hides the padding after a prompt from the prompt, and the padded
@@ -287,6 +291,7 @@ def test_the_switches_resolve_and_are_validated() -> None:
     assert decoding_problems(dict(config.decoding)) == []
 
 
+@pytest.mark.heavy  # compiles
 def test_the_target_forward_is_one_graph_at_every_bucket(models) -> None:
     """Dynamo traces the static-shape body with no graph break at batch buckets 1, 2, 4 and
     block widths 1 .. gamma_max + 1 (gamma_max 4 here), also through prepacked linears."""
@@ -483,7 +488,7 @@ def replayed(monkeypatch):
     return graphs.HostGraph
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("sampling", SAMPLED_HEAVY, ids=["greedy", "sampled"])
 def test_captured_forwards_emit_the_static_layouts_tokens_for_every_method(
     models, eos, sampling, replayed
 ) -> None:
