@@ -183,3 +183,34 @@ def test_evaluate_sets_each_verifier_against_its_inputs_and_shows_the_selection(
     assert entry["selection"]["verifier_lam1"]["chosen"] in {"scalars", "ridge", "full"}
     text = (exp / "eval" / "report.md").read_text()
     assert "Does each verifier beat its own inputs?" in text and "**kept**" in text
+
+
+@pytest.mark.parametrize("tie", ["1.0", "0.0"])
+def test_the_kept_head_scores_alike_in_training_and_in_the_decoders_scorer(
+    compose_cfg, tmp_path, tie
+) -> None:
+    """Whichever head is kept (tie 1: the scalar head; tie 0: the best on val), the decoder's
+    CheckpointVerifier reads the file and scores drafted tokens as training's features do."""
+    from sprinter_train.models.loading import load_model
+    from sprinter_train.verifier.scorer import CheckpointVerifier
+    from tests.scorer_helpers import DRAFT, D, draft_step, new_batch, write_records
+    from tests.synthetic import write_synthetic_records
+
+    write_synthetic_records(tmp_path / "artifacts" / "syn", rows=2048, d=D)
+    cfg = train_cfg(compose_cfg, tmp_path, f"train.select.tie={tie}", features=None)
+    result = run_stage(cfg)["verifier_lam1"]
+    assert tie == "0.0" or result["selected"] == "scalars"
+    checkpoint = load_verifier(verifier_path(cfg.checkpoint_dir, 1.0))
+    record = write_records(tmp_path / "toy")
+    features, rows = split_features(open_records(tmp_path / "toy"), None, checkpoint.spec)
+    trained = checkpoint.calibrated_score(features.batch())  # the scorer's sigmoid(z / T)
+    draft = load_model(DRAFT, "draft", torch.device("cpu"), torch.float32).model
+    verifier = CheckpointVerifier(checkpoint, draft)
+    step = draft_step(record, list(rows))
+    decoded = verifier(None, new_batch(record, list(rows)), None, step).numpy()
+    assert len(np.unique(trained.round(4))) > 5  # not a constant: a mismatch would show
+    np.testing.assert_allclose(decoded, trained, rtol=0, atol=1e-5)
+    if result["selected"] == "scalars":  # the hidden state does not move its score
+        step.hidden.normal_()
+        again = verifier(None, new_batch(record, list(rows)), None, step).numpy()
+        np.testing.assert_allclose(again, decoded, rtol=0, atol=1e-6)
