@@ -84,7 +84,6 @@ STARTED=$(date +%s)
 FAILED=()
 : >"$OUT/steps.tsv"
 
-
 selected() {  # selected <name>: STEPS names it
   case ",$STEPS," in
     *",$1,"*) return 0 ;;
