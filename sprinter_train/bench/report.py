@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sprinter_train.bench.oracle import oracle_section
 from sprinter_train.bench.provenance import load_warning
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.plots import save, subplots
@@ -482,6 +483,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
             )
         lines.append("")
     lines += learned_section(results)
+    lines += oracle_section(results)
     if results.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in results["skipped"].items()), ""]
     if energy:

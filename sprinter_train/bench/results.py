@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from sprinter_train.bench import provenance
 from sprinter_train.bench.law_distance import first_token_tv
 from sprinter_train.bench.methods import MethodPlan
+from sprinter_train.bench.oracle import add_oracle_shares
 from sprinter_train.bench.prepare import Setup
 from sprinter_train.bench.report import UNSUPPORTED
 from sprinter_train.bench.runs import GroupRun, groups
@@ -51,6 +52,7 @@ def summarise_runs(
         }
         for size in setup.batch_sizes
     }
+    add_oracle_shares(results, with_trait(cfg.methods, list(plan.policies), lossless=True))
     profile = setup.profile
     results.update(
         {

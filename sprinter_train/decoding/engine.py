@@ -461,9 +461,11 @@ class Engine:
         synchronize(self.device)
         compiling = sum(self.runners[role].compile_seconds for role in roles) - compiling
         wall = time.perf_counter() - start - compiling  # compile time is reported apart
+        wall -= batch.stats.unbilled_seconds  # an oracle's look-ahead (policies/oracle.py)
         batch.stats.compile_seconds = compiling
         for role in roles:  # CUDA events are read here, after the clock stopped
             spent = self.runners[role].seconds - before[role]
+            spent -= getattr(batch.stats, f"unbilled_{role}_seconds", 0.0)
             setattr(batch.stats, f"{role}_seconds", spent)
         self.timings.feed(self.runners)  # every forward is done: none is left for later
         return [GenerationResult(row.generated, wall, batch.stats, row.from_draft) for row in done]

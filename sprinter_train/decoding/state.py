@@ -35,6 +35,11 @@ class DecodeStats:
     companion_seconds: float = 0.0
     verifier_seconds: float = 0.0
     compile_seconds: float = 0.0  # compiling new shapes, outside the wall time
+    # work a policy is credited with for free (the oracle's look-ahead), outside the wall
+    # time and the models' seconds: its calls are never counted
+    unbilled_seconds: float = 0.0
+    unbilled_target_seconds: float = 0.0
+    unbilled_draft_seconds: float = 0.0
 
     def add(self, other: DecodeStats) -> None:
         for name in self.__dataclass_fields__:
