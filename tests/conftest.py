@@ -21,6 +21,7 @@ import logging
 import re
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -34,6 +35,56 @@ from sprinter_train.core.config import compose_config
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow-all", action="store_true", help="run every slow real-model test")
+    parser.addini(
+        "quick_test_cpu_seconds",
+        "CPU seconds a test of the quick set (not law, slow or heavy) may spend in its set-up "
+        "and call; 0 turns the budget off",
+        default="0",
+    )
+
+
+QUICK_EXCLUDES = ("law", "slow", "heavy")
+_CPU_SPENT = pytest.StashKey[float]()
+
+
+def in_quick_set(item: pytest.Item) -> bool:
+    """Whether `make test-quick` runs this test (its marker expression, as a predicate)."""
+    return not any(marker in item.keywords for marker in QUICK_EXCLUDES)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    began = time.process_time()
+    yield
+    item.stash[_CPU_SPENT] = time.process_time() - began
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    began = time.process_time()
+    yield
+    item.stash[_CPU_SPENT] = item.stash.get(_CPU_SPENT, 0.0) + time.process_time() - began
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A quick-set test over its CPU budget fails, so no slow test creeps into the inner
+    loop unseen. CPU seconds of this process, not wall time: another job on a shared
+    machine stretches the wall clock several times but leaves a test's own CPU time near
+    its quiet value (module fixtures count in the first test that builds them)."""
+    outcome = yield
+    report = outcome.get_result()
+    budget = float(item.config.getini("quick_test_cpu_seconds") or 0)
+    if report.when != "call" or not report.passed or budget <= 0 or not in_quick_set(item):
+        return
+    spent = item.stash.get(_CPU_SPENT, 0.0)
+    if spent > budget:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} spent {spent:.1f} CPU s in set-up and call, over the quick set's "
+            f"budget of {budget:g} s (quick_test_cpu_seconds in pyproject.toml): make it "
+            "smaller, share its fixture, or mark it heavy (docs/testing.md)"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
