@@ -62,8 +62,11 @@ def transfer_report(cfg: DictConfig, verifiers: dict[str, VerifierCheckpoint]) -
     out: dict[str, Any] = {}
     for other in cfg.evaluate.transfer:
         other_dir = Path(cfg.artifacts_root) / str(other)
-        records = open_records(
-            other_dir, columns=COLUMNS, stage="stage=evaluate (evaluate.transfer)"
+        needed = [c for v in verifiers.values() for c in v.spec.record_columns()]
+        records = open_records(  # the columns the verifiers' features read, too
+            other_dir,
+            columns=list(dict.fromkeys([*COLUMNS, *needed])),
+            stage="stage=evaluate (evaluate.transfer)",
         )
         overlap = check_transfer(cfg, str(other), records, verifiers)
         rows = records.rows_of(str(cfg.evaluate.split))
