@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench import provenance
+from sprinter_train.bench.guard import tally_scores
 from sprinter_train.bench.latency import LatencyProfile, profile_models
 from sprinter_train.bench.methods import (
     MethodPlan,
@@ -119,6 +120,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     )
     for name, reason in plan.skipped.items():
         log.warning("bench: skipping %s: %s", name, reason)
+    tally_scores(plan)  # the trained verifiers' mean scores, for results.md's domain check
     return Setup(
         models, prompts, engine, device, dtype, batch_sizes, profile, verdict, alpha,
         alpha_source, gammas, plan, gamma_source(cfg, verdict),

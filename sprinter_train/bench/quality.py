@@ -7,6 +7,7 @@ and how likely the large model finds the text it is credited with (perplexity).
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Sequence
@@ -89,3 +90,47 @@ def target_perplexity(model: nn.Module, context_ids: list[int], output_ids: list
     log_probs = torch.log_softmax(predicting, dim=-1)
     nll = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return math.exp(nll.mean().item())
+
+
+def target_perplexities(
+    model: nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8
+) -> list[float]:
+    """`target_perplexity` of each (context, output) pair, `batch_size` pairs a forward: the
+    bench scores every method's every output, one forward each was most of its quality time.
+
+    Pairs of similar length share a forward, left-padded under an attention mask with their
+    own position ids, and the target's logits are kept only at the output positions (where
+    its forward takes `logits_to_keep`), so a forward holds batch x output x vocabulary
+    logits rather than batch x sequence x vocabulary."""
+    device = next(model.parameters()).device
+    keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
+    scored = [len(out) - (0 if ctx else 1) for ctx, out in pairs]  # no prefix: first unscored
+    out_ppl = [float("nan")] * len(pairs)
+    order = sorted(
+        (i for i, n in enumerate(scored) if n > 0),
+        key=lambda i: len(pairs[i][0]) + len(pairs[i][1]),
+    )
+    for start in range(0, len(order), max(1, int(batch_size))):
+        chunk = order[start : start + max(1, int(batch_size))]
+        seqs = [list(pairs[i][0]) + list(pairs[i][1]) for i in chunk]
+        width = max(len(s) for s in seqs)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for r, seq in enumerate(seqs):
+            ids[r, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[r, width - len(seq) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        keep = max(scored[i] for i in chunk) + 1  # the logits predicting the outputs, and one
+        extra = {"logits_to_keep": keep} if keeps else {}
+        with torch.inference_mode():
+            logits = model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, **extra
+            ).logits[:, -keep:]
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        for r, i in enumerate(chunk):
+            n = scored[i]
+            predicting = log_probs[r, keep - 1 - n : keep - 1]
+            nll = -predicting.gather(-1, ids[r, width - n :, None])[:, 0]
+            out_ppl[i] = math.exp(nll.mean().item())
+    return out_ppl

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sprinter_train.bench.guard import guard_section, guard_warnings
 from sprinter_train.bench.oracle import oracle_section
 from sprinter_train.bench.provenance import load_warning
 from sprinter_train.core.io import read_json, write_json
@@ -445,6 +446,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
         *([warning, ""] if warning else []),
         *([unchecked, ""] if unchecked else []),
         *([overlap, ""] if overlap else []),
+        *guard_warnings(results),
         f"{results['num_prompts']} prompts, {results['max_new_tokens']} new tokens each, sampling "
         f"{results['sampling']}, on {results['device']} ({results['dtype']}, {results['threads']} threads), "
         f"batch sizes {sizes}. Models: {results['models']}.",
@@ -482,6 +484,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
                 f"{verdict}"
             )
         lines.append("")
+    lines += guard_section(results)
     lines += learned_section(results)
     lines += oracle_section(results)
     if results.get("skipped"):

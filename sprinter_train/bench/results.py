@@ -9,6 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench import provenance
+from sprinter_train.bench.guard import guard_results, tallies
 from sprinter_train.bench.law_distance import first_token_tv
 from sprinter_train.bench.methods import MethodPlan
 from sprinter_train.bench.oracle import add_oracle_shares
@@ -32,6 +33,7 @@ def summarise_runs(
     what the run was measured with (profile, alpha, settings, traits)."""
     b, models, plan, names = cfg.bench, setup.models, setup.plan, setup.names
     tokenizer, greedy = models.tokenizer, setup.engine.sampling.greedy
+    scores = tallies(plan)  # before the law distances' rounds add to them
     results = summarise(runs[1], models, tokenizer, cfg)
     for name, count in greedy_differences(runs[1], greedy).items():
         results["methods"][name]["outputs_differing_from_target_only"] = count
@@ -87,6 +89,7 @@ def summarise_runs(
             },
         }
     )
+    guard_results(results, scores, b.get("guard"))
     return results
 
 

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from sprinter_train.bench.judge import Judge, build_judge, win_tie, win_tie_rate
-from sprinter_train.bench.quality import rouge_l, target_perplexity
+from sprinter_train.bench.quality import rouge_l, target_perplexities
 from sprinter_train.bench.runs import GroupRun
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.state import DecodeStats
@@ -43,6 +43,17 @@ def acceptance(stats: DecodeStats) -> dict[str, float | None]:
         if stats.verifier_accepted
         else None,
     }
+
+
+def draft_acceptance(stats: DecodeStats) -> float | None:
+    """Of the drafts the target tested, the share that passed (a round's drafts past its
+    first rejection are never tested): accepted / (accepted + rounds with a rejection), the
+    per-draft acceptance the records' beta estimates, so the bench can tell prompts unlike
+    the training data's. None for a method that commits drafts unchecked, or tested none."""
+    rejecting = stats.drafting_rounds - stats.full_rounds
+    if stats.verifier_accepted or not stats.accepted + rejecting:
+        return None
+    return stats.accepted / (stats.accepted + rejecting)
 
 
 DRAFT_RUNS = (
@@ -110,6 +121,7 @@ def speed(runs: list[GroupRun]) -> dict[str, Any]:
         "companion_calls": stats.companion_calls,
         "tokens_per_target_call": tokens / max(stats.target_calls, 1),
         **acceptance(stats),
+        "draft_acceptance": draft_acceptance(stats),
         "time_breakdown_s": {
             "target": stats.target_seconds,
             "draft": stats.draft_seconds,
@@ -184,8 +196,12 @@ def summarise(runs: Runs, models: Roles, tokenizer, cfg: DictConfig) -> dict[str
         disable=judge is None or baseline not in runs,
     )
     methods: dict[str, Any] = {}
+    nll_batch = int((cfg.bench.get("guard") or {}).get("nll_batch_size", 8))
     for name, rs in runs.items():
         pairs = rows(rs)
+        ppls = target_perplexities(
+            models.target.model, [(prompt.input_ids, tokens) for prompt, tokens in pairs], nll_batch
+        )
         refs = [
             (t, prompt.reference)
             for t, (prompt, _) in zip(text[name], pairs, strict=True)
@@ -196,10 +212,7 @@ def summarise(runs: Runs, models: Roles, tokenizer, cfg: DictConfig) -> dict[str
             "rouge_l_ref": 100 * sum(rouge_l(t, ref) for t, ref in refs) / len(refs)
             if refs
             else None,
-            "target_ppl": _mean(
-                target_perplexity(models.target.model, prompt.input_ids, tokens)
-                for prompt, tokens in pairs
-            ),
+            "target_ppl": _mean(ppls),
         }
         if "target_only" in runs:
             row["rouge_l_vs_target"] = rouge_vs_target(text, name)

@@ -189,6 +189,10 @@ BENCH: dict[str, Spec] = {
     "hf_assisted.num_assistant_tokens": whole(1, words=("auto",)),
     "hf_assisted_heuristic.num_assistant_tokens": whole(1, words=("auto",)),
     "judge.timeout": positive(),
+    "guard.ppl_ratio": Num(low=1),
+    "guard.nll_batch_size": whole(1),
+    "guard.score_shift": Num(low=0, high=1, above=True),
+    "guard.acceptance_ratio": Num(low=1),
     "targets.*": Num(low=0),
 }
 
