@@ -23,20 +23,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.core.runtime import resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.data.overlap import check_overlap
+from sprinter_train.data.fitted import Reader, check_table, check_verifier
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.gamma_plan import GammaPlanner
 from sprinter_train.decoding.policies.online import OnlineVerifier
 from sprinter_train.decoding.registry import MethodError, traits_of
 from sprinter_train.decoding.state import Policy
-from sprinter_train.sv.table import SVTable, check_table_models
+from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import (
-    VerifierCheckpoint,
     load_verifier,
     train_command,
     verifier_path,
 )
-from sprinter_train.verifier.fit_check import VerifierMismatchError, check_verifier_fits
+from sprinter_train.verifier.fit_check import VerifierMismatchError
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
 
@@ -105,27 +104,16 @@ class RunInputs:
     prompt_ids: list[str] | None = None  # the bench's prompts: none may be a predictor's fit
 
 
-def check_verifier(checkpoint: VerifierCheckpoint, run: RunInputs) -> None:
-    """Refuse a verifier whose draft model or sampling differs from the bench's: its scores
-    would be of features it never saw, and the bench would report a method nobody trained."""
-    sampling = dataclasses.asdict(SamplingConfig.from_cfg(run.cfg.sampling))
-    check_verifier_fits(
-        checkpoint.meta, checkpoint.path, run.draft_identity, sampling, run.cfg.experiment
+def bench_reader(run: RunInputs) -> Reader:
+    """The bench as a reader of fitted artifacts (data/fitted.py): it times its prompts, and
+    bench.allow_train_overlap lets it time ones a predictor was fitted on."""
+    return Reader(
+        "the bench",
+        run.prompt_ids,
+        bool(run.cfg.bench.get("allow_train_overlap", False)),
+        "bench.allow_train_overlap",
+        str(run.cfg.experiment),
     )
-
-
-def check_prompts(
-    fitted: dict[str, Any] | None, run: RunInputs, what: str, remedy: str
-) -> int | None:
-    """How many bench prompts the predictor was fitted on (None: unknown, its file predates
-    `fitted_prompts`); refused unless bench.allow_train_overlap, which results then report."""
-    if run.prompt_ids is None:
-        return None
-    allow = bool(run.cfg.bench.get("allow_train_overlap", False))
-    count = check_overlap(fitted, run.prompt_ids, what, allow, remedy)
-    if count:
-        log.warning("bench: %d of its prompts are ones %s was fitted on", count, what)
-    return count
 
 
 def verifier_hidden_layer(cfg: DictConfig) -> int:
@@ -213,9 +201,9 @@ def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[st
         return OnlineVerifier(settings), {"kind": "online", **settings}
     path = method_verifier_path(run.cfg.checkpoint_dir, node)
     checkpoint = load_verifier(path, run.cfg.experiment)  # a missing one names stage=train
-    check_verifier(checkpoint, run)
-    overlap = check_prompts(
-        checkpoint.meta.get("fitted_prompts"), run, f"the verifier {path.name}",
+    sampling = dataclasses.asdict(SamplingConfig.from_cfg(run.cfg.sampling))
+    overlap = check_verifier(
+        checkpoint, bench_reader(run), run.draft_identity, sampling,
         f"retrain it on records without these prompts ({train_command(path, run.cfg.experiment)}"
         " after a harvest of other data settings), or bench prompts of its records' test split "
         "(bench.split=test with the data settings it was harvested with)",
@@ -239,10 +227,8 @@ def _table(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, 
         raise FileNotFoundError(f"{name} needs a companion model (models.companion)")
     path = Path(run.cfg.experiment_dir) / "tables" / "sv_table.json"
     table = SVTable.load(path, node.table.binning)  # a missing table names stage=tables
-    if run.identities is not None:
-        check_table_models(table, path, run.identities, str(run.cfg.experiment))
-    overlap = check_prompts(
-        table.meta.get("fitted_prompts"), run, f"the SV table {path.name}",
+    overlap = check_table(
+        table, path, bench_reader(run), run.identities,
         "refit it on records without these prompts (stage=harvest with other data settings, "
         "then stage=tables), or bench prompts outside tables.fit_splits",
     )  # fmt: skip

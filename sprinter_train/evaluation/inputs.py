@@ -1,7 +1,9 @@
 """What stage=evaluate reads (records, verifiers, SV table) and the provenance it reports.
 
-Each input is checked on entry, so a missing one names the stage that makes it; the report's
-`inputs` section says whether the verifiers and the table were fitted on these very records.
+Each input is checked on entry, so a missing one names the stage that makes it, and against
+the readers' one rule (data/fitted.py): a verifier or table of other models, or fitted on
+prompts evaluate scores, is refused. The report's `inputs` section says whether each was
+fitted on these very records.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig
 
 from sprinter_train.core.io import corrupt_input
+from sprinter_train.data.fitted import Reader, check_table, check_verifier
+from sprinter_train.data.overlap import overlapping
 from sprinter_train.evaluation.scores import record_scores
 from sprinter_train.harvest.reader import (
     RecordSet,
@@ -30,6 +34,7 @@ from sprinter_train.verifier.checkpoint import (
     lam_name,
     load_verifier,
     sidecar_path,
+    train_command,
     verifier_path,
 )
 from sprinter_train.verifier.features import FEATURE_ORDER, FeatureSpec
@@ -121,7 +126,54 @@ def load_inputs(cfg: DictConfig) -> tuple[RecordSet, dict[str, VerifierCheckpoin
                 f"experiment={cfg.experiment}`",
             )
     table = SVTable.load(table_path(cfg)) if records.has_companion else None
+    check_fitted(cfg, records, verifiers, table)
     return records, verifiers, table
+
+
+def evaluate_reader(cfg: DictConfig, records: RecordSet) -> Reader:
+    """stage=evaluate as a reader of fitted artifacts: it scores the prompts of
+    evaluate.split, and evaluate.allow_train_overlap lets it score ones they were fitted on."""
+    rows = records.rows_of(str(cfg.evaluate.split))
+    return Reader(
+        "stage=evaluate",
+        [str(p) for p in records.frame["prompt_id"].iloc[rows].unique()],
+        bool(cfg.evaluate.get("allow_train_overlap", False)),
+        "evaluate.allow_train_overlap",
+        str(cfg.experiment),
+    )
+
+
+def check_fitted(
+    cfg: DictConfig,
+    records: RecordSet,
+    verifiers: dict[str, VerifierCheckpoint],
+    table: SVTable | None,
+) -> dict[str, int | None]:
+    """The readers' one rule (data/fitted.py) on evaluate's inputs: each verifier and the
+    table fits the records' models, sampling and hidden layer, and none was fitted on the
+    prompts scored (a verifier trained on records of another data seed can hold them);
+    returns each one's overlap count (None: unknown)."""
+    reader = evaluate_reader(cfg, records)
+    models = records.manifest.get("models") or {}
+    sampling = records.manifest.get("sampling") or {}
+    layer = (records.manifest.get("hidden") or {}).get("layer")
+    experiment = str(cfg.experiment)
+    counts: dict[str, int | None] = {}
+    for name, checkpoint in verifiers.items():
+        remedy = (
+            f"evaluate it on the records it was trained on, or retrain it on these "
+            f"({train_command(checkpoint.path, experiment)})"
+        )
+        counts[name] = check_verifier(
+            checkpoint, reader, models.get("draft"), sampling, remedy, layer
+        )
+    if table is not None:
+        remedy = (
+            "refit it on these records "
+            f"(`python -m sprinter_train stage=tables experiment={experiment}`)"
+        )
+        counts["sv_table"] = check_table(table, table_path(cfg), reader, models or None, remedy)
+    return counts
 
 
 def input_provenance(
@@ -130,7 +182,14 @@ def input_provenance(
     verifiers: dict[str, VerifierCheckpoint],
     table: SVTable | None,
 ) -> dict[str, Any]:
-    """Where each input came from, and whether it was fitted on this record set."""
+    """Where each input came from, whether it was fitted on this record set, and how many of
+    the scored prompts it was fitted on (`train_overlap`; nonzero only under
+    evaluate.allow_train_overlap, None: its file does not say)."""
+    reader = evaluate_reader(cfg, records)
+    fitted = {
+        n: overlapping(c.meta.get("fitted_prompts"), reader.prompt_ids or [])
+        for n, c in verifiers.items()
+    }
     return {
         "records": {"dir": str(records.records_dir), "manifest_sha256": records.manifest_hash},
         "verifiers": {
@@ -139,6 +198,7 @@ def input_provenance(
                 "sha256": file_sha256(c.path)[:16],
                 "trained_on_this_record_set": c.meta["records"].get("content_id")
                 == records.content_id,
+                "train_overlap": fitted[n],
             }
             for n, c in verifiers.items()
         },
@@ -150,6 +210,7 @@ def input_provenance(
             "records_manifest_sha256": table.meta["records"]["manifest_sha256"],
             "fitted_on_this_record_set": table.meta["records"].get("content_id")
             == records.content_id,
+            "train_overlap": overlapping(table.meta.get("fitted_prompts"), reader.prompt_ids or []),
         },
     }
 
@@ -158,10 +219,23 @@ def stale_input_notes(inputs: dict[str, Any]) -> list[str]:
     """A note per input fitted on another record set, naming the stage to rerun."""
     notes = [
         f"{name} was trained on another record set: rerun stage=train"
+        + _overlap_note(meta.get("train_overlap"))
         for name, meta in inputs["verifiers"].items()
         if not meta["trained_on_this_record_set"]
     ]
     table = inputs["sv_table"]
     if table is not None and not table["fitted_on_this_record_set"]:
-        notes.append("the SV table was fitted on another record set: rerun stage=tables")
+        notes.append(
+            "the SV table was fitted on another record set: rerun stage=tables"
+            + _overlap_note(table.get("train_overlap"))
+        )
     return notes
+
+
+def _overlap_note(count: int | None) -> str:
+    """What a note adds when evaluate.allow_train_overlap scored prompts it was fitted on."""
+    if not count:
+        return ""
+    return (
+        f" ({count} of the scored prompts were among its fitted ones: evaluate.allow_train_overlap)"
+    )

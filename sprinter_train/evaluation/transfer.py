@@ -16,44 +16,37 @@ from omegaconf import DictConfig
 
 from sprinter_train.core.classification import auc
 from sprinter_train.core.rules import sampled_acceptance
-from sprinter_train.data.overlap import check_overlap
+from sprinter_train.data.fitted import Reader, check_verifier
 from sprinter_train.evaluation.bootstrap import PromptBootstrap
 from sprinter_train.evaluation.inputs import COLUMNS
 from sprinter_train.evaluation.scores import verifier_scores
 from sprinter_train.harvest.reader import RecordSet, open_records
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint
-from sprinter_train.verifier.fit_check import check_verifier_fits
 
 
 def check_transfer(
     cfg: DictConfig, other: str, records: RecordSet, verifiers: dict[str, VerifierCheckpoint]
 ) -> dict[str, int | None]:
     """Refuse a verifier of another draft, layer or sampling than `other`'s records; return each
-    verifier's count of `other`'s evaluated prompts it was fitted on (refused unless allowed)."""
+    verifier's count of `other`'s evaluated prompts it was fitted on (refused unless allowed):
+    the readers' one rule (data/fitted.py)."""
     prompts = list(records.frame["prompt_id"].iloc[records.rows_of(str(cfg.evaluate.split))])
+    reader = Reader(
+        f"evaluate.transfer={other}",
+        prompts,
+        bool(cfg.evaluate.get("allow_train_overlap", False)),
+        "evaluate.allow_train_overlap",
+        str(cfg.experiment),
+    )
     draft = records.manifest.get("models", {}).get("draft")
     layer = records.manifest["hidden"]["layer"]
-    overlap = {}
-    for name, checkpoint in verifiers.items():
-        meta = checkpoint.meta
-        if meta.get("hidden_layer") != layer:
-            raise ValueError(
-                f"evaluate.transfer: {name} reads hidden layer {meta.get('hidden_layer')}, the "
-                f"records of {other} hold layer {layer}"
-            )
-        check_verifier_fits(
-            meta, checkpoint.path, draft, records.manifest.get("sampling") or {}, cfg.experiment
+    remedy = f"transfer to records of other prompts (another dataset, or {other}'s data.seed)"
+    return {
+        name: check_verifier(
+            checkpoint, reader, draft, records.manifest.get("sampling") or {}, remedy, layer
         )
-        overlap[name] = check_overlap(
-            meta.get("fitted_prompts"),
-            prompts,
-            f"{name} (evaluate.transfer={other})",
-            bool(cfg.evaluate.get("allow_train_overlap", False)),
-            f"transfer to records of other prompts (another dataset, or {other}'s data.seed)",
-            who=f"evaluate.transfer={other}",
-            key="evaluate.allow_train_overlap",
-        )
-    return overlap
+        for name, checkpoint in verifiers.items()
+    }
 
 
 def transfer_report(cfg: DictConfig, verifiers: dict[str, VerifierCheckpoint]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ C_GRID = Seq(positive())
 
 TOP: dict[str, Spec] = {
     "num_threads": whole(0, note="0: torch's default"),
-    "all_steps": Seq(Word(("harvest", "train", "tables", "evaluate", "bench")), unique=True),
+    "all_steps": Seq(unique=True, note="stage=all names an unknown step before any work"),
 }
 
 DATA: dict[str, Spec] = {
@@ -157,7 +157,7 @@ EVALUATE: dict[str, Spec] = {
     "bootstrap.resamples": whole(1),
     "bootstrap.seed": SEED,
     "bootstrap.level": Num(low=0, high=1, above=True),
-    "target_auc": share(),
+    "target_auc": positive(note="an AUC the learning curve is read against; above 1: unreached"),
     "transfer": Seq(empty=True, note="[]: none"),
     "ceiling.lam": LAM,
     "ceiling.max_train_rows": whole(1),
