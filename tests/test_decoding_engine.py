@@ -35,6 +35,7 @@ from sprinter_train.decoding.policies import (
     overlap,
     step_features,
 )
+from sprinter_train.decoding.policies.oracle import OracleLength
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import Batch, DraftStep, Round, reads_row_state
 from sprinter_train.models.tiny import build_tiny_model
@@ -78,6 +79,7 @@ def lossless_policies() -> list:
         SVIP(h=0.25, max_gamma=4, c=0.15),
         AdaEDL(gamma=0.3, lam=0.4, max_gamma=4),
         sv(),
+        OracleLength(max_gamma=4),
     ]
 
 

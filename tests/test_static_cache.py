@@ -33,6 +33,7 @@ from sprinter_train.decoding.policies import (
     TargetOnly,
 )
 from sprinter_train.decoding.policies.online import OnlineLength
+from sprinter_train.decoding.policies.oracle import OracleLength
 from sprinter_train.decoding.registry import method_class
 from sprinter_train.decoding.runner import ModelRunner, prefill_groups
 from sprinter_train.decoding.state import Round
@@ -101,6 +102,7 @@ def every_method(models) -> list:
         MTAD(gamma=3, beam_width=3, tau=0.5),
         OnlineLength(max_gamma=4, online={**online, "refit_interval": 8}),
         before_draw(models),
+        OracleLength(max_gamma=4),
     ]
 
 
