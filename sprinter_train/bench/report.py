@@ -404,6 +404,18 @@ def profile_warning(results: dict[str, Any]) -> str | None:
     )
 
 
+def title(results: dict[str, Any]) -> str:
+    """results.md's first line: a partial run (stopped after some batch sizes) says so there,
+    with the batch sizes it measured, so it never reads as a complete run at those sizes."""
+    partial = results.get("partial")
+    if not partial:
+        return f"# Bench: {results['experiment']}"
+    return (
+        f"# PARTIAL bench: {results['experiment']}: the run stopped after batch sizes "
+        f"{partial['batch_sizes_done']} of {partial['batch_sizes']}"
+    )
+
+
 def gamma_line(results: dict[str, Any]) -> str:
     """What sd's gamma was and how it was chosen, as the run recorded it (`sd_gamma_source`):
     a fixed or unchecked gamma is not called the implied-speedup optimum."""
@@ -441,7 +453,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
     unchecked = profile_warning(results)
     overlap = overlap_warning(results)
     lines = [
-        f"# Bench: {results['experiment']}",
+        title(results),
         "",
         *([warning, ""] if warning else []),
         *([unchecked, ""] if unchecked else []),

@@ -28,6 +28,7 @@ from sprinter_train.bench.prepare import prepare
 from sprinter_train.bench.report import check_targets, plot_results, write_results
 from sprinter_train.bench.results import input_hashes, summarise_runs
 from sprinter_train.core import pidlock
+from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sweeps import job_dir
 
@@ -55,10 +56,22 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     out = output_dir(cfg)
 
     def partial(runs_so_far: dict) -> None:
-        """The batch sizes done so far, in bench/partial/ (a run stopped later keeps them)."""
+        """The batch sizes done so far, in bench/partial/ (a run stopped later keeps them),
+        marked partial in results.json and in results.md's first line, and named in the
+        report of an interruption."""
         done = dataclasses.replace(setup, batch_sizes=sorted(runs_so_far))
-        write_results(out / "partial", summarise_runs(cfg, done, runs_so_far, dict(warmups)))
-        log.info("bench: batch sizes %s so far in %s", sorted(runs_so_far), out / "partial")
+        results = summarise_runs(cfg, done, runs_so_far, dict(warmups))
+        results["partial"] = {
+            "batch_sizes_done": done.batch_sizes,
+            "batch_sizes": setup.batch_sizes,
+        }
+        write_results(out / "partial", results)
+        note_completed(
+            "bench-partial",
+            f"batch sizes {done.batch_sizes} of {setup.batch_sizes} measured, in "
+            f"{out / 'partial'}/results.json and results.md (marked partial)",
+        )
+        log.info("bench: batch sizes %s so far in %s", done.batch_sizes, out / "partial")
 
     runs = decode_all(cfg, setup, warmups, partial)
     results = summarise_runs(cfg, setup, runs, warmups)
