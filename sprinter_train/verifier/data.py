@@ -31,12 +31,19 @@ def split_features(
 ) -> tuple[Features, np.ndarray]:
     """Features of one split's rows and the global row indices they came from."""
     rows = records.rows_of(split)
+    return rows_features(records, rows, spec, embedder), rows
+
+
+def rows_features(
+    records: RecordSet, rows: np.ndarray, spec: FeatureSpec, embedder: Embedder | None = None
+) -> Features:
+    """Features of these global rows (hidden states read for them only)."""
     columns = {c: records.frame[c].to_numpy()[rows] for c in spec.record_columns()}
     hidden = (
         records.hidden(rows) if "hidden" in spec.names else np.zeros((len(rows), 0), np.float16)
     )
     target = records.hidden(rows, "target_hidden") if "target_hidden" in spec.names else None
-    return build_features(spec, hidden, columns, embedder, target), rows
+    return build_features(spec, hidden, columns, embedder, target)
 
 
 class BatchIterator:

@@ -13,7 +13,7 @@ family (train.select):
   selection off, the paper's).
 
 The first two are full-batch L-BFGS fits of the mean BCE plus 0.5 * l2 * |w|^2 on inputs
-standardised with the train split's statistics (the soft label's targets as given), on at
+standardised with the fitted rows' statistics (the soft label's targets as given), on at
 most `max_train_rows` train rows: a few seconds. Every candidate is scored by its val AUC
 against q/p <= 1 (the report's label, and the only AUC of the soft label); the winner is the
 simplest (scalars, then ridge from the strongest l2, then full) within `tie` of the best.
@@ -33,7 +33,7 @@ import torch
 
 from sprinter_train.core.classification import auc
 from sprinter_train.harvest.reader import RecordSet
-from sprinter_train.verifier.data import split_features, split_targets
+from sprinter_train.verifier.data import rows_features, split_features, split_targets
 from sprinter_train.verifier.features import Embedder, FeatureSpec
 from sprinter_train.verifier.labels import Label, labels_at
 
@@ -83,27 +83,23 @@ def load_splits(
     max_train_rows: int | None,
     seed: int,
 ) -> Splits:
-    """The three splits' features, the train split capped at a seeded subset, standardised
-    with the (whole) train split's statistics as the Lightning head's are."""
+    """The three splits' features, the train split capped at a seeded subset (only its rows'
+    hidden states are read), all standardised with that subset's statistics (the fits and
+    their folded weights do not depend on which: an affine change of inputs)."""
     ratio = records.frame["ratio"].to_numpy()
-    x: dict[str, torch.Tensor] = {}
+    train = records.rows_of("train")
+    if max_train_rows is not None and len(train) > int(max_train_rows):
+        rng = np.random.default_rng(seed)
+        train = np.sort(rng.choice(train, int(max_train_rows), replace=False))
+    features = rows_features(records, train, spec, embedder)
+    mean, scale = features.column_stats()
+    x = {"train": (features.batch() - mean) / scale}
+    y_train = torch.from_numpy(split_targets(records, train, label)).float()
     y_auc: dict[str, np.ndarray] = {}
-    y_train = torch.zeros(0)
-    mean = scale = torch.zeros(0)
-    for split in ("train", "val", "test"):
+    for split in ("val", "test"):
         features, rows = split_features(records, split, spec, embedder)
-        if split == "train":
-            mean, scale = features.column_stats()
-            index = np.arange(len(rows))
-            if max_train_rows is not None and len(rows) > int(max_train_rows):
-                rng = np.random.default_rng(seed)
-                index = np.sort(rng.choice(len(rows), int(max_train_rows), replace=False))
-            features_x = features.batch(torch.from_numpy(index))
-            y_train = torch.from_numpy(split_targets(records, rows[index], label)).float()
-        else:
-            features_x = features.batch()
-            y_auc[split] = labels_at(ratio[rows], 1.0)
-        x[split] = (features_x - mean) / scale
+        x[split] = (features.batch() - mean) / scale
+        y_auc[split] = labels_at(ratio[rows], 1.0)
     dense_names = set(spec.dense)
     dense = torch.cat(
         [torch.full((int(b["width"]),), b["name"] in dense_names) for b in layout]
