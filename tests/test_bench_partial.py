@@ -59,3 +59,6 @@ def test_a_bench_stopped_after_batch_one_names_and_marks_its_partial_results(
     results = read_json(partial / "results.json")
     assert results["partial"] == {"batch_sizes_done": [1], "batch_sizes": [1, 2]}
     assert not (partial.parent / "results.json").exists()  # no complete run is claimed
+    history = results["latency_profile"]["history"]  # a fresh experiment: nothing to reuse
+    assert history[0] == "measured in this run"
+    assert f"a row; {'; then '.join(history)})" in (partial / "results.md").read_text()

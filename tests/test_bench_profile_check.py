@@ -15,7 +15,7 @@ import torch
 from sprinter_train.bench import prepare as stage
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.profile_check import ProfileCheck, check_profile, disagreement
-from sprinter_train.bench.report import gamma_line, profile_warning
+from sprinter_train.bench.report import gamma_line, profile_line, profile_warning
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
@@ -101,10 +101,13 @@ def test_the_bench_checks_its_profile(
 
     monkeypatch.setattr(stage, "profile_models", measure)
     monkeypatch.setattr(engine.target, "forward_times", lambda: run_times(1.0))
+    history: list[str] = ["reused latency.json"]
     got, verdict = stage.checked_profile(
-        cfg, engine, models, torch.device("cpu"), [1], profile(stored), PROMPT
+        cfg, engine, models, torch.device("cpu"), [1], profile(stored), PROMPT, history
     )
     assert bool(calls) == remeasured and verdict.agrees == agrees
+    again = ["measured again: the previous one disagreed with the run's forwards"]
+    assert history == ["reused latency.json", *(again if remeasured else [])]
     assert got.target_ms[1] == pytest.approx(MS[1] * (measured if remeasured else stored))
     if remeasured:
         assert (Path(cfg.experiment_dir) / "bench" / "latency.json").exists()
@@ -115,8 +118,12 @@ def test_the_bench_checks_its_profile(
     else:  # unchecked_gamma=5 is capped at gamma_max=3: sd's planner plays only 0..3
         assert gamma == 3
         assert "capped at bench.gamma_max=3" in stage.gamma_source(cfg, verdict)
-        warning = profile_warning({"latency_profile": {"check": verdict.as_dict()}})
+        record = {"latency_profile": {"check": verdict.as_dict(), "history": history}}
+        warning = profile_warning(record)
         assert "could not be made to agree" in warning and "5.00x" in warning
+        # what the run did, not "measured twice" (it was read from disk, then measured once)
+        assert "reused latency.json; then measured again" in warning and "twice" not in warning
+        assert "reused latency.json; then measured again" in profile_line(record)
 
 
 def test_gamma_max_zero_checks_the_profile_at_a_width_it_covers(compose_cfg, tiny, monkeypatch):

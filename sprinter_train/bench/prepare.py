@@ -4,6 +4,7 @@ alpha, sd's gamma per batch size and the methods' plan."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -58,6 +59,7 @@ class Setup:
     gammas: dict[int, int]
     plan: MethodPlan
     gamma_source: str = ""  # how the gammas were chosen (gamma_source), as results.md says it
+    profile_history: list[str] = dataclasses.field(default_factory=list)  # reused / measured
 
     @property
     def names(self) -> list[str]:
@@ -89,7 +91,8 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         pack_every=int(cfg.decoding.pack_every),
     )
     began = time.perf_counter()
-    profile = latency_profile(cfg, models, device, batch_sizes, engine)
+    history: list[str] = []  # what this run did for its profile, as results.md says it
+    profile = latency_profile(cfg, models, device, batch_sizes, engine, history)
     log.info(
         "bench: latency profile ready in %.1f s (%.1f s of it compiling)",
         time.perf_counter() - began,
@@ -98,7 +101,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     identities = {role: model_identity(getattr(models, role)) for role in ("target", "draft")}
     alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg, identities)
     profile, verdict = checked_profile(
-        cfg, engine, models, device, batch_sizes, profile, prompts[0]
+        cfg, engine, models, device, batch_sizes, profile, prompts[0], history
     )
     engine.timings.set_priors(**profile.priors())  # then corrected by the run's forwards
     log.info(
@@ -123,7 +126,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     tally_scores(plan)  # the trained verifiers' mean scores, for results.md's domain check
     return Setup(
         models, prompts, engine, device, dtype, batch_sizes, profile, verdict, alpha,
-        alpha_source, gammas, plan, gamma_source(cfg, verdict),
+        alpha_source, gammas, plan, gamma_source(cfg, verdict), history,
     )  # fmt: skip
 
 
@@ -133,6 +136,7 @@ def latency_profile(
     device: torch.device,
     batch_sizes: list[int],
     engine: Engine | None = None,
+    history: list[str] | None = None,
 ) -> LatencyProfile:
     """bench/latency.json when it was measured on this device and dtype, of these models
     (a companion's step counts: a profile without one prices it free), covers every batch
@@ -162,6 +166,8 @@ def latency_profile(
             )
         if same and profile.device == str(device) and profile.dtype == dtype and fits:
             if not profile.measured_under_load:
+                if history is not None:
+                    history.append(f"reused {path}")
                 return profile
             log.warning(
                 "bench: re-measuring latency: %s was measured under load %s (or records none) "
@@ -170,6 +176,8 @@ def latency_profile(
                 profile.load_average,
                 cores(),
             )
+    if history is not None:
+        history.append("measured in this run")
     return measure_profile(cfg, models, device, batch_sizes, engine)
 
 
@@ -236,9 +244,11 @@ def checked_profile(
     batch_sizes: list[int],
     profile: LatencyProfile,
     prompt: Prompt,
+    history: list[str] | None = None,
 ) -> tuple[LatencyProfile, ProfileCheck]:
     """`profile` when its batch-1 target times agree with this run's own forwards
-    (bench/profile_check.py), else one measured again, with the last check's verdict."""
+    (bench/profile_check.py), else one measured again, with the last check's verdict
+    (`history` gets what was done)."""
     b = cfg.bench
     gamma, limit = check_gamma(int(b.gamma_max)), float(b.latency.check_factor)
 
@@ -257,6 +267,8 @@ def checked_profile(
         limit,
     )
     profile = measure_profile(cfg, models, device, batch_sizes, engine)
+    if history is not None:
+        history.append("measured again: the previous one disagreed with the run's forwards")
     verdict = check(profile)
     if not verdict.agrees:
         log.warning(

@@ -396,12 +396,22 @@ def profile_warning(results: dict[str, Any]) -> str | None:
     if check.get("agrees", True):
         return None
     ratio = check.get("ratio")
+    history = (results.get("latency_profile") or {}).get("history")
+    done = "; then ".join(history) if history else "after measuring it again"
     return (
         f"**Warning:** the latency profile could not be made to agree with this run's own "
         f"target forwards (they took {'?' if ratio is None else f'{ratio:.2f}'}x the profile's "
-        f"times, limit {check.get('limit')}x, after measuring it twice): sd's gamma was not "
+        f"times, limit {check.get('limit')}x; {done}): sd's gamma was not "
         "chosen from it (bench.latency.unchecked_gamma), and its timings are not to be trusted."
     )
+
+
+def profile_line(results: dict[str, Any]) -> str:
+    """The latency table's heading, with what this run did for its profile (reused from
+    bench/latency.json, measured, measured again) as results.json records it."""
+    history = (results.get("latency_profile") or {}).get("history")
+    how = f"; {'; then '.join(history)}" if history else ""
+    return f"Latency profile (ms per forward; target by new tokens a row{how}):"
 
 
 def title(results: dict[str, Any]) -> str:
@@ -466,7 +476,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
         "",
         *planner_lines(results),
         *companion_plan_lines(results),
-        "Latency profile (ms per forward; target by new tokens a row):",
+        profile_line(results),
         "",
         latency_table(results["latency_profile"]),
         "",

@@ -78,6 +78,7 @@ def summarise_runs(
                 "companion_ms": profile.companion_ms,
                 "by_batch": profile.by_batch(setup.batch_sizes, int(b.gamma_max) + 1),
                 "check": setup.verdict.as_dict(),
+                "history": setup.profile_history,
             },
             "settings": plan.settings,
             "traits": {n: as_record(traits_of(cfg.methods[n], n)) for n in plan.policies},
