@@ -177,3 +177,40 @@ def test_results_md_says_how_sds_gamma_was_chosen(compose_cfg, overrides, said, 
         }
     )
     assert said in line and unsaid not in line
+
+
+@pytest.mark.heavy  # a real tiny bench
+def test_a_gamma_max_zero_bench_reports_the_gamma_sd_ran(compose_cfg) -> None:
+    """bench.gamma_max=0 on tiny models: results.json and results.md say sd's gamma is 0, and
+    every round sd's planner played was gamma 0 (the report said 2 while sd ran 0)."""
+    from sprinter_train.__main__ import run_stage
+    from sprinter_train.core.io import read_json
+
+    cfg = compose_cfg(
+        "stage=bench",
+        "models=tiny_random",
+        "experiment=gamma0",
+        "num_threads=1",
+        "sampling.temperature=0",
+        "data.max_prompt_tokens=32",
+        "bench.num_prompts=2",
+        "bench.max_new_tokens=4",
+        "bench.batch_sizes=[]",
+        "bench.gamma_max=0",
+        "bench.latency.reps=1",
+        "bench.warmup_runs=0",
+        "bench.min_timed_runs=1",
+        "bench.law_distance_prompts=0",
+        "bench.judge.enabled=false",
+        "bench.energy=false",
+        "bench.methods=[target_only,sd]",
+    )
+    run_stage(cfg)
+    out = Path(cfg.experiment_dir) / "bench"
+    results = read_json(out / "results.json")
+    assert results["sd_gamma"] == 0 and results["gamma_max"] == 0
+    assert "gamma_max=0" in results["sd_gamma_source"]
+    rounds = results["settings"]["sd"]["planner"]["rounds_by_rows_and_gamma"]
+    assert {g.split()[0] for per in rounds.values() for g in per} == {"0"}
+    text = (out / "results.md").read_text()
+    assert "sd's gamma = 0 at batch 1 (bench.gamma_max=0" in text and "optimum" not in text

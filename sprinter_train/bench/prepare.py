@@ -355,12 +355,12 @@ def gamma_source(cfg: DictConfig, verdict: ProfileCheck | None) -> str:
     if cfg.methods.sd.gamma != "auto":
         return "fixed by methods.sd.gamma"
     gamma_max = int(cfg.bench.gamma_max)
+    if gamma_max == 0:  # the only gamma there is, whatever the profile says
+        return "bench.gamma_max=0: no drafts, target-only rounds"
     if verdict is not None and not verdict.agrees:
         unchecked = int(cfg.bench.latency.unchecked_gamma)
         clamp = f", capped at bench.gamma_max={gamma_max}" if unchecked > gamma_max else ""
         return f"bench.latency.unchecked_gamma: the latency profile disagreed with the run{clamp}"
-    if gamma_max == 0:
-        return "bench.gamma_max=0: no drafts, target-only rounds"
     return f"the implied-speedup optimum over 0..{gamma_max}"
 
 

@@ -120,7 +120,7 @@ TRAIN: dict[str, Spec] = {
     "select.tie": Num(low=0, note="0: only equal AUCs tie"),
     "select.max_train_rows": whole(1),
     "select.max_iter": whole(1),
-    "feature_settings.run_position_cap": whole(1),
+    "feature_settings.run_position_cap": whole(0, note="${bench.gamma_max}: 0 holds it at 0"),
     "feature_settings.accept_prior": share(),
     "feature_settings.accept_n0": positive(note="the prior's weight in drafts: 0 divides by 0"),
     "batch_size": whole(1),
