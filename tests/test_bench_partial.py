@@ -62,3 +62,26 @@ def test_a_bench_stopped_after_batch_one_names_and_marks_its_partial_results(
     history = results["latency_profile"]["history"]  # a fresh experiment: nothing to reuse
     assert history[0] == "measured in this run"
     assert f"a row; {'; then '.join(history)})" in (partial / "results.md").read_text()
+
+
+@pytest.mark.heavy  # a real tiny bench
+def test_a_bench_whose_every_method_is_skipped_says_why(compose_cfg) -> None:
+    """bench.methods=[sprinter] without a trained verifier: every method skipped used to
+    divide by zero while rotating the method order (issue 39 item 8's crash by another
+    road); it stops naming the skip and the command that makes the verifier."""
+    cfg = compose_cfg(
+        "stage=bench",
+        "models=tiny_random",
+        "experiment=nothing",
+        "num_threads=1",
+        "data.max_prompt_tokens=32",
+        "bench.num_prompts=1",
+        "bench.max_new_tokens=2",
+        "bench.batch_sizes=[]",
+        "bench.gamma_max=1",
+        "bench.latency.reps=1",
+        "bench.judge.enabled=false",
+        "bench.methods=[sprinter]",
+    )
+    with pytest.raises(ValueError, match=r"every method of bench.methods was skipped.*stage=train"):
+        run_stage(cfg)

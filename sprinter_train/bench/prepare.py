@@ -123,6 +123,9 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     )
     for name, reason in plan.skipped.items():
         log.warning("bench: skipping %s: %s", name, reason)
+    if all(name in plan.skipped for name in plan.settings.keys() | plan.skipped.keys()):
+        reasons = "; ".join(f"{name}: {why}" for name, why in plan.skipped.items())
+        raise ValueError(f"stage=bench: every method of bench.methods was skipped ({reasons})")
     tally_scores(plan)  # the trained verifiers' mean scores, for results.md's domain check
     return Setup(
         models, prompts, engine, device, dtype, batch_sizes, profile, verdict, alpha,
