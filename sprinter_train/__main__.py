@@ -16,6 +16,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.core.compile_cache import use_compile_cache
 from sprinter_train.core.config import register_methods
 from sprinter_train.core.interrupt import StageInterrupted, interruptible
 from sprinter_train.stages import STAGES
@@ -32,6 +33,7 @@ def run_stage(cfg: DictConfig) -> dict[str, Any]:
     if name not in STAGES:
         raise ValueError(f"unknown stage {name!r}; choose one of: {', '.join(STAGES)}")
     validate_config(cfg)
+    use_compile_cache(cfg.decoding.get("compile_cache", "auto"))  # before anything compiles
     with interruptible(f"stage={name}"):
         return importlib.import_module(STAGES[name]).run(cfg)
 

@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.core import machine
+from sprinter_train.core.compile_cache import compile_counters, compile_record
 from sprinter_train.core.io import file_sha256
 from sprinter_train.harvest.manifest import code_version, model_identity
 from sprinter_train.models.loading import LoadedModel
@@ -82,11 +83,17 @@ def start(cfg: DictConfig, device: torch.device | str, dtype: torch.dtype) -> di
         "cores": cores(),
         "load_average_start": load_average(),
         "busy_cores_start": busy_cores(),
+        "compile_counters_start": compile_counters(),
     }
 
 
-def finish(provenance: dict[str, Any], **hashes: Any) -> dict[str, Any]:
-    """Provenance with the end load, whether the run was under load, and the input hashes."""
+def finish(
+    provenance: dict[str, Any], compile_seconds: float = 0.0, **hashes: Any
+) -> dict[str, Any]:
+    """Provenance with the end load, whether the run was under load, the input hashes and
+    what the run compiled (`compile_seconds`: its forwards' compile time; the on-disk
+    cache's hits and misses since `start`)."""
+    before = provenance.pop("compile_counters_start", None) or {"hits": 0, "misses": 0}
     end, busy = load_average(), busy_cores()
     loaded = ran_under_load(
         provenance.get("busy_cores_start"),
@@ -100,6 +107,7 @@ def finish(provenance: dict[str, Any], **hashes: Any) -> dict[str, Any]:
         "load_average_end": end,
         "busy_cores_end": busy,
         "under_load": loaded,
+        "compile": compile_record(before, compile_seconds),
         "hashes": hashes,
     }
 

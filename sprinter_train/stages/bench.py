@@ -77,6 +77,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     results = summarise_runs(cfg, setup, runs, warmups)
     results["provenance"] = provenance.finish(
         started,
+        compile_seconds=sum(r.compile_seconds for r in setup.engine.present_runners.values()),
         models=provenance.model_hashes(
             {
                 "target": setup.models.target,

@@ -1,0 +1,80 @@
+"""torch.compile's caches on disk, kept in one folder every process of a machine reads.
+
+Inductor keeps the kernels and graphs it generated (its FX-graph cache, and AOTAutograd's
+cache of the traced graph) on disk, keyed by the graph, the torch version and the device, so
+a later process that traces the same graph skips code generation and the C++/Triton builds:
+most of a compile. By default that folder is a temporary one (`/tmp/torchinductor_<user>`),
+which a fresh machine, container or lease starts without. `decoding.compile_cache` names a
+folder that outlives them (default: the user's cache folder), which `gpu_bench.sh` can carry
+from one lease to the next; `null` turns the on-disk caches off. Every stage reports what it
+compiled and how much of it the cache served (`compile_record`). Results:
+docs/results/compile-cpu.md.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ENV = "TORCHINDUCTOR_CACHE_DIR"  # inductor reads it at every cache look-up
+# counters dynamo keeps per process: (group, key) of each cache's hits and misses
+HITS = (("inductor", "fxgraph_cache_hit"), ("aot_autograd", "autograd_cache_hit"))
+MISSES = (("inductor", "fxgraph_cache_miss"), ("aot_autograd", "autograd_cache_miss"))
+
+
+def default_folder() -> Path:
+    """The user's cache folder ($XDG_CACHE_HOME, else ~/.cache) / sprinter_train / compile."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "sprinter_train" / "compile"
+
+
+def cache_folder(setting: Any) -> Path | None:
+    """`decoding.compile_cache`: `auto` is `default_folder()`, a path is itself (`~`
+    expanded), null (or an empty string) none. One subfolder per torch version: another
+    version never reads this one's kernels, and an upgrade leaves the old ones to delete."""
+    if setting is None or str(setting).strip() == "":
+        return None
+    folder = default_folder() if str(setting) == "auto" else Path(str(setting)).expanduser()
+    return folder.resolve() / f"torch-{torch.__version__}"
+
+
+def use_compile_cache(setting: Any) -> Path | None:
+    """Point inductor's on-disk caches at the folder `setting` names, or turn them off; call
+    before the process compiles anything. Returns the folder in use."""
+    folder = cache_folder(setting)
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    inductor_config.fx_graph_cache = folder is not None
+    functorch_config.enable_autograd_cache = folder is not None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ[ENV] = str(folder)
+    return folder
+
+
+def compile_counters() -> dict[str, int]:
+    """This process's cache hits and misses so far (both caches summed)."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "hits": sum(counters[group][key] for group, key in HITS),
+        "misses": sum(counters[group][key] for group, key in MISSES),
+    }
+
+
+def compile_record(before: dict[str, int], seconds: float) -> dict[str, Any]:
+    """What a run compiled since `before` (a `compile_counters()`): the seconds its compiles
+    took, the cache look-ups served from disk and those compiled anew, and the folder."""
+    now = compile_counters()
+    hits, misses = now["hits"] - before["hits"], now["misses"] - before["misses"]
+    return {
+        "seconds": round(float(seconds), 3),
+        "cache_folder": os.environ.get(ENV),
+        "cache_hits": hits,
+        "cache_misses": misses,
+        "cache_hit": hits > 0 and misses == 0,
+    }
