@@ -327,7 +327,7 @@ def estimate_alpha(
     stats = DecodeStats()
     for run in range(max(1, int(cfg.bench.warmup_runs))):
         policy = SpeculativeDecoding(max(1, int(cfg.bench.gamma_max) // 2))
-        result = engine.generate([prompt.input_ids], policy, cfg.bench.max_new_tokens, [run])
+        result = engine.generate([prompt.input_ids], policy, int(cfg.bench.max_new_tokens), [run])
         stats.add(result[0].stats)
     return stats.accepted / max(stats.drafted, 1), "sd on the warm-up prompt" + note
 
