@@ -13,6 +13,7 @@ import torch
 from torch._functorch import config as functorch_config
 from torch._inductor import config as inductor_config
 
+from sprinter_train.bench.report import compile_line
 from sprinter_train.core import compile_cache
 from sprinter_train.core.compile_cache import cache_folder, compile_record, use_compile_cache
 
@@ -72,6 +73,18 @@ def test_the_record_counts_the_lookups_since_its_start(caches, tmp_path) -> None
     assert again["cache_folder"] == str(tmp_path / VERSION)
 
 
+def test_results_md_says_what_was_compiled_and_what_the_cache_served() -> None:
+    record = {"seconds": 15.1, "cache_folder": "/c", "cache_hits": 12, "cache_misses": 0}
+    line = compile_line({"provenance": {"compile": {**record, "cache_hit": True}}})
+    assert line is not None and "15.1 s" in line and "12 of 12 graphs" in line
+    assert "a cache hit" in line and "folder /c" in line
+    cold = {**record, "cache_hits": 0, "cache_misses": 12, "cache_hit": False}
+    assert "0 of 12 graphs" in compile_line({"provenance": {"compile": cold}})
+    nothing = {"seconds": 0.0, "cache_hits": 0, "cache_misses": 0, "cache_hit": False}
+    assert compile_line({"provenance": {"compile": nothing}}) is None
+    assert compile_line({}) is None
+
+
 BENCH = (
     "stage=bench",
     "models=tiny_random",
@@ -116,6 +129,10 @@ def test_a_second_bench_process_compiles_from_the_first_ones_cache(tmp_path) -> 
     assert cold["cache_misses"] > 0 and not cold["cache_hit"]
     assert warm["cache_hit"] and warm["cache_hits"] == cold["cache_misses"] + cold["cache_hits"]
     assert warm["seconds"] <= 0.35 * cold["seconds"], (cold, warm)
+    report = (tmp_path / "artifacts" / "cc" / "bench" / "results.md").read_text()
+    assert (
+        f"{warm['cache_hits']} of {warm['cache_hits']} graphs came from the compile cache" in report
+    )
     for method, figures in first["methods"].items():
         assert {k: figures[k] for k in SAME_TOKENS} == {
             k: again["methods"][method][k] for k in SAME_TOKENS

@@ -183,6 +183,22 @@ def warmup_lines(results: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def compile_line(results: dict[str, Any]) -> str | None:
+    """What the run compiled and how much of it the on-disk compile cache served
+    (`decoding.compile_cache`), None for a run that compiled nothing."""
+    record = (results.get("provenance") or {}).get("compile") or {}
+    lookups = record.get("cache_hits", 0) + record.get("cache_misses", 0)
+    if not lookups and not record.get("seconds"):
+        return None
+    folder = record.get("cache_folder") or "none (decoding.compile_cache=null)"
+    verdict = "a cache hit" if record.get("cache_hit") else "compiled anew in part or whole"
+    return (
+        f"Compiling the forwards took {record.get('seconds', 0.0):.1f} s (outside tokens/s): "
+        f"{record.get('cache_hits', 0)} of {lookups} graphs came from the compile cache "
+        f"({verdict}; folder {folder})."
+    )
+
+
 def _ratio(methods: dict[str, Any], a: str, b: str) -> float | None:
     if a in methods and b in methods and methods[b]["tokens_per_s"]:
         return methods[a]["tokens_per_s"] / methods[b]["tokens_per_s"]
@@ -477,6 +493,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
         *planner_lines(results),
         *companion_plan_lines(results),
         profile_line(results),
+        *([compiled] if (compiled := compile_line(results)) else []),
         "",
         latency_table(results["latency_profile"]),
         "",
