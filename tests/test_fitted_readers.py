@@ -1,4 +1,4 @@
-"""One rule for every reader of fitted artifacts (data/fitted.py): stage=evaluate refuses a
+"""One rule for every reader of fitted artifacts (verifier/fit_check.py, sv/table.py): stage=evaluate refuses a
 verifier or SV table fitted on prompts it scores, as the bench and evaluate.transfer do.
 
 Issue 39 item 1: a verifier trained on data.seed=0 records, the experiment harvested again
@@ -14,14 +14,29 @@ from pathlib import Path
 import pytest
 
 from sprinter_train.__main__ import run_stage
+from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
-from sprinter_train.data.fitted import Reader, check_table, check_verifier
-from sprinter_train.data.overlap import TrainOverlapError, fitted_prompts
+from sprinter_train.data.overlap import Reader, TrainOverlapError, fitted_prompts
 from sprinter_train.evaluation.inputs import check_fitted, load_inputs
+from sprinter_train.sv.table import check_fitted_table
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
-from sprinter_train.verifier.fit_check import VerifierMismatchError
-from tests.test_evaluate import compose_at
+from sprinter_train.verifier.fit_check import VerifierMismatchError, check_fitted_verifier
 
+# tiny models, 16 prompts of 8 records, a quarter each in val and test (test_evaluate's)
+TINY = (
+    "models=tiny_random",
+    "device=cpu",
+    "dtype=float32",
+    "num_threads=1",
+    "data.num_prompts=16",
+    "data.max_prompt_tokens=48",
+    "data.val_fraction=0.25",
+    "data.test_fraction=0.25",
+    "harvest.continuation_tokens=8",
+    "harvest.batch_size=8",
+    "train.batch_size=64",
+    "tables.min_count=5",
+)
 TRAIN = ("train.lam=1.2", "evaluate.lams=[1.2]", "train.learning_curve=[]")
 FAST_EVAL = ("evaluate.ceiling.enabled=false", "evaluate.ablation.enabled=false")
 
@@ -39,6 +54,15 @@ def reharvested(tmp_path_factory) -> dict:
     shutil.copytree(checkpoints / "seed0", checkpoints / "both")
     shutil.copytree(artifacts / "seed0" / "tables", artifacts / "both" / "tables")
     return {"root": root}
+
+
+def compose_at(root: Path, *overrides: str):
+    return compose_config(
+        f"artifacts_root={root / 'artifacts'}",
+        f"checkpoints_root={root / 'checkpoints'}",
+        *TINY,
+        *overrides,
+    )
 
 
 def evaluate_cfg(root: Path, *overrides: str):
@@ -106,18 +130,18 @@ def test_every_reader_applies_the_same_rule(reharvested) -> None:
     ]:
         reader = Reader(who, scored, False, key, "both")
         with pytest.raises(TrainOverlapError, match=f"of {who}'s .*{key}=true"):
-            check_verifier(checkpoint, reader, draft, sampling, "fix it")
+            check_fitted_verifier(checkpoint, reader, draft, sampling, "fix it")
         allowed = Reader(who, scored, True, key, "both")
-        count = check_verifier(checkpoint, allowed, draft, sampling, "fix it")
+        count = check_fitted_verifier(checkpoint, allowed, draft, sampling, "fix it")
         assert 0 < count <= len(fitted)
-        assert check_table(table, Path("t.json"), allowed, None, "fix it") > 0
+        assert check_fitted_table(table, Path("t.json"), allowed, None, "fix it") > 0
     export = Reader("stage=export", None, False, "", "both")
-    assert check_verifier(checkpoint, export, draft, sampling, "") is None
+    assert check_fitted_verifier(checkpoint, export, draft, sampling, "") is None
     other = {**draft, "seed": 99}
     with pytest.raises(VerifierMismatchError, match="seed"):
-        check_verifier(checkpoint, export, other, sampling, "")
+        check_fitted_verifier(checkpoint, export, other, sampling, "")
     with pytest.raises(VerifierMismatchError, match="records hold layer 5"):
-        check_verifier(
+        check_fitted_verifier(
             checkpoint, Reader("stage=evaluate", [], False, "k", "both"), draft, sampling, "", 5
         )
 

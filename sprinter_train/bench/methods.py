@@ -23,19 +23,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.core.runtime import resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.data.fitted import Reader, check_table, check_verifier
+from sprinter_train.data.overlap import Reader
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.gamma_plan import GammaPlanner
 from sprinter_train.decoding.policies.online import OnlineVerifier
 from sprinter_train.decoding.registry import MethodError, traits_of
 from sprinter_train.decoding.state import Policy
-from sprinter_train.sv.table import SVTable
+from sprinter_train.sv.table import SVTable, check_fitted_table
 from sprinter_train.verifier.checkpoint import (
     load_verifier,
     train_command,
     verifier_path,
 )
-from sprinter_train.verifier.fit_check import VerifierMismatchError
+from sprinter_train.verifier.fit_check import VerifierMismatchError, check_fitted_verifier
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
 
@@ -105,7 +105,7 @@ class RunInputs:
 
 
 def bench_reader(run: RunInputs) -> Reader:
-    """The bench as a reader of fitted artifacts (data/fitted.py): it times its prompts, and
+    """The bench as a reader of fitted artifacts (verifier/fit_check.py, sv/table.py): it times its prompts, and
     bench.allow_train_overlap lets it time ones a predictor was fitted on."""
     return Reader(
         "the bench",
@@ -202,7 +202,7 @@ def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[st
     path = method_verifier_path(run.cfg.checkpoint_dir, node)
     checkpoint = load_verifier(path, run.cfg.experiment)  # a missing one names stage=train
     sampling = dataclasses.asdict(SamplingConfig.from_cfg(run.cfg.sampling))
-    overlap = check_verifier(
+    overlap = check_fitted_verifier(
         checkpoint, bench_reader(run), run.draft_identity, sampling,
         f"retrain it on records without these prompts ({train_command(path, run.cfg.experiment)}"
         " after a harvest of other data settings), or bench prompts of its records' test split "
@@ -227,7 +227,7 @@ def _table(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[str, 
         raise FileNotFoundError(f"{name} needs a companion model (models.companion)")
     path = Path(run.cfg.experiment_dir) / "tables" / "sv_table.json"
     table = SVTable.load(path, node.table.binning)  # a missing table names stage=tables
-    overlap = check_table(
+    overlap = check_fitted_table(
         table, path, bench_reader(run), run.identities,
         "refit it on records without these prompts (stage=harvest with other data settings, "
         "then stage=tables), or bench prompts outside tables.fit_splits",

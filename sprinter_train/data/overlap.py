@@ -1,5 +1,5 @@
-"""Whether a bench's prompts are ones a predictor was fitted on: a verifier or SV table scored
-on its own train prompts reports a speed nobody would see on new ones.
+"""Whether a reader's prompts are ones a predictor was fitted on: a verifier or SV table scored
+on its own train prompts reports a speed or an AUC nobody would see on new ones.
 
 A predictor's file stores `fitted_prompts`: the sha256 (16 hex) of every prompt id of the
 splits it was trained, calibrated or fitted on, so the check is exact whatever data seed,
@@ -8,8 +8,12 @@ fractions or prompt count chose them."""
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 FIT_SPLITS = ("train", "val")  # a verifier fits on train and calibrates on val
 
@@ -58,4 +62,30 @@ def check_overlap(
             f"{what} was fitted on: {remedy}; or set {key}=true to run anyway (the results "
             "then say how many)"
         )
+    return count
+
+
+@dataclass(frozen=True)
+class Reader:
+    """Who reads a fitted artifact (a verifier, an SV table) and on what: the one rule every
+    reader applies (verifier.fit_check.check_fitted_verifier, sv.table.check_fitted_table)
+    takes it. `prompt_ids`: the prompts it scores or times (None: none, as export); `allow`:
+    the value of its overlap switch `key`; `experiment`: for the commands errors name."""
+
+    who: str  # "the bench", "stage=evaluate", "evaluate.transfer=<exp>", "stage=export"
+    prompt_ids: list[str] | None
+    allow: bool
+    key: str
+    experiment: str | None
+
+
+def reader_overlap(recorded: Any, reader: Reader, what: str, remedy: str) -> int | None:
+    """check_overlap for `reader`: None when it scores no prompts; a count it logs."""
+    if reader.prompt_ids is None:
+        return None
+    count = check_overlap(
+        recorded, reader.prompt_ids, what, reader.allow, remedy, who=reader.who, key=reader.key
+    )
+    if count:
+        log.warning("%s: %d of its prompts are ones %s was fitted on", reader.who, count, what)
     return count

@@ -1,7 +1,7 @@
 """What stage=evaluate reads (records, verifiers, SV table) and the provenance it reports.
 
 Each input is checked on entry, so a missing one names the stage that makes it, and against
-the readers' one rule (data/fitted.py): a verifier or table of other models, or fitted on
+the readers' one rule (verifier/fit_check.py, sv/table.py): a verifier or table of other models, or fitted on
 prompts evaluate scores, is refused. The report's `inputs` section says whether each was
 fitted on these very records.
 """
@@ -17,8 +17,7 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig
 
 from sprinter_train.core.io import corrupt_input
-from sprinter_train.data.fitted import Reader, check_table, check_verifier
-from sprinter_train.data.overlap import overlapping
+from sprinter_train.data.overlap import Reader, overlapping
 from sprinter_train.evaluation.scores import record_scores
 from sprinter_train.harvest.reader import (
     RecordSet,
@@ -28,7 +27,7 @@ from sprinter_train.harvest.reader import (
     verify_hashes,
 )
 from sprinter_train.harvest.shards import shard_files
-from sprinter_train.sv.table import SVTable
+from sprinter_train.sv.table import SVTable, check_fitted_table
 from sprinter_train.verifier.checkpoint import (
     VerifierCheckpoint,
     lam_name,
@@ -38,6 +37,7 @@ from sprinter_train.verifier.checkpoint import (
     verifier_path,
 )
 from sprinter_train.verifier.features import FEATURE_ORDER, FeatureSpec
+from sprinter_train.verifier.fit_check import check_fitted_verifier
 from sprinter_train.verifier.labels import ACCEPT_NAME, Label, trained_lams
 
 COLUMNS = [
@@ -149,7 +149,7 @@ def check_fitted(
     verifiers: dict[str, VerifierCheckpoint],
     table: SVTable | None,
 ) -> dict[str, int | None]:
-    """The readers' one rule (data/fitted.py) on evaluate's inputs: each verifier and the
+    """The readers' one rule (verifier/fit_check.py, sv/table.py) on evaluate's inputs: each verifier and the
     table fits the records' models, sampling and hidden layer, and none was fitted on the
     prompts scored (a verifier trained on records of another data seed can hold them);
     returns each one's overlap count (None: unknown)."""
@@ -164,7 +164,7 @@ def check_fitted(
             f"evaluate it on the records it was trained on, or retrain it on these "
             f"({train_command(checkpoint.path, experiment)})"
         )
-        counts[name] = check_verifier(
+        counts[name] = check_fitted_verifier(
             checkpoint, reader, models.get("draft"), sampling, remedy, layer
         )
     if table is not None:
@@ -172,7 +172,9 @@ def check_fitted(
             "refit it on these records "
             f"(`python -m sprinter_train stage=tables experiment={experiment}`)"
         )
-        counts["sv_table"] = check_table(table, table_path(cfg), reader, models or None, remedy)
+        counts["sv_table"] = check_fitted_table(
+            table, table_path(cfg), reader, models or None, remedy
+        )
     return counts
 
 

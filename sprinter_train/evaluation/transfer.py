@@ -16,12 +16,13 @@ from omegaconf import DictConfig
 
 from sprinter_train.core.classification import auc
 from sprinter_train.core.rules import sampled_acceptance
-from sprinter_train.data.fitted import Reader, check_verifier
+from sprinter_train.data.overlap import Reader
 from sprinter_train.evaluation.bootstrap import PromptBootstrap
 from sprinter_train.evaluation.inputs import COLUMNS
 from sprinter_train.evaluation.scores import verifier_scores
 from sprinter_train.harvest.reader import RecordSet, open_records
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint
+from sprinter_train.verifier.fit_check import check_fitted_verifier
 
 
 def check_transfer(
@@ -29,7 +30,7 @@ def check_transfer(
 ) -> dict[str, int | None]:
     """Refuse a verifier of another draft, layer or sampling than `other`'s records; return each
     verifier's count of `other`'s evaluated prompts it was fitted on (refused unless allowed):
-    the readers' one rule (data/fitted.py)."""
+    the readers' one rule (verifier/fit_check.py, sv/table.py)."""
     prompts = list(records.frame["prompt_id"].iloc[records.rows_of(str(cfg.evaluate.split))])
     reader = Reader(
         f"evaluate.transfer={other}",
@@ -42,7 +43,7 @@ def check_transfer(
     layer = records.manifest["hidden"]["layer"]
     remedy = f"transfer to records of other prompts (another dataset, or {other}'s data.seed)"
     return {
-        name: check_verifier(
+        name: check_fitted_verifier(
             checkpoint, reader, draft, records.manifest.get("sampling") or {}, remedy, layer
         )
         for name, checkpoint in verifiers.items()

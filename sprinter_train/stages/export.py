@@ -32,7 +32,7 @@ from sprinter_train.bench.methods import is_online, method_verifier_path
 from sprinter_train.core.io import MissingInputError, json_text
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.sweeps import job_dir
-from sprinter_train.data.fitted import Reader, check_table, check_verifier
+from sprinter_train.data.overlap import Reader
 from sprinter_train.decoding.registry import traits_of
 from sprinter_train.harvest.manifest import code_version, model_identity
 from sprinter_train.hf.bundle import FORMAT_VERSION, MANIFEST
@@ -40,8 +40,9 @@ from sprinter_train.hf.folder import write_folder
 from sprinter_train.hf.identity import model_identity as hf_identity
 from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_path
 from sprinter_train.models.roles import load_role
-from sprinter_train.sv.table import SVTable
+from sprinter_train.sv.table import SVTable, check_fitted_table
 from sprinter_train.verifier.checkpoint import load_verifier, sidecar_path
+from sprinter_train.verifier.fit_check import check_fitted_verifier
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         contents.add("table", path)
         companion = load_role(specs, "companion", pack_linear=False)
         ours = {"draft": model_identity(draft), "companion": model_identity(companion)}
-        check_table(table, path, export_reader(cfg), ours, "")  # target: not loaded here
+        check_fitted_table(table, path, export_reader(cfg), ours, "")  # target: not loaded here
     if "latency" in needs:
         path = Path(cfg.experiment_dir) / "bench" / "latency.json"
         if not path.exists():
@@ -152,11 +153,11 @@ def check_verifier_draft(path: Path, cfg: DictConfig, draft: LoadedModel) -> Non
     bench's check): the folder would record models and sampling it was never fitted on."""
     checkpoint = load_verifier(path, cfg.experiment)
     sampling = dataclasses.asdict(SamplingConfig.from_cfg(cfg.sampling))
-    check_verifier(checkpoint, export_reader(cfg), model_identity(draft), sampling, "")
+    check_fitted_verifier(checkpoint, export_reader(cfg), model_identity(draft), sampling, "")
 
 
 def export_reader(cfg: DictConfig) -> Reader:
-    """stage=export as a reader of fitted artifacts (data/fitted.py): it scores no prompts,
+    """stage=export as a reader of fitted artifacts (verifier/fit_check.py, sv/table.py): it scores no prompts,
     so only the models and sampling are checked."""
     return Reader("stage=export", None, False, "", str(cfg.experiment))
 

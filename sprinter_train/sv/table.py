@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from sprinter_train.core.io import MissingInputError, corrupt_input, json_text, read_json_input
+from sprinter_train.data.overlap import Reader, reader_overlap
 from sprinter_train.models.identity import roles_differences
 
 
@@ -138,6 +139,22 @@ def check_table_models(
             f"experiment={experiment}` then `python -m sprinter_train stage=tables "
             f"experiment={experiment}`"
         )
+
+
+def check_fitted_table(
+    table: SVTable,
+    path: Path,
+    reader: Reader,
+    identities: dict[str, dict[str, Any]] | None,
+    remedy: str,
+) -> int | None:
+    """The one rule every reader of an SV table applies (as check_fitted_verifier for a
+    verifier): refuse a table of other models than `identities` (role -> model_identity;
+    None: not known to the reader), or fitted on prompts the reader scores unless allowed;
+    return how many of them it was fitted on."""
+    if identities is not None:
+        check_table_models(table, path, identities, str(reader.experiment))
+    return reader_overlap(table.meta.get("fitted_prompts"), reader, f"the SV table {path}", remedy)
 
 
 @dataclass

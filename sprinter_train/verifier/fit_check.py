@@ -1,5 +1,8 @@
-"""Whether a verifier fits the models and sampling it is about to run with: the one check the
-bench and export share (its scores are of features of one draft, under one sampling)."""
+"""Whether a verifier fits the models and sampling it is about to run with, and was not fitted
+on the prompts it is about to score: the one rule every reader (stage=evaluate, its
+evaluate.transfer, the bench, export) applies through `check_fitted_verifier` (its scores are
+of features of one draft, under one sampling; stage=evaluate once scored a verifier on its own
+training prompts with exit 0)."""
 
 from __future__ import annotations
 
@@ -8,8 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sprinter_train.data.overlap import Reader, reader_overlap
 from sprinter_train.models.identity import identity_differences
-from sprinter_train.verifier.checkpoint import train_command
+from sprinter_train.verifier.checkpoint import VerifierCheckpoint, train_command
 
 log = logging.getLogger(__name__)
 
@@ -55,3 +59,24 @@ def check_verifier_fits(
             f"it was trained with, or retrain it for these with `python -m sprinter_train "
             f"stage=harvest{exp}` then {train_command(path, experiment)}"
         )
+
+
+def check_fitted_verifier(
+    checkpoint: VerifierCheckpoint,
+    reader: Reader,
+    draft: Mapping[str, Any] | None,
+    sampling: Mapping[str, Any],
+    remedy: str,
+    hidden_layer: int | None = None,
+) -> int | None:
+    """Refuse a verifier of another draft or sampling (or, given `hidden_layer`, another
+    draft layer) than the reader's, or fitted on prompts the reader scores unless allowed;
+    return how many of them it was fitted on (None: unknown, or the reader scores none)."""
+    meta, path = checkpoint.meta, checkpoint.path
+    if hidden_layer is not None and meta.get("hidden_layer", -1) != hidden_layer:
+        raise VerifierMismatchError(
+            f"{reader.who}: {path} reads draft hidden layer {meta.get('hidden_layer', -1)}, the "
+            f"records hold layer {hidden_layer}: {remedy}"
+        )
+    check_verifier_fits(meta, path, draft, sampling, reader.experiment)
+    return reader_overlap(meta.get("fitted_prompts"), reader, f"the verifier {path}", remedy)
