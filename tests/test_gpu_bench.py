@@ -160,3 +160,8 @@ def test_the_script_runs_end_to_end_on_the_cpu_at_tiny_size(tmp_path: Path) -> N
     assert json.loads((out / "profile_eager.json").read_text())["compile_s"] == 0
     assert "step (unprofiled" in (out / "profile.txt").read_text()
     assert "tokens/s" in done.stdout and "wall time:" in done.stdout
+    # every compiling step went through OUT's compile cache, which travels back with OUT
+    compiled = results["provenance"]["compile"]
+    assert compiled["cache_folder"].startswith(str(out / "compile_cache"))
+    assert compiled["cache_hits"] + compiled["cache_misses"] > 0
+    assert any((out / "compile_cache").rglob("*"))

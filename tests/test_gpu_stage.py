@@ -72,9 +72,13 @@ def test_the_last_call_lays_the_experiments_verifiers_where_the_bench_reads_them
     tmp_path: Path,
 ) -> None:
     """run.sh, run as the lease's last call would (its /tmp under LEASE_ROOT), hands the bench
-    of gpu_bench.sh the carried verifiers: sprinter and sd_learned load them."""
+    of gpu_bench.sh the carried verifiers (sprinter and sd_learned load them) and the carried
+    compile cache."""
     experiment, checkpoints = fake_experiment(tmp_path / "here")
-    site = gpu_stage.site_archive(1, experiment, checkpoints, packages=())
+    cache = tmp_path / "brought_back" / "compile_cache"  # an earlier lease's
+    (cache / "torch-x").mkdir(parents=True)
+    (cache / "torch-x" / "graph").write_bytes(b"kernel")
+    site = gpu_stage.site_archive(1, experiment, checkpoints, packages=(), compile_cache=cache)
     gguf = b"not a real gguf"
     script = gpu_stage.run_script(["gguf.00"], ["draft"], hashlib.sha256(gguf).hexdigest())
     machine = tmp_path / "machine"  # the tree the device tool sends, and the last part
@@ -105,6 +109,9 @@ def test_the_last_call_lays_the_experiments_verifiers_where_the_bench_reads_them
     assert f"loaded sprinter {carried / 'verifier-lam1.2.safetensors'}" in log
     assert f"loaded sd_learned {carried / 'verifier-accept.safetensors'}" in log
     assert (machine / gpu_stage.DRAFTS["draft"]).read_bytes() == b"w"
+    # the carried compile cache seeds the one every step compiles through
+    assert f"compile cache seeded from {lease / 'site' / 'compile_cache'}" in done.stdout
+    assert (lease / "gb" / "compile_cache" / "torch-x" / "graph").read_bytes() == b"kernel"
     with tarfile.open(returned / "gb.tgz") as tar:  # what comes back holds them too
         assert "./bench_run/checkpoints/verifier-lam1.2.json" in tar.getnames()
 
