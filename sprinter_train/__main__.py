@@ -16,7 +16,12 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.core.compile_cache import use_compile_cache
+from sprinter_train.core.compile_cache import (
+    compile_counters,
+    compile_record,
+    dynamo_seconds,
+    use_compile_cache,
+)
 from sprinter_train.core.config import register_methods
 from sprinter_train.core.interrupt import StageInterrupted, interruptible
 from sprinter_train.stages import STAGES
@@ -28,14 +33,29 @@ register_methods()  # before Hydra composes: cfg.methods holds every conf/method
 
 def run_stage(cfg: DictConfig) -> dict[str, Any]:
     """Check the settings, then dispatch to the stage module; an unknown stage fails with the
-    list of valid ones, a signal raises StageInterrupted naming what the stage completed."""
+    list of valid ones, a signal raises StageInterrupted naming what the stage completed. A
+    stage that compiled reports it (`compile` in its result: seconds, cache hits, folder)."""
     name = None if OmegaConf.is_missing(cfg, "stage") else cfg.stage
     if name not in STAGES:
         raise ValueError(f"unknown stage {name!r}; choose one of: {', '.join(STAGES)}")
     validate_config(cfg)
     use_compile_cache(cfg.decoding.get("compile_cache", "auto"))  # before anything compiles
+    counters, seconds = compile_counters(), dynamo_seconds()
     with interruptible(f"stage={name}"):
-        return importlib.import_module(STAGES[name]).run(cfg)
+        result = importlib.import_module(STAGES[name]).run(cfg)
+    record = compile_record(counters, dynamo_seconds() - seconds)
+    if record["cache_hits"] or record["cache_misses"]:  # a stage that compiled says so
+        log.info(
+            "stage=%s compiled for %.1f s: %d of %d graphs from the compile cache %s",
+            name,
+            record["seconds"],
+            record["cache_hits"],
+            record["cache_hits"] + record["cache_misses"],
+            record["cache_folder"],
+        )
+        if isinstance(result, dict):
+            result = {**result, "compile": record}
+    return result
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

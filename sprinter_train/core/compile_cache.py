@@ -66,6 +66,13 @@ def compile_counters() -> dict[str, int]:
     }
 
 
+def dynamo_seconds() -> float:
+    """Seconds this process has spent compiling frames so far (dynamo's own tally)."""
+    from torch._dynamo.utils import calculate_time_spent
+
+    return float(calculate_time_spent().get("entire_frame_compile", 0.0))
+
+
 def compile_record(before: dict[str, int], seconds: float) -> dict[str, Any]:
     """What a run compiled since `before` (a `compile_counters()`): the seconds its compiles
     took, the cache look-ups served from disk and those compiled anew, and the folder."""
