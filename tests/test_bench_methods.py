@@ -76,7 +76,15 @@ def test_missing_artifacts_skip_a_method_with_the_command_that_makes_them(compos
     result = plan(compose_cfg("stage=bench", "experiment=bare"))
     assert "stage=train experiment=bare train.lam=1.2" in result.skipped["sprinter"]
     assert "stage=tables experiment=bare" in result.skipped["sv"]
-    needs_nothing_trained = {"target_only", "sd", "sd_heuristic", "svip", "adaedl", "mtad"}
+    needs_nothing_trained = {
+        "target_only",
+        "sd",
+        "sd_heuristic",
+        "svip",
+        "adaedl",
+        "mtad",
+        "oracle",
+    }
     assert set(result.policies) == needs_nothing_trained | {"sd_online"}  # it learns as it goes
     without = plan(compose_cfg("stage=bench", "experiment=bare"), companion=False)
     assert "models.companion" in without.skipped["sv"]

@@ -156,5 +156,5 @@ def test_stage_all_trains_every_lambda_then_the_soft_label_verifier(
 
 
 def test_stage_all_refuses_an_empty_step_list(compose_cfg) -> None:
-    with pytest.raises(ValueError, match="all_steps: no step; choose from"):
+    with pytest.raises(ValueError, match=r"all_steps=\[\] is out of range: a non-empty list"):
         run_stage(compose_cfg("stage=all", "all_steps=[]"))

@@ -24,7 +24,7 @@ TOP: dict[str, Spec] = {
 }
 
 DATA: dict[str, Spec] = {
-    "num_prompts": whole(1),
+    "num_prompts": whole(0, null=True, note="null or 0: every prompt of the split"),
     "seed": SEED,
     "val_fraction": FRACTION,
     "test_fraction": FRACTION,
