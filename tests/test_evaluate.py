@@ -29,22 +29,11 @@ from sprinter_train.evaluation.scores import predictor_descriptions
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
 from sprinter_train.verifier.features import FEATURE_ORDER
+from tests.chain_helpers import TINY_CHAIN
 from tests.synthetic import write_synthetic_records
 
-# 16 tiny-model prompts, 8 records each; a quarter of the prompts each in val and test
 TINY = (
-    "models=tiny_random",
-    "device=cpu",
-    "dtype=float32",  # tests compare against float32 recomputations
-    "num_threads=1",
-    "data.num_prompts=16",
-    "data.max_prompt_tokens=48",
-    "data.val_fraction=0.25",
-    "data.test_fraction=0.25",
-    "harvest.continuation_tokens=8",
-    "harvest.batch_size=8",
-    "train.batch_size=64",
-    "tables.min_count=5",
+    *TINY_CHAIN,
     "bench.num_prompts=2",
     "bench.max_new_tokens=8",
     "bench.latency.reps=2",

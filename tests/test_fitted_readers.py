@@ -21,22 +21,8 @@ from sprinter_train.evaluation.inputs import check_fitted, load_inputs
 from sprinter_train.sv.table import check_fitted_table
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
 from sprinter_train.verifier.fit_check import VerifierMismatchError, check_fitted_verifier
+from tests.chain_helpers import TINY_CHAIN
 
-# tiny models, 16 prompts of 8 records, a quarter each in val and test (test_evaluate's)
-TINY = (
-    "models=tiny_random",
-    "device=cpu",
-    "dtype=float32",
-    "num_threads=1",
-    "data.num_prompts=16",
-    "data.max_prompt_tokens=48",
-    "data.val_fraction=0.25",
-    "data.test_fraction=0.25",
-    "harvest.continuation_tokens=8",
-    "harvest.batch_size=8",
-    "train.batch_size=64",
-    "tables.min_count=5",
-)
 TRAIN = ("train.lam=1.2", "evaluate.lams=[1.2]", "train.learning_curve=[]")
 FAST_EVAL = ("evaluate.ceiling.enabled=false", "evaluate.ablation.enabled=false")
 
@@ -60,7 +46,7 @@ def compose_at(root: Path, *overrides: str):
     return compose_config(
         f"artifacts_root={root / 'artifacts'}",
         f"checkpoints_root={root / 'checkpoints'}",
-        *TINY,
+        *TINY_CHAIN,
         *overrides,
     )
 
