@@ -1,6 +1,6 @@
 """Non-finite logits stop the run, naming the model and the position.
 
-A model that outputs NaN or +inf (a broken checkpoint, an fp16 overflow) used to decode
+Unchecked, a model that outputs NaN or +inf (a broken checkpoint, an fp16 overflow) decodes
 garbage silently: greedy's argmax emits token 0 every time, sampling dies in an IndexError
 far away. -inf alone is legitimate (a restricted head gives q = 0 outside its token set),
 so a distribution is broken when its largest logit is not finite: NaN and +inf propagate to

@@ -4,9 +4,9 @@ Inductor keeps the kernels and graphs it generated (its FX-graph cache, and AOTA
 cache of the traced graph) on disk, keyed by the graph, the torch version and the device, so
 a later process that traces the same graph skips code generation and the C++/Triton builds:
 most of a compile. By default that folder is a temporary one (`/tmp/torchinductor_<user>`),
-which a fresh machine, container or lease starts without. `decoding.compile_cache` names a
+which a fresh machine or container starts without. `decoding.compile_cache` names a
 folder that outlives them (default: the user's cache folder), which `gpu_bench.sh` can carry
-from one lease to the next; `null` turns the on-disk caches off. Every stage reports what it
+from one machine to the next; `null` turns the on-disk caches off. Every stage reports what it
 compiled and how much of it the cache served (`compile_record`). Results:
 docs/results/compile-cpu.md.
 """

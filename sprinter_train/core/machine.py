@@ -2,9 +2,10 @@
 fit in what is left.
 
 Why: two torch threads on two cores that another job also wants spin against each other
-(OpenMP's teams wait for their slowest member): a 2-thread stage beside two CPU-bound jobs ran
-8x slower than alone, where one thread runs about 2-3x slower. So a stage asks for as many
-threads as there are free cores, measured when it starts, unless `num_threads` says otherwise.
+(OpenMP's teams wait for their slowest member), and a 2-thread stage beside two CPU-bound
+jobs runs several times slower than a 1-thread one (docs/results/design-figures.md, "Threads
+beside busy cores"). So a stage asks for as many threads as there are free cores, measured
+when it starts, unless `num_threads` says otherwise.
 
 "Busy" is measured, not guessed from the 1-minute load average (which lags by a minute and,
 in `stage=all`, still counts the previous stage's own threads): the CPU time the cores this
@@ -164,8 +165,8 @@ def choose_threads(requested: int | None, state: MachineState | None, default: i
 def fit_threads(requested: int | None) -> int:
     """Set torch's intra-op threads for this stage (and OMP_NUM_THREADS for its children):
     `requested`, or what the free cores allow; warns once per process when other work takes
-    cores away, with the figures and the override. The machine is read (0.3 s) only when
-    there is no `requested`."""
+    cores away, with the figures and the override. The machine is read (a short sampling
+    window of /proc/stat) only when there is no `requested`."""
     state = None if requested else read_machine()
     choice = choose_threads(requested, state, TORCH_DEFAULT_THREADS)
     torch.set_num_threads(choice.threads)

@@ -35,9 +35,10 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto` is bfloat16 on accelerators and on CPUs with native bfloat16, else float32.
 
-    On this project's 2-core EPYC (AVX512-BF16) a SmolLM2-135M decode step takes 25 ms in
-    bfloat16 against 45-60 ms in float32, and a forward over 2-8 new tokens costs the same as
-    one in bfloat16 but 1.6-2x one in float32: speculative decoding only pays in bfloat16.
+    Why: on a CPU with native bfloat16 a decode step is faster in bfloat16, and a forward over
+    a few new tokens costs about what one over a single token does, which speculative decoding
+    needs to pay; in float32 it does not (docs/results/design-figures.md, "The dtype on a
+    CPU").
     """
     if name == "auto":
         if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16()):
@@ -61,9 +62,9 @@ def parse_switch(value: Any) -> str | bool | None:
 
 
 def resolve_compile(setting: str | bool, device: torch.device) -> bool:
-    """`decoding.compile`: `auto` compiles on CUDA only, where a decode step is launch-bound
-    (docs/results/gpu.md: a batch-1 step kept the H100 9% busy); on a CPU the compile time
-    buys no measured speed."""
+    """`decoding.compile`: `auto` compiles on CUDA only, where a decode step is launch-bound;
+    on a CPU the compile time buys too little speed (docs/results/design-figures.md, "Compile
+    on CUDA, not on a CPU")."""
     switch = parse_switch(setting)
     if switch is None:
         raise ValueError(f"decoding.compile={setting!r}: choose auto, true or false")

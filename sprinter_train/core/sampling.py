@@ -74,8 +74,8 @@ def _nucleus(probs: torch.Tensor, top_p: float, k: int = 64) -> torch.Tensor:
     """Keep the smallest top set whose mass reaches top_p (a token is dropped when the mass
     before it already reaches top_p; the first always stays), renormalised.
 
-    A full sort of a 49k vocabulary costs ~3.5 ms a row on CPU, longer than a draft step, so
-    the nucleus is found with a top-k that grows until every row's nucleus fits in it. On an
+    A full sort of a large vocabulary costs a CPU longer than a draft step (docs/results/
+    design-figures.md, "Sampling on a CPU"), so the nucleus is found with a top-k that grows until every row's nucleus fits in it. On an
     accelerator the full sort is cheap and checking whether the top-k sufficed would be a host
     synchronisation every warp, so there it sorts everything at once.
     """
@@ -99,8 +99,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 
     One uniform per row, all from a single torch.rand call, so row i takes the generator's
     i-th number: its token depends on its own probabilities and its place in the stream, never
-    on the other rows' probabilities. Inverse CDF: torch.multinomial costs ~1 ms a row on a 49k
-    vocabulary on CPU, a cumulative sum and a binary search a few microseconds.
+    on the other rows' probabilities. Inverse CDF: a cumulative sum and a binary search cost a CPU
+    far less than torch.multinomial (docs/results/design-figures.md, "Sampling on a CPU").
     """
     device = generator.device if generator is not None else probs.device
     u = torch.rand(probs.shape[:-1], generator=generator, device=device, dtype=torch.float64)

@@ -10,8 +10,8 @@ row that draws nothing this step keeps its counter.
 A draw is a function of (key, index) alone, so the streams hash each row's next `BLOCK`
 numbers at once and hand draws out of that block by index: a speculative round takes a few
 numbers one at a time, and the twenty-odd int64 operations of the hash then run once every
-several rounds instead of for every draw (on the 2-core CPU at batch 1 they took ~70 us a
-draw, a third of a draft step's sampling). The numbers are the same whatever the block size.
+several rounds instead of for every draw (per draw they cost a CPU a large share of a
+draft step's sampling: docs/results/design-figures.md, "Random streams"). The numbers are the same whatever the block size.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """How settings are checked before any work: one clear error naming the key and its range.
 
-Out-of-range settings used to run on and produce something: top_p=0 died deep in sampling,
-top_p=2 was silently 1, train.lam=0 exported a constant verifier with exit 0, a negative
-data.max_prompt_tokens sliced the first tokens off every prompt. Each package that owns a
+Unchecked, out-of-range settings run on and produce something: top_p=0 dies deep in sampling,
+top_p=2 is silently 1, train.lam=0 exports a constant verifier with exit 0, a negative
+data.max_prompt_tokens slices the first tokens off every prompt. Each package that owns a
 section checks it (a function of the section's plain dict, returning one line per problem);
 `stages.settings` runs them all in the entry point before a stage is dispatched, so a bad
 setting writes nothing. This module holds only the mechanism.

@@ -34,7 +34,7 @@ def output_dir(dcfg: dict) -> Path:
 def warm_start(out: Path, dcfg: dict) -> dict[str, Any] | None:
     """Continue from the exported model when the full state is gone (a fresh machine).
 
-    The optimiser state (~200 MB) stays out of git; the exported fp16 weights and their
+    The optimiser state (hundreds of MB) stays out of git; the exported fp16 weights and their
     training_state.json (tokens, shard cursor, curve) are enough to carry training on.
     """
     state_file = out / "training_state.json"

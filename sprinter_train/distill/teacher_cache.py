@@ -1,7 +1,7 @@
 """Cache the teacher's top-k log-probabilities per corpus shard, once, resumably.
 
 The teacher forward is about half the cost of distillation on a CPU; caching lets later
-epochs (and later sessions) train the student without running the teacher again.
+epochs (and later runs) train the student without running the teacher again.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 State (student, optimiser, cursor, tokens, elapsed time, curve) is written atomically at
 every shard boundary, so a run killed at any moment loses at most one shard of work and
-the same command continues it, in this session or a later one. The state is read with
+the same command continues it, in this process or a later one. The state is read with
 `weights_only=True`: a state.pt is plain containers and tensors, and unpickling anything else
 from a work dir (shared, copied) could run code.
 """
@@ -222,7 +222,7 @@ def train(
             }
         )
         log.info("distill %s", json.dumps(point))
-        # on a GPU a shard trains in a fraction of the time a ~150 MB state takes to write
+        # on a GPU a shard trains in a fraction of the time the whole state takes to write
         last = time.monotonic() >= deadline or state.tokens >= max_tokens
         if last or state.visits % int(cfg.get("save_every_visits", 1)) == 0:
             save_checkpoint(checkpoint, student, optimizer, state, cfg["student"])

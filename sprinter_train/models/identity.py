@@ -1,7 +1,7 @@
 """What a model is, by content: the sha256 of its weight and config bytes (never mtimes, which
 a clone, checkout or `cp -r` changes on byte-identical files), and how two identities differ.
 
-Hashing a 270 MB GGUF takes seconds, so each file's digest is cached under the user cache dir
+Hashing a GGUF of hundreds of MB takes seconds, so each file's digest is cached under the user cache dir
 keyed by (resolved path, size, mtime_ns): a touched file costs one rehash, never a mismatch.
 """
 

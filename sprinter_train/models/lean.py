@@ -11,9 +11,9 @@ keys and values written into preallocated buffers (`StaticKV`).
 
 On a CPU (float32, and bf16 where native), the draft's matrices are also kept prepacked in
 oneDNN's blocked layout (`pack`): F.linear hands oneDNN the plain (out, in) weight on every
-call, and on the 2-core CPU at batch 1 its bf16 products took about twice as long as the
-packed ones with the weights in cache, 1.2x with them in memory (the same values, checked
-bit for bit; float32: `models.packed`).
+call, and at batch 1 its bf16 products are slower than the packed ones, most of all with the
+weights in cache (the same values, checked bit for bit; docs/results/design-figures.md,
+"Prepacked linears"; float32: `models.packed`).
 
 `StaticKV` offers the parts of `transformers.DynamicCache` the decoding engine's row cache
 uses (`layers[i].keys / .values`, `update`, `get_seq_length`, `batch_select_indices`), so

@@ -3,7 +3,7 @@
 A model spec (one entry of `conf/models/*.yaml`) is a mapping with
 `path` (hub id, directory, `pkg://<python package>` or `tiny_random`), optional
 `gguf_file`, `revision`, `trust_remote_code` and, for tiny models, `config`.
-GGUF files are dequantised once and cached as safetensors (dequantising takes ~20 s).
+GGUF files are dequantised once and cached as safetensors (dequantising takes a while).
 A model loaded for inference only can have its linears prepacked (`pack_linear`, see
 `models.packed`).
 """
@@ -248,7 +248,7 @@ def embedding_rows(model: torch.nn.Module) -> int:
 
 
 def check_vocabulary(loaded: LoadedModel, tokenizer: PreTrainedTokenizerBase, which: str) -> None:
-    """Stop before any work if `tokenizer` can emit ids the model cannot embed: they used to
+    """Stop before any work if `tokenizer` can emit ids the model cannot embed: unchecked, they
     fail deep inside a forward with `IndexError: index out of range in self`."""
     rows, ids = embedding_rows(loaded.model), len(tokenizer)
     if rows < ids:

@@ -2,17 +2,14 @@
 
 On a CPU with native bf16, F.linear hands oneDNN the plain (out, in) weight on every call;
 a copy reordered once into oneDNN's blocked layout (`models.lean.pack`) gives the same values
-bit for bit, faster. SmolLM2-135M's forward over a 128-token context on the 2-core EPYC
-(avx512_bf16) took 11-25% less time (1.13-1.33x) with its linears packed (`pack_linears`) at
-the engine's blocks of 1-16 rows by 1-3 tokens, with bit-identical logits.
+bit for bit, faster at the engine's blocks of a few rows by a few tokens, with bit-identical
+logits (docs/results/design-figures.md, "Prepacked linears").
 
-In float32, F.linear is MKL's sgemm, whose small-M path is slow: on a 2-core EPYC without
-AVX-512 one (1536, 576) product took 147 us for 1 row, 219 for 2 and 315 for 4, and the
-(49152, 576) head 11.6 ms for 1 row and 28 ms for 2, so a 2-token verify of SmolLM2-135M cost
-1.7x a 1-token step and no speculative method paid. oneDNN's prepacked float32 product took
-124 / 100 / 155 us and 5.2 / 5.4 ms: the 2-token verify became 1.05x the step (docs/results/
-draft-eval.md). Its values are F.linear's to a few ulps (another summation order), and a
-row's values do not depend on how many rows share the call, which sgemm's do not promise.
+In float32, F.linear is MKL's sgemm, whose small-M path is slow: a 2-token verify costs
+much more than a 1-token step, and no speculative method pays. oneDNN's prepacked float32
+product brings the 2-token verify close to the step's cost (docs/results/draft-eval.md,
+docs/results/design-figures.md). Its values are F.linear's to a few ulps (another summation
+order), and a row's values do not depend on how many rows share the call, which sgemm's do not promise.
 
 `LeanDraft` packs the distilled draft's matrices itself; this does the same for any Hugging
 Face model's nn.Linear modules, so the target's verify forwards, Hugging Face `generate` and
@@ -27,9 +24,9 @@ or device), as `LeanDraft` rebuilds its copies.
 A compiled forward (`decoding.compile`) reaches the same packed copy through one custom op,
 `sprinter_train::packed_linear`, which inductor calls as an opaque kernel (no graph break).
 Inductor's own packing needs frozen weights and a static row dimension: with dynamo's automatic
-dynamic shapes a verify block's (rows x width) is symbolic, so its 2- and 4-token forwards fell
-back to sgemm's small-M path (2-core EPYC, float32, the 135M target over 600 tokens, rows 1:
-61/95/97 ms for 1/2/4 tokens, against 68/74/83 with the op and no freezing; eager 80/100/115).
+dynamic shapes a verify block's (rows x width) is symbolic, so its 2- and 4-token forwards fall
+back to sgemm's small-M path, slower than the op without freezing (docs/results/
+design-figures.md, "Compiled forwards on a CPU").
 The op finds the copy through the module that owns the weight (`_OWNERS`, by storage
 address, checked against the module's current weight), so it never uses a stale copy: a weight
 no packed module owns goes through F.linear.
