@@ -192,8 +192,9 @@ def measure_profile(
     engine: Engine | None = None,
 ) -> LatencyProfile:
     """A new latency profile, saved as bench/latency.json: of the `engine`'s runners when
-    given (a compiled target's forward costs a fraction of the raw eager one on a GPU:
-    3.5 against 17 ms on an H100), else of the raw models."""
+    given (a compiled target's forward costs a fraction of the raw eager one on a GPU, so a
+    profile of the raw models would misprice every round: docs/results/design-figures.md,
+    "Compile on CUDA, not on a CPU"), else of the raw models."""
     lat = cfg.bench.latency
     companion = models.companion.model if models.companion is not None else None
     profile = profile_models(
@@ -369,8 +370,8 @@ def gamma_source(cfg: DictConfig, verdict: ProfileCheck | None) -> str:
 
 def wants_companion(cfg: DictConfig) -> bool:
     """Whether any method run reads the companion (SV's, and an SV table's, A): loading an
-    unused one costs memory and time, and a machine may not have it (a GPU lease carries only
-    what the run needs)."""
+    unused one costs memory and time, and a machine may not have it (a rented GPU machine
+    carries only what the run needs)."""
     methods = cfg.get("methods") or {}
     reads = {"companion", "table"}
     return any(

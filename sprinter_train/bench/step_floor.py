@@ -175,7 +175,7 @@ def interleaved_medians(
 ) -> dict[str, float]:
     """Median seconds of each step over `reps` rounds (each step once a round, so noise hits
     all alike; `WARMUP_ROUNDS` rounds first, discarded); `resets[name]` runs after that step,
-    outside the timing. The order rotates each round: the draft's weights (about 24 MB) fit a
+    outside the timing. The order rotates each round: a small draft's weights fit a
     CPU's last-level cache and the target's evict them, so whichever step followed the target
     would always run cold; rotated, every step follows every other equally often."""
     names = list(steps)
