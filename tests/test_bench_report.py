@@ -10,6 +10,8 @@ import pytest
 from sprinter_train.bench.report import UNSUPPORTED, write_results
 from sprinter_train.bench.summary import acceptance
 from sprinter_train.core.io import read_json
+from sprinter_train.decoding.policies.sv import SpecVerificationPaper
+from sprinter_train.decoding.registry import as_record
 from sprinter_train.decoding.state import DecodeStats
 from tests.decoding_helpers import companion_plan
 
@@ -126,6 +128,7 @@ def test_the_tv_column_and_batch_tables_show_only_what_ran(tmp_path: Path) -> No
     assert "TV 1st token" not in text and "goodput" not in text  # no sv ran, one batch size
     results["methods"]["sv_paper"] = {**row(1.5, 0.3, None), "tv_first_token": 0.0421}
     results["law_distance_prompts"] = 4
+    results["traits"] = {"sv_paper": as_record(SpecVerificationPaper.traits)}  # lossy, by trait
     results["batches"] = {
         "4": {
             "methods": {"sd": row(3.0, 0.3, None)},

@@ -13,10 +13,10 @@ import torch
 from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.law_distance import first_token_tv
 from sprinter_train.bench.report import (
-    LEARNED_BAR,
+    VS_BEST,
     best_rival,
     check_targets,
-    learned_vs_best,
+    vs_best,
     write_results,
 )
 from sprinter_train.bench.summary import costs_ms, draft_runs
@@ -56,6 +56,7 @@ def drafts_first(engine: Engine, policy: LearnedLength, prompt: list[int]) -> bo
 
 
 RIVALS = LearnedLength.traits.rivals
+LEARNED_BAR = "sd_learned" + VS_BEST  # the bar its traits give it (a learned length)
 TRAITS = {"sd_learned": as_record(LearnedLength.traits)}  # what results.json records of it
 D = TINY_DEFAULTS["hidden_size"]  # the tiny draft's hidden width: its verifier reads it
 
@@ -309,7 +310,7 @@ def test_the_bar_is_over_the_fastest_of_sd_learneds_rivals() -> None:
         "sd_learned": method(12.0),
     }
     assert best_rival(methods, RIVALS) == "svip"
-    assert learned_vs_best(methods, RIVALS) == pytest.approx(12 / 11)
+    assert vs_best(methods, "sd_learned", RIVALS) == pytest.approx(12 / 11)
     (row,) = check_targets({"methods": methods, "traits": TRAITS}, {LEARNED_BAR: 1.05})
     assert row == {
         "name": LEARNED_BAR,
@@ -325,7 +326,7 @@ def test_the_bar_is_over_the_fastest_of_sd_learneds_rivals() -> None:
     )
     del methods["svip"]
     assert best_rival(methods, RIVALS) == "sd"
-    assert learned_vs_best(methods, RIVALS) == pytest.approx(1.1)
+    assert vs_best(methods, "sd_learned", RIVALS) == pytest.approx(1.1)
     only_sd = {"methods": {"sd": method(10.0)}, "traits": TRAITS}
     assert check_targets(only_sd, {LEARNED_BAR: 1.05}) == []
 
@@ -449,3 +450,21 @@ def test_the_benchs_results_md_shows_the_sd_learned_section(bench) -> None:
     assert f"Its verifier `{bench['path']}` (label accept_prob): temperature 2.000" in section
     assert "prior 0.700" in section
     assert f"- {LEARNED_BAR}: " in text and "TV 1st token" in text
+
+
+def test_a_new_method_with_sd_learneds_traits_gets_its_section_and_bar(tmp_path: Path) -> None:
+    """The report picks its sections and bars from the traits: another learned length (a
+    lossless method reading a trained verifier, with rivals) gets sd_learned's section and
+    `<name>_vs_best_lossless` bar without a line of report.py naming it."""
+    one = {"sd": method(10.0), "svip": method(11.0), "mine": learned(12.0, 0.2)}
+    four = {"sd": method(40.0), "sd_heuristic": method(42.0), "mine": learned(36.0, 0.4)}
+    results = results_with(one, four)
+    results["traits"] = {"mine": as_record(LearnedLength.traits)}
+    results["settings"] = {"mine": results["settings"]["sd_learned"]}
+    results["targets"] = check_targets(results, {"mine" + VS_BEST: 1.05})
+    assert results["targets"][0]["against"] == "svip"
+    write_results(tmp_path, results)
+    lines = (tmp_path / "results.md").read_text().splitlines()
+    start = lines.index("## mine against its best rival")
+    assert any(line.startswith("| 1 | 12.0 | svip 11.0 | 1.09 |") for line in lines[start:])
+    assert "sd_learned" not in "\n".join(lines)

@@ -24,12 +24,13 @@ COLUMNS = [
     ("ROUGE-L vs target", "rouge_l_vs_target", "{:.1f}"),
     ("target PPL", "target_ppl", "{:.2f}"),
 ]
-TV_COLUMN = ("TV 1st token", "tv_first_token", "{:.4f}")  # sv, sv_paper, sd_learned
+TV_COLUMN = ("TV 1st token", "tv_first_token", "{:.4f}")  # methods whose traits: law_computed
 BATCH_COLUMNS = [  # batch > 1: speed, calls and acceptance (quality is the batch-1 run's)
     c for c in COLUMNS if c[1] not in ("rouge_l_ref", "target_ppl")
 ]
 UNSUPPORTED = "batch > 1 unsupported"
-LEARNED_BAR = "sd_learned_vs_best_lossless"
+VS_BEST = "_vs_best_lossless"  # a bar's suffix: `<method>_vs_best_lossless`
+GAP = "_rouge_l_ref_gap"  # a bar's suffix: `<method>_rouge_l_ref_gap`
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -40,7 +41,7 @@ def _cell(value: Any, fmt: str) -> str:
 
 def results_table(results: dict[str, Any]) -> str:
     """One markdown row per method; '–' where a figure does not apply. The TV column shows
-    when sv or sv_paper ran."""
+    when a method whose first-token law is computed ran."""
     methods = results["methods"]
     win_key = next(
         (k for row in methods.values() for k in row if k.startswith("win_tie_vs_")), None
@@ -108,23 +109,32 @@ def latency_table(profile: dict[str, Any]) -> str:
 
 
 def law_distance_lines(results: dict[str, Any]) -> list[str]:
-    """sv_paper's loss (and sv's and sd_learned's zero, the check) as the first token's TV
-    from the target."""
+    """A lossy method's loss (and a lossless one's zero, the check) as the first token's TV
+    from the target, for every method whose traits say its law is computed."""
     tv = {
         n: row["tv_first_token"] for n, row in results["methods"].items() if "tv_first_token" in row
     }
     if not tv:
         return []
+    traits = traits_in(results)
+    lossy = {n for n in tv if (traits.get(n) or {}).get("lossless") is False}
     parts = [
-        f"{name} {value:.4f}" + (" (lossy: the published rule)" if name == "sv_paper" else "")
+        f"{name} {value:.4f}" + (" (lossy: the published rule)" if name in lossy else "")
         for name, value in tv.items()
     ]
+    exact = [n for n in tv if n not in lossy]
+    closing = (
+        f"{_joined(exact)} decide before the draw, so their distance is 0 up to rounding."
+        if len(exact) > 1
+        else f"{exact[0]} decides before the draw, so its distance is 0 up to rounding."
+        if exact
+        else ""
+    )
     return [
         "Distance from the target's law (`TV 1st token`): total variation between the first "
         "generated token's law under the method's rule and the target's p, computed exactly "
         f"(enumerating the vocabulary at batch size 1), mean over "
-        f"{results.get('law_distance_prompts', '?')} prompts: " + "; ".join(parts) + ". "
-        "sv and sd_learned decide before the draw, so their distance is 0 up to rounding.",
+        f"{results.get('law_distance_prompts', '?')} prompts: " + "; ".join(parts) + ". " + closing,
         "",
     ]
 
@@ -205,9 +215,30 @@ def _ratio(methods: dict[str, Any], a: str, b: str) -> float | None:
     return None
 
 
+def _joined(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def traits_in(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each method's traits as this run recorded them (results.json: `traits`)."""
+    return results.get("traits") or {}
+
+
 def rivals_of(results: dict[str, Any], name: str) -> tuple[str, ...]:
     """The methods `name` is meant to beat, as its traits declared them in this run."""
-    return tuple(((results.get("traits") or {}).get(name) or {}).get("rivals") or ())
+    return tuple((traits_in(results).get(name) or {}).get("rivals") or ())
+
+
+def learned_length(traits: dict[str, Any]) -> bool:
+    """A lossless method that reads a trained verifier and names rivals (sd_learned's
+    traits): the report sets it against its best rival with what its predictor cost."""
+    needs = traits.get("needs") or ()
+    return bool(traits.get("lossless") and "verifier" in needs and traits.get("rivals"))
+
+
+def learned_methods(results: dict[str, Any]) -> list[str]:
+    """The methods of this run whose traits make them `learned_length`."""
+    return [name for name, traits in traits_in(results).items() if learned_length(traits)]
 
 
 def best_rival(methods: dict[str, Any], rivals: tuple[str, ...]) -> str | None:
@@ -216,25 +247,41 @@ def best_rival(methods: dict[str, Any], rivals: tuple[str, ...]) -> str | None:
     return max(ran, key=lambda n: methods[n]["tokens_per_s"]) if ran else None
 
 
-def learned_vs_best(methods: dict[str, Any], rivals: tuple[str, ...]) -> float | None:
-    """sd_learned's tokens/s over the fastest of its rivals."""
+def vs_best(methods: dict[str, Any], name: str, rivals: tuple[str, ...]) -> float | None:
+    """`name`'s tokens/s over the fastest of its rivals."""
     best = best_rival(methods, rivals)
-    return None if best is None else _ratio(methods, "sd_learned", best)
+    return None if best is None else _ratio(methods, name, best)
+
+
+def bars_measured(results: dict[str, Any]) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Every bar this run can be held to, named from the methods' traits, and the rival each
+    `<method>_vs_best_lossless` bar was measured over. Per method: `<method>_vs_<rival>` for
+    each rival it declares and each HF peer that ran (a method without traits);
+    `<method>_vs_best_lossless` when it is a `learned_length`; `<method>_rouge_l_ref_gap`
+    (its first rival's ROUGE-L against a reference less its own) when it is lossy."""
+    m, traits = results["methods"], traits_in(results)
+    peers = [n for n in m if n not in traits]
+    measured: dict[str, float | None] = {}
+    against: dict[str, str] = {}
+    for name, declared in traits.items():
+        rivals = tuple(declared.get("rivals") or ())
+        for other in (*rivals, *peers):
+            measured[f"{name}_vs_{other}"] = _ratio(m, name, other)
+        if learned_length(declared):
+            measured[name + VS_BEST] = vs_best(m, name, rivals)
+            best = best_rival(m, rivals)
+            if best is not None:
+                against[name + VS_BEST] = best
+        if declared.get("lossless") is False and rivals and name in m and rivals[0] in m:
+            ref, own = m[rivals[0]].get("rouge_l_ref"), m[name].get("rouge_l_ref")
+            if ref is not None and own is not None:
+                measured[name + GAP] = ref - own
+    return measured, against
 
 
 def check_targets(results: dict[str, Any], targets: dict[str, float]) -> list[dict[str, Any]]:
     """Each bar of `bench.targets` against this run: measured value, bar, met or not."""
-    m, rivals = results["methods"], rivals_of(results, "sd_learned")
-    measured: dict[str, float | None] = {
-        "sd_vs_target_only": _ratio(m, "sd", "target_only"),
-        "sd_vs_hf_assisted": _ratio(m, "sd", "hf_assisted"),
-        "sprinter_vs_sd": _ratio(m, "sprinter", "sd"),
-        "svip_vs_sd": _ratio(m, "svip", "sd"),
-        LEARNED_BAR: learned_vs_best(m, rivals),
-        "sprinter_rouge_l_ref_gap": None,
-    }
-    if "sprinter" in m and "sd" in m and m["sd"].get("rouge_l_ref") is not None:
-        measured["sprinter_rouge_l_ref_gap"] = m["sd"]["rouge_l_ref"] - m["sprinter"]["rouge_l_ref"]
+    measured, against = bars_measured(results)
     rows = []
     for name, bar in targets.items():
         value = measured.get(name)
@@ -242,8 +289,8 @@ def check_targets(results: dict[str, Any], targets: dict[str, float]) -> list[di
             continue
         met = value <= bar if name.endswith("_gap") else value >= bar
         row = {"name": name, "measured": value, "bar": bar, "met": met}
-        if name == LEARNED_BAR:
-            row["against"] = best_rival(m, rivals)
+        if name in against:
+            row["against"] = against[name]
         rows.append(row)
     return rows
 
@@ -262,11 +309,11 @@ LEARNED_COLUMNS = [  # (header, where in a method's row, format)
 
 
 def learned_row(
-    size: str, methods: dict[str, Any], bar: float | None, rivals: tuple[str, ...]
+    name: str, size: str, methods: dict[str, Any], bar: float | None, rivals: tuple[str, ...]
 ) -> str:
-    """One batch size's row of the sd_learned table."""
-    row, best = methods["sd_learned"], best_rival(methods, rivals)
-    ratio = learned_vs_best(methods, rivals)
+    """One batch size's row of a learned length's table."""
+    row, best = methods[name], best_rival(methods, rivals)
+    ratio = vs_best(methods, name, rivals)
     short = ratio is not None and bar is not None and ratio < bar
     parts = row.get("time_breakdown_s") or {}
     predictor = parts.get("verifier", 0.0) + parts.get("companion", 0.0)
@@ -285,7 +332,8 @@ def learned_row(
 
 
 def verifier_line(settings: dict[str, Any]) -> str:
-    """sd_learned's predictor as the run loaded it: the verifier's calibration and prior."""
+    """A learned length's predictor as the run loaded it: the verifier's calibration and
+    prior."""
     verifier = settings.get("verifier") or {}
     calibration = verifier.get("calibration")
     if calibration:
@@ -310,22 +358,28 @@ def verifier_line(settings: dict[str, Any]) -> str:
     )
 
 
-def learned_section(results: dict[str, Any]) -> list[str]:
-    """sd_learned against the fastest lossless method at every batch size, and the numbers
-    that say why: what its predictor cost, how calibrated it is, and how far its chosen
-    lengths were from the oracle's on the same rounds. Nothing when sd_learned did not run."""
+def learned_sections(results: dict[str, Any]) -> list[str]:
+    """One `learned_section` per method whose traits make it a `learned_length`."""
+    return [line for name in learned_methods(results) for line in learned_section(results, name)]
+
+
+def learned_section(results: dict[str, Any], name: str) -> list[str]:
+    """A learned length (`name`) against the fastest of its rivals at every batch size, and
+    the numbers that say why: what its predictor cost, how calibrated it is, and how far its
+    chosen lengths were from the oracle's on the same rounds. Nothing when it did not run."""
     batches = results.get("batches") or {"1": {"methods": results["methods"]}}
-    sizes = sorted((s for s, b in batches.items() if "sd_learned" in b["methods"]), key=int)
+    sizes = sorted((s for s, b in batches.items() if name in b["methods"]), key=int)
     if not sizes:
         return []
-    bar = next((t["bar"] for t in results.get("targets") or [] if t["name"] == LEARNED_BAR), None)
-    rivals = rivals_of(results, "sd_learned")
-    header = ["batch", "sd_learned tokens/s", "best rival tokens/s", "× best"]
+    targets = results.get("targets") or []
+    bar = next((t["bar"] for t in targets if t["name"] == name + VS_BEST), None)
+    rivals = rivals_of(results, name)
+    header = ["batch", f"{name} tokens/s", "best rival tokens/s", "× best"]
     header += ["× best, predictor free"] + [c[0] for c in LEARNED_COLUMNS]
     lines = [
-        "## sd_learned against its best rival",
+        f"## {name} against its best rival",
         "",
-        f"At each batch size, sd_learned's tokens/s over the fastest of {', '.join(rivals)}"
+        f"At each batch size, {name}'s tokens/s over the fastest of {', '.join(rivals)}"
         + (f" (bar {bar:g}; below it in bold)" if bar is not None else "")
         + ", and why: `× best, predictor free` is the ratio had its verifier and companion "
         "cost nothing (their forwards' time taken off its wall time); per drafted token, the "
@@ -339,8 +393,8 @@ def learned_section(results: dict[str, Any]) -> list[str]:
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
-    lines += [learned_row(size, batches[size]["methods"], bar, rivals) for size in sizes]
-    settings = (results.get("settings") or {}).get("sd_learned")
+    lines += [learned_row(name, size, batches[size]["methods"], bar, rivals) for size in sizes]
+    settings = (results.get("settings") or {}).get(name)
     lines += ["", verifier_line(settings), ""] if settings else [""]
     return lines
 
@@ -524,7 +578,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
             )
         lines.append("")
     lines += guard_section(results)
-    lines += learned_section(results)
+    lines += learned_sections(results)
     lines += oracle_section(results)
     if results.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in results["skipped"].items()), ""]
