@@ -1,4 +1,4 @@
-"""Quality where no reference is (issue 38 item 5): the bench's bars that need no dataset
+"""Quality where no reference is: the bench's bars that need no dataset
 reference, set in `bench.guard`.
 
 - Perplexity: a lossy method (its traits say `lossless: false`) must keep the target's

@@ -1,4 +1,4 @@
-"""How much of the oracle length's gain each length policy takes (issue 38 item 4).
+"""How much of the oracle length's gain each length policy takes.
 
 The oracle (decoding/policies/oracle.py) drafts, per row and round, exactly what the target
 keeps plus the draft it rejects: no length predictor at this pair, cost and gamma_max buys

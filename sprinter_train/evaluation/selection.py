@@ -1,4 +1,4 @@
-"""Does each verifier beat its own inputs? (issue 38)
+"""Does each verifier beat its own inputs?
 
 A learner whose inputs include a feature should rank at least as well as that feature alone.
 This section scores, on the report's rows: every scalar input of the verifiers alone (its

@@ -2,7 +2,7 @@
 the one with the best validation AUC kept, so the verifier cannot lose to its own inputs.
 
 A single unregularised Linear(d, 1) on a 576-wide hidden state beside a few scalars, fitted
-on a few thousand rows, can rank worse than one of those scalars alone (issue 38). The
+on a few thousand rows, can rank worse than one of those scalars alone. The
 family (train.select):
 
 - `scalars`: the scalar features alone (the dense blocks' weights are zero), an L2 logistic
