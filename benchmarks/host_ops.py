@@ -12,7 +12,7 @@ engine can be judged without a GPU:
     python benchmarks/host_ops.py --captured # the GPU's layout: forwards from captured graphs
 
 Ops are counted with a TorchDispatchMode (views included: they cost host time, no launch);
-the body of every static-layout forward (the runner's `_step`, what a GPU compiles and
+the body of every static-layout forward (the static backend's `step`, what a GPU compiles and
 replays) is not counted. `--captured` plays the GPU's hand-captured graphs on the host
 (`graphs.HostGraph`): what a graph replays is not counted, its input copies are, and each
 replay counts as one op (its launch).
@@ -76,9 +76,10 @@ def count(engine: Engine, policy: Any, prompt: list[int], tokens: int) -> tuple[
     # replay (one launch, counted below)
     with ExitStack() as uncounting:
         for runner in engine.present_runners.values():
-            uncounting.enter_context(patch.object(runner, "_step", uncounted(runner._step)))
-            if runner._captured is not None:
-                graphs_of = runner._captured
+            static = getattr(runner.backend, "static", runner.backend)  # a capture's inner one
+            uncounting.enter_context(patch.object(static, "step", uncounted(static.step)))
+            if runner.graphs is not None:
+                graphs_of = runner.graphs
                 uncounting.enter_context(patch.object(graphs_of, "step", uncounted(graphs_of.step)))
         uncounting.enter_context(patch.object(HostGraph, "replay", uncounted(HostGraph.replay)))
         replays = HostGraph.replays

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from sprinter_train.decoding.cache import RowCache
+from sprinter_train.decoding.cache import DynamicRowCache
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.static_cache import StaticRowCache
 from sprinter_train.models.lean import StaticKV
@@ -34,7 +34,7 @@ def feed(runner: ModelRunner, cache, rows: list[list[int]]) -> torch.Tensor:
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_ragged_appends_rejections_packing_and_leaving_rows(model, static) -> None:
-    """Both layouts; the static one keeps its slot map in device buffers (`RowStaticCache`),
+    """Both layouts; the static one keeps its slot map in device buffers (`SlotMappedKV`),
     its rows leaving into a smaller bucket."""
     runner = ModelRunner(model, VOCAB, static=static)
     seqs = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
@@ -110,8 +110,8 @@ def test_a_pack_from_the_settled_slots_puts_every_slot_where_a_full_pack_does(ki
             row.update(kv[2 * layer], kv[2 * layer + 1], layer)
         primed.append(row)
     settled, full = (
-        RowCache(3, torch.device("cpu"), kind()),
-        RowCache(3, torch.device("cpu"), kind()),
+        DynamicRowCache(3, torch.device("cpu"), kind()),
+        DynamicRowCache(3, torch.device("cpu"), kind()),
     )
     for cache in (settled, full):
         cache.absorb([([r], row) for r, row in enumerate(primed)], prefix)
@@ -123,7 +123,7 @@ def test_a_pack_from_the_settled_slots_puts_every_slot_where_a_full_pack_does(ki
         for cache in (settled, full):
             for layer in range(layers):
                 cache.kv.update(new[2 * layer], new[2 * layer + 1], layer)
-            cache.append(cache.kv, counts, 3)
+            cache.append(counts, 3)
         valid = torch.tensor(committed) + (counts * torch.rand(rows, generator=gen)).long()
         settled.truncate(valid, min(committed))
         full.truncate(valid)

@@ -17,7 +17,7 @@ import torch
 from sprinter_train.bench.latency import measure_runner_times
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.sampling import inverse_cdf, warp_probs
-from sprinter_train.decoding import graphs, static_cache
+from sprinter_train.decoding import backends, graphs, static_cache
 from sprinter_train.decoding import runner as runner_module
 from sprinter_train.decoding.after_warp import Draw
 from sprinter_train.decoding.engine import Engine, decoding_problems, static_settings
@@ -173,7 +173,7 @@ def test_reused_buffers_and_unshrinking_rows_keep_the_tokens(models, eos) -> Non
     as rows leave (the compiled layout's choice) emit the dynamic layout's tokens."""
     static = engine(models, SAMPLING, eos, static=True)
     for runner in static.runners.values():
-        runner.shrink_rows = False
+        runner.backend.shrink_rows = False
     buckets = []
     select = StaticRowCache.select
 
@@ -300,13 +300,14 @@ def test_the_target_forward_is_one_graph_at_every_bucket(models) -> None:
     target = copy.deepcopy(models["target"])
     assert pack_linears(target) > 0  # the bench's float32 target multiplies by packed copies
     runner = ModelRunner(target, VOCAB, static=True)
+    body_step = runner.backend.body_step
     for rows in (1, 2, 4):
         cache = runner.new_cache(rows, 16)
         for width in range(1, 6):
             ids = torch.zeros((rows, width), dtype=torch.long)
             positions, mask = cache.block(torch.full((rows,), width), width)
             with torch.inference_mode():
-                report = torch._dynamo.explain(runner._body_step)(ids, positions, mask, cache.kv)
+                report = torch._dynamo.explain(body_step)(ids, positions, mask, cache.kv)
             assert report.graph_break_count == 0, (rows, width, report.break_reasons)
             assert report.graph_count == 1
 
@@ -432,9 +433,9 @@ def test_a_recompile_of_a_known_shape_is_compile_time_not_a_forward(models, monk
     """Dynamo may compile again a shape the runner has seen (a guard failed): that forward's
     time goes to compile_seconds, with a warning, and never into the forward timings."""
     runner = ModelRunner(models["target"], VOCAB, static=True, compiled=True)
-    runner._step = runner._body_step  # the accounting alone: no real compile here
+    runner.backend.step = runner.backend.body_step  # the accounting alone: no real compile here
     counter = {"n": 0}
-    monkeypatch.setattr(runner_module, "compiled_graphs", lambda: counter["n"])
+    monkeypatch.setattr(backends, "compiled_graphs", lambda: counter["n"])
     cache = runner.new_cache(1, 32)
     runner.prime(cache, [PROMPTS[0]])
     one = (torch.tensor([[3]]), torch.tensor([1]), torch.tensor([[0]]))
@@ -443,13 +444,13 @@ def test_a_recompile_of_a_known_shape_is_compile_time_not_a_forward(models, monk
     before = runner.compile_seconds
     runner.forward(cache, *one)  # known shape, no compile: a forward
     assert len(runner.forward_times()) == 1 and runner.compile_seconds == before
-    real = runner._body_step
+    real = runner.backend.body_step
 
     def recompiling(*args, **kwargs):
         counter["n"] += 1
         return real(*args, **kwargs)
 
-    runner._step = recompiling
+    runner.backend.step = recompiling
     with caplog.at_level("WARNING"):
         runner.forward(cache, *one)
     assert runner.compile_seconds > before and runner.forward_times() == []
@@ -477,10 +478,10 @@ def test_the_engine_replays_the_latency_profiles_captured_graphs(models, replaye
     target = ModelRunner(models["target"], VOCAB, static=True, captured=True, min_capacity=128)
     widths = {"target": [1]}
     measure_runner_times({"target": target}, widths, 1, 16, torch.device("cpu"), [1], SAMPLING)
-    captures = target._captured.captures
+    captures = target.graphs.captures
     assert captures == 1
     Engine(target, SAMPLING, timings=fixed_timings()).generate([PROMPTS[0]], TargetOnly(), 8)
-    assert target._captured.captures == captures
+    assert target.graphs.captures == captures
 
 
 @pytest.fixture
@@ -503,8 +504,8 @@ def test_captured_forwards_emit_the_static_layouts_tokens_for_every_method(
         out = captured.generate(ROWS, again, NEW_TOKENS)
         assert [r.tokens for r in out] == [r.tokens for r in plain], fresh.name
     runners = captured.present_runners.values()
-    assert all(r.layout == "static:captured" and len(r._captured) > 0 for r in runners)
-    assert replayed.replays > 10 * sum(r._captured.captures for r in runners)
+    assert all(r.layout == "static:captured" and len(r.graphs) > 0 for r in runners)
+    assert replayed.replays > 10 * sum(r.graphs.captures for r in runners)
     assert all(r.compile_seconds > 0 for r in runners)  # each capture: compile time
 
 
@@ -512,11 +513,11 @@ def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed)
     runner = ModelRunner(models["target"], VOCAB, static=True, captured=True)
     engine_ = Engine(runner, GREEDY, timings=fixed_timings())
     first = engine_.generate(PROMPTS, TargetOnly(), 6)
-    captures = runner._captured.captures
+    captures = runner.graphs.captures
     assert captures >= 1  # the prefill is uncaptured; each decode shape once
     again = engine_.generate(PROMPTS, TargetOnly(), 6)  # the pool's buffers: replays only
     assert [r.tokens for r in again] == [r.tokens for r in first]
-    assert runner._captured.captures == captures
+    assert runner.graphs.captures == captures
     pooled = runner.new_cache(len(PROMPTS))  # the pool's buffers: their graph replays
     fresh = runner.new_cache(len(PROMPTS))  # a second live cache of the shape: new buffers
     assert fresh.kv is not pooled.kv
@@ -527,14 +528,14 @@ def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed)
         keep = torch.zeros((len(PROMPTS), 1), dtype=torch.long)
         u = torch.zeros(len(PROMPTS), dtype=torch.float64)
         runner.forward(cache, ids, counts, keep, warp=GREEDY, then=Draw(u))  # the engine draws
-        assert runner._captured.captures == captures + more
+        assert runner.graphs.captures == captures + more
 
 
 def test_broken_logits_met_in_a_replay_stop_the_generation_where_uncaptured_does(
     models, replayed
 ) -> None:
     """The captured graphs fold the broken-logits watch into the runner's own device scalar
-    (`_broken_in_graphs`): logits that break after every shape was captured stop the next
+    (`BrokenWatch.in_graphs`): logits that break after every shape was captured stop the next
     generation with the message the uncaptured static layout gives."""
     messages = []
     for captured in (False, True):
@@ -671,8 +672,8 @@ def test_on_cuda_captured_compiled_models_emit_the_eager_static_tokens(sampling)
         for _ in range(2):
             out = captured.generate(ROWS, copy.deepcopy(policy), NEW_TOKENS)
             assert [r.tokens for r in out] == [r.tokens for r in eager], policy.name
-    captures = {r: r._captured.captures for r in runners}
+    captures = {r: r.graphs.captures for r in runners}
     captured.generate(ROWS, SpeculativeDecoding(gamma=3), NEW_TOKENS)
-    assert {r: r._captured.captures for r in runners} == captures  # replays, no new capture
+    assert {r: r.graphs.captures for r in runners} == captures  # replays, no new capture
     drafting = (captured.target, captured.draft)  # no method here runs the companion
     assert all(r.compile_seconds > 0 and r.seconds > 0 for r in drafting)

@@ -2,12 +2,12 @@
 record after its warp: draw the row's next token (`Draw`), or check a round's drafts by
 speculative sampling and draw the correction or bonus (`Check`).
 
-On a GPU every op the engine runs outside its graphs is a launch and some microseconds of
-host time; the draw is nine ops and the check about forty (`benchmarks/host_ops.py`), as
-many as the rest of the round's bookkeeping. A runner that captures its forwards is handed
-one of these and replays it with the body (`RowOutput.drawn`, `RowOutput.accepted`); any
-other runner leaves it to the caller, which then calls the same `apply` itself, so both
-give the same tokens. The uniforms are the rows' next numbers, shown before the forward
+On a GPU every op the engine runs outside its graphs is a launch and host time, and the
+draw and the check are a large share of a round's ops (`benchmarks/host_ops.py` counts
+them). A runner that captures its forwards is handed one of these with its request
+(`ForwardRequest.then`) and replays it with the body (`RowOutput.drawn`,
+`RowOutput.accepted`); any other runner leaves it to the caller, which then calls the same
+`apply` itself, so both give the same tokens. The uniforms are the rows' next numbers, shown before the forward
 (`RowStreams.peek`) and taken after (`advance`).
 """
 

@@ -29,7 +29,7 @@ from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
 from sprinter_train.core.streams import RowStreams
 from sprinter_train.core.validation import check_whole
 from sprinter_train.decoding.after_warp import AfterWarp, Check, Draw
-from sprinter_train.decoding.runner import ModelRunner, RowOutput
+from sprinter_train.decoding.runner import ForwardRequest, ModelRunner, RowOutput
 from sprinter_train.decoding.state import (
     Batch,
     DraftStep,
@@ -206,7 +206,8 @@ class Engine:
         sampling = self.sampling if warp else None
         runner, cache = self.runner(role), batch.caches[role]
         transient = role == "target"
-        out = runner.forward(cache, ids, counts, keep, restricted, sampling, then, transient)
+        request = ForwardRequest(ids, counts, keep, restricted, sampling, then, transient)
+        out = runner.run(cache, request)
         setattr(batch.stats, f"{role}_calls", getattr(batch.stats, f"{role}_calls") + 1)
         return out
 

@@ -1,22 +1,19 @@
-"""A static-layout forward replayed as a CUDA graph captured by hand, one per shape and cache.
+"""Capture: a static-layout forward replayed as a CUDA graph recorded by hand, one per shape
+and cache (`CapturedBackend`, a wrapper around `backends.StaticBackend`).
 
 `torch.compile(mode="reduce-overhead")` replays its graphs as CUDA graphs too, but every call
 still walks dynamo's guards and AOTAutograd's and cudagraph-trees' wrappers over all of the
-graph's inputs, the model's parameters among them. On the H100 of session 16 (profile of a
-greedy sd round, 135M target and 2-layer draft, bf16, batch 1) that bookkeeping cost 1.47 ms
-of host time a target verify (272 parameter tensors) and 0.28-0.40 ms a draft step (23),
-against 1.7 ms and 0.09 ms of device time: at these model sizes the wrappers, not the
-kernels, set the step's pace. vLLM meets the same wall for its drafter and captures it with
-`torch.cuda.CUDAGraph` itself; so does this: inductor compiles the step without CUDA graphs
-(`runner.compiled_step`), and `CapturedSteps` records one graph per (input shapes, KV cache,
-options), whose replay is a few input copies and one `cudaGraphLaunch`. Measured on that
-H100: a batch-1 target step of 2.10 ms against 2.56 with `reduce-overhead`, an sd token
-3.38 against 4.08 ms (docs/results/gpu.md, session 16).
+graph's inputs, the model's parameters among them; at the sizes of the models decoded here
+that host bookkeeping, not the kernels, sets a step's pace (docs/results/design-figures.md). vLLM
+meets the same wall for its drafter and captures it with `torch.cuda.CUDAGraph` itself; so
+does this: inductor compiles the step without CUDA graphs (`backends.compiled_step`), and
+`CapturedSteps` records one graph per (input shapes, KV cache, options), whose replay is a
+few input copies and one `cudaGraphLaunch`.
 
 What a capture may assume, and how it holds:
 
 - **Static addresses.** The inputs are copied into the graph's own buffers; the keys,
-  values, write counters and slot map live in the `RowStaticCache`, whose buffers never
+  values, write counters and slot map live in the `SlotMappedKV`, whose buffers never
   move while it lives, and a cache is part of the key (held by the entry, so its id is
   never reused). A cache replaced by a bigger one (`StaticRowCache.reserve`, `select` into
   a new bucket) is a new key; a pooled cache (`KVPool`) comes back with its addresses, so a
@@ -26,22 +23,20 @@ What a capture may assume, and how it holds:
   frozen at capture; the block's slots are marked in the slot map at that counter, and the
   rows' lengths advanced, in place.
 - **Outputs copied out before the next replay.** A replay writes its outputs into the same
-  buffers; the runner copies the rows it returns out of them (`ModelRunner._replayed`),
-  since the engine may hold a forward's outputs past the model's next forward: a round's
-  drafts until its verify. The target's are the exception (`transient`): it runs once a
-  round and its outputs are read in that round, so they are handed back uncopied.
+  buffers; the backend copies the rows it returns out of them, since the engine may hold a
+  forward's outputs past the model's next forward: a round's drafts until its verify. A
+  transient request (the target's: it runs once a round and its outputs are read in that
+  round) is handed back uncopied.
 
 The first call of a key runs the step itself (the real forward, compiling it: the runner
 counts it as compile time), then records the graph without running it; later calls replay.
 A shape that cannot be captured keeps running uncaptured, with a warning.
 
-The runner captures more than the body (`ModelRunner._captured_forward`): the block's
-position ids and mask with their bookkeeping, the outputs at the kept offsets, the head, the
+A captured graph holds more than the body (`CapturedBackend.record`): the block's position
+ids and mask with their bookkeeping, the outputs at the kept offsets, the head, the
 broken-logits watch, the sampling's warp and what the engine does with it (`after_warp`: the
-draft's and the target's draw, the verify's speculative check) replay in the same graph
-(`benchmarks/host_ops.py --captured`: 49.5 host ops a target-only step and 174 an sd round,
-against 100.5 and 417 uncaptured; 74.6 and 332 captured before the bookkeeping, the draws
-and the check moved in and the target's outputs stopped being copied).
+draft's and the target's draw, the verify's speculative check), so that little of a round is
+left to host ops outside the graphs (`benchmarks/host_ops.py --captured` counts them).
 """
 
 from __future__ import annotations
@@ -53,6 +48,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from sprinter_train.core.sampling import SamplingConfig, warp_probs
+from sprinter_train.decoding.after_warp import AfterWarp
+from sprinter_train.decoding.backends import StaticBackend
+from sprinter_train.decoding.forward import ForwardRequest, RowOutput, broken_first, pick
+from sprinter_train.decoding.static_cache import StaticRowCache
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class CudaGraph:
 class HostGraph:
     """A CUDA graph's contract played on the host, where no CUDA graph exists: for the CPU
     tests and for counting the host ops a captured engine leaves (benchmarks/host_ops.py).
-    `capture` hands back output buffers and leaves `state` (a `RowStaticCache`) as it was: it
+    `capture` hands back output buffers and leaves `state` (a `SlotMappedKV`) as it was: it
     runs the step, then puts back every buffer it writes (`written`: the keys, values, write
     counters and slot map); `replay` runs the step on the graph's input buffers and writes
     into those same output buffers, so a caller that kept an output past the next replay
@@ -175,3 +176,99 @@ class CapturedSteps:
 
     def __len__(self) -> int:
         return sum(entry is not None for entry in self._graphs.values())
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a captured graph freezes of a request (part of its key): the head, the warp and
+    the kind of work after it."""
+
+    restricted: bool
+    warp: SamplingConfig | None
+    then: type[AfterWarp] | None
+
+    @classmethod
+    def of(cls, request: ForwardRequest) -> Recorded:
+        then = request.after_warp
+        return cls(request.restricted, request.warp, None if then is None else type(then))
+
+
+class CapturedBackend:
+    """A `StaticBackend` whose forwards replay from graphs captured by hand (`CapturedSteps`):
+    the same caches, shapes and compile accounting, the same arithmetic (`record` is the
+    static forward plus the warp and `then`), run as one graph a forward."""
+
+    def __init__(self, static: StaticBackend) -> None:
+        self.static = static
+        self.name = ("compiled" if static.compiled else "static") + ":captured"
+        self.head, self.clock, self.watch = static.head, static.clock, static.watch
+        self.graphs = CapturedSteps(self.record)
+        self.broken = static.watch.arm()  # the graphs fold the broken-logits watch here
+
+    def new_cache(self, rows: int, capacity: int = 0) -> StaticRowCache:
+        return self.static.new_cache(rows, capacity)
+
+    def compile_work(self) -> tuple[int, int]:
+        return self.static.compile_work()[0], self.graphs.captures
+
+    def run(self, cache: StaticRowCache, request: ForwardRequest) -> RowOutput:
+        ids, compiling = self.static.prepare(cache, request)
+        with self.clock.timed((request.rows, request.width), compiling):
+            logits, hidden, picked, *warped = self._replayed(cache, ids, request)
+            cache.append(request.counts, request.width)
+        probs, drawn, accepted = (*warped, None, None, None)[:3]
+        support = self.head.support if request.restricted else None
+        return RowOutput(logits, hidden, support, picked, probs, drawn, accepted)
+
+    def _replayed(
+        self, cache: StaticRowCache, ids: torch.Tensor, request: ForwardRequest
+    ) -> tuple[torch.Tensor, ...]:
+        """`record` over the padded block, replayed from its graph: a replay overwrites its
+        outputs, so the rows kept are copied out unless the request is `transient`."""
+        self.watch.replayed = True
+        then = request.after_warp
+        extra = () if then is None else tuple(cache.pad_rows(t) for t in then.tensors)
+        outputs = self.graphs(
+            ids,
+            cache.pad_rows(request.keep),
+            cache.pad_rows(request.counts),
+            *extra,
+            kv=cache.kv,
+            recorded=Recorded.of(request),
+        )
+        rows, copies = request.rows, {}
+        if request.transient:
+            return tuple(t[:rows] for t in outputs)
+        for t in outputs:  # an output returned twice (hidden layer -1) copied once
+            if id(t) not in copies:
+                copies[id(t)] = t[:rows].clone()
+        return tuple(copies[id(t)] for t in outputs)
+
+    def record(
+        self,
+        ids: torch.Tensor,
+        keep: torch.Tensor,
+        counts: torch.Tensor,
+        *extra: torch.Tensor,
+        kv: Any,
+        recorded: Recorded,
+    ) -> tuple[torch.Tensor, ...]:
+        """What a graph records, over the row bucket: the block's position ids and mask,
+        recorded in the cache's slot map (`SlotMappedKV.block`), the body, the outputs at
+        the kept offsets, the head, the warped laws when the request warps (row by row, so
+        the inert rows change nothing), `then`'s work over them on its tensors `extra`
+        (inert rows check nothing) and the lowest broken position, folded into the watch's
+        scalar (inert rows feed nothing, so they never count as broken)."""
+        static, width = self.static, ids.shape[1]
+        positions, mask = kv.block(counts, width)
+        final, chosen = static.step(ids, positions, mask, kv)
+        picked, hidden = pick(final, chosen, keep, width, static.hidden_layer == -1)
+        logits, _ = self.head.logits(picked, recorded.restricted)
+        warped: tuple[torch.Tensor, ...] = ()
+        if recorded.warp is not None:
+            probs = warp_probs(logits, recorded.warp)
+            then = recorded.then
+            warped = (probs, *(() if then is None else then.apply(probs, *extra)))
+        first = broken_first(logits, positions, keep, counts)
+        torch.minimum(self.broken, first, out=self.broken)
+        return logits, hidden, picked, *warped

@@ -1,38 +1,33 @@
 """A `RowCache` over preallocated KV buffers, so every forward has a static shape.
 
-`RowCache` already writes each forward's block of `width` slots at the same columns
+`DynamicRowCache` already writes each forward's block of `width` slots at the same columns
 [slots, slots + width) for every row, with per-row position ids and a 2-D mask of the slots
 a row holds. That is exactly transformers' `StaticCache` contract: each layer's keys and
 values live in a (rows, heads, capacity, head dim) buffer written in place at a slot counter
 (`StaticLayer.cumulative_length`, a device tensor), and the attention mask covers the whole
-capacity. So this layout keeps `RowCache`'s bookkeeping (`position`, `lengths`, `settled`)
+capacity. So `StaticRowCache` keeps the same bookkeeping (`position`, `lengths`, `settled`)
 and changes where it and the keys and values live:
 
-- the buffers are a `RowStaticCache` (a `transformers.StaticCache` that also holds the slot
+- the buffers are a `SlotMappedKV` (a `transformers.StaticCache` that also holds the slot
   map, `position` and `lengths`, in buffers of the whole capacity and row bucket) allocated
-  once per generation at a capacity
-  bucket (covering prompt + budget + slack: a power of two >= `MIN_CAPACITY` up to 128, then a
-  multiple of 128, see `capacity_bucket`) and a row bucket
-  (the rows rounded up to a power of two); the mask is padded with zeros to the capacity and
-  the batch with inert rows (nothing held, only their own block slots visible, outputs
-  dropped), so a forward's shapes depend on (row bucket, width, capacity) alone and a
-  compiled forward (`torch.compile(fullgraph=True)`, see `runner.compiled_step`) is reused
-  across rounds;
-- `RowCache` builds each forward's mask by concatenating its slot map with the new block on
-  the host's orders, then appends the block; here the block is written into the slot map on
-  the device before the forward and the mask read from it (`RowStaticCache.block`), at fixed
-  addresses, so a captured graph records that work with the body and replays it (a captured
-  sd round left 235 host ops instead of 305: benchmarks/host_ops.py --captured);
-- a `DynamicCache` grows by concatenation each forward and `pack` truncates it; here `pack`
-  moves the held slots down in place and resets the slot counter, and `select` gathers rows
-  in place while the row bucket holds (a new bucket allocates new buffers: a new shape);
+  once per generation at a capacity bucket (`capacity_bucket`: prompt + budget + slack) and
+  a row bucket (`row_bucket`); the mask is padded with zeros to the capacity and the batch
+  with inert rows (nothing held, only their own block slots visible, outputs dropped), so a
+  forward's shapes depend on (row bucket, width, capacity) alone and a compiled forward
+  (`backends.compiled_step`) is reused across rounds;
+- the block is written into the slot map on the device before the forward and the mask read
+  from it (`SlotMappedKV.block`), at fixed addresses, so a captured graph records that work
+  with the body and replays it, instead of building the mask on the host's orders;
+- `pack` moves the held slots down in place and resets the slot counter, and `select`
+  gathers rows in place while the row bucket holds (a new bucket allocates new buffers: a
+  new shape);
 - when a block would run past the capacity, the cache grows to the next bucket (a copy and a
   new shape), and `crowded` tells the engine to pack before that happens;
 - buffers outlive their cache in a `KVPool`: the next generation of the same shape gets the
   same addresses back (zeroed), so a CUDA graph recorded on them replays instead of being
-  recorded again each generation; and on a GPU a compiled cache never shrinks its row
-  bucket when rows leave (`shrink=False`): the leavers' rows turn inert (next to free on a
-  GPU), so a batch that empties row by row stays at one shape and one CUDA graph.
+  recorded again each generation; and a cache made with `shrink=False` never shrinks its
+  row bucket when rows leave: the leavers' rows turn inert, so a batch that empties row by
+  row stays at one shape and one CUDA graph.
 
 Masked slots get exactly zero attention weight, so a row's arithmetic is that of the dynamic
 layout over more (ignored) columns: the tokens do not change.
@@ -48,7 +43,7 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import Cache, StaticLayer
 
-from sprinter_train.decoding.cache import RowCache, write_groups
+from sprinter_train.decoding.cache import RowCache, pack_index, write_groups
 from sprinter_train.models.families import kv_layout
 
 MIN_CAPACITY = 64  # smallest capacity bucket: short generations share one shape
@@ -67,9 +62,8 @@ def row_bucket(rows: int) -> int:
 def capacity_bucket(slots: int) -> int:
     """The capacity a cache of at least `slots` slots gets: a power of two >= MIN_CAPACITY up
     to CAPACITY_STEP, then the next multiple of CAPACITY_STEP. Not powers of two all the way:
-    a static forward attends over its whole capacity, and on the 2-core CPU (float32, 135M
-    target, 4 rows, 600 held tokens) a 4-token forward took 198 ms dynamic, 233 ms at a
-    capacity of 1,024 and 861 ms at 2,048, the bucket a prompt just past 1,000 tokens got."""
+    a static forward attends over its whole capacity, so a capacity far past the tokens held
+    costs every forward (docs/results/design-figures.md, "Static capacities")."""
     if slots <= CAPACITY_STEP:
         return max(MIN_CAPACITY, 1 << max(slots - 1, 0).bit_length())
     return -(-slots // CAPACITY_STEP) * CAPACITY_STEP
@@ -108,15 +102,14 @@ def _give_back(pool: KVPool, held: dict) -> None:
     pool.give(held["key"], held["kv"])
 
 
-class RowStaticCache(StaticCache):
+class SlotMappedKV(StaticCache):
     """A `StaticCache` that also holds its rows' slot map, on the device at static addresses:
     `position[r, s]` (the position slot s of row r holds, -1 if none: (row bucket, capacity))
     and `lengths[r]` (row bucket,). With them a forward's bookkeeping, the block's position
     ids, its slots marked and the attention mask, is device work over fixed buffers
-    (`block`), so a captured graph records it with the body, instead of the ~50 host ops an
-    sd round spent building it around the graph (`RowCache.block`/`append`, a cat over
-    the slots each forward). The buffers travel with the keys and values through the
-    `KVPool`, so a pooled cache's graph replays on the same addresses."""
+    (`block`), so a captured graph records it with the body instead of leaving it to host
+    ops around the graph. The buffers travel with the keys and values through the `KVPool`,
+    so a pooled cache's graph replays on the same addresses."""
 
     def __init__(self, rows: int, capacity: int, shape: tuple, device: Any) -> None:
         """`shape`: (heads, head dim, dtype) of the keys and values, the first two per layer."""
@@ -167,14 +160,14 @@ class RowStaticCache(StaticCache):
 
 
 class StaticRowCache(RowCache):
-    """`RowCache` whose keys, values and slot map live in a preallocated `RowStaticCache` of
+    """A `RowCache` whose keys, values and slot map live in a preallocated `SlotMappedKV` of
     `capacity` slots and `row_bucket(rows)` rows (see the module docstring). `position` and
     `lengths` are views of the live rows and slots of its buffers (live: a forward writes
     them in place); `rows` and `slots` are kept on the host. With a `pool`, buffers are taken
     from it and given back when replaced or when the cache is collected; `shrink=False`
     keeps the row bucket when rows leave."""
 
-    def __init__(  # RowCache.__init__ is not called: the slot map is the buffers'
+    def __init__(
         self,
         rows: int,
         device: torch.device,
@@ -215,7 +208,7 @@ class StaticRowCache(RowCache):
     def lengths(self) -> torch.Tensor:
         return self.kv.lengths[: self._rows]
 
-    def _allocate(self, rows: int, capacity: int) -> RowStaticCache:
+    def _allocate(self, rows: int, capacity: int) -> SlotMappedKV:
         """Buffers for (rows, capacity): the pool's, cleared, when it has them."""
         kv = None if self._pool is None else self._pool.take((rows, capacity))
         if kv is None:
@@ -226,12 +219,12 @@ class StaticRowCache(RowCache):
         self._held.update(key=(rows, capacity), kv=kv)
         return kv
 
-    def _new_buffers(self, rows: int, capacity: int) -> RowStaticCache:
+    def _new_buffers(self, rows: int, capacity: int) -> SlotMappedKV:
         layout = kv_layout(self.model)  # as the model writes them, not re-derived from config
         dtype = next(self.model.parameters()).dtype
         shape = (layout.heads, layout.head_dims, dtype)
         with torch.inference_mode():  # inference tensors, whenever allocated (see `_set_slots`)
-            return RowStaticCache(rows, capacity, shape, self.device)
+            return SlotMappedKV(rows, capacity, shape, self.device)
 
     @property
     def buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -262,9 +255,9 @@ class StaticRowCache(RowCache):
         return crowded
 
     def block(self, counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`RowStaticCache.block` over the row bucket (inert rows feed nothing): unlike
-        `RowCache.block`, it records the block on the device too; `append` then moves the
-        host's slot count. A captured forward runs it in its graph instead."""
+        """`SlotMappedKV.block` over the row bucket (inert rows feed nothing): unlike
+        `DynamicRowCache.block`, it records the block on the device too; `append` then moves
+        the host's slot count. A captured forward runs it in its graph instead."""
         with torch.inference_mode():
             return self.kv.block(self.pad_rows(counts), width, self.bucket > self.rows)
 
@@ -275,12 +268,12 @@ class StaticRowCache(RowCache):
             return values
         return torch.cat([values, values.new_zeros((extra, *values.shape[1:]))])
 
-    def append(self, kv, counts: torch.Tensor, width: int) -> None:
+    def append(self, counts: torch.Tensor, width: int) -> None:
         """The block `block` recorded on the device now fills `width` more slots."""
         self._slots += width
 
-    def absorb(self, groups, counts: list[int]) -> None:
-        """`RowCache.absorb` into slots 0 .. max(counts) - 1 of the buffers."""
+    def absorb(self, groups: list[tuple[list[int], Any]], counts: list[int]) -> None:
+        """Into slots 0 .. max(counts) - 1 of the buffers."""
         width = max(counts, default=0)
         if width == 0:
             return
@@ -295,7 +288,7 @@ class StaticRowCache(RowCache):
         self.settled = min(counts)
 
     def truncate(self, lengths: torch.Tensor, floor: int = 0) -> None:
-        """`RowCache.truncate` in place."""
+        """In place."""
         with torch.inference_mode():
             held = self.lengths
             torch.minimum(held, lengths, out=held)
@@ -342,12 +335,12 @@ class StaticRowCache(RowCache):
         self._set_slots(self.slots)
 
     def pack(self, longest: int, shortest: int = 0) -> None:
-        """`RowCache.pack` in place: the held slots move down, the buffers keep their shape
-        and the write counter goes back to `longest`."""
+        """In place: the held slots move down, the buffers keep their shape and the write
+        counter goes back to `longest`."""
         if self.slots == longest:
             return
         start = min(self.settled, longest)
-        index = self._pack_index(start, longest)
+        index = pack_index(self.position, start, longest)
         n = self.rows
         spreads: dict[tuple[int, int], torch.Tensor] = {}
         with torch.inference_mode():

@@ -1,0 +1,239 @@
+"""One backend per cache layout, each running a `ForwardRequest` over its own kind of cache.
+
+- `DynamicBackend`: the model's own forward over a `DynamicRowCache` (the reference layout:
+  full-vocabulary logits even for a restricted head).
+- `LeanBackend`: the distilled draft through `models.lean.LeanDraft` over the lean buffers
+  (the same arithmetic without Hugging Face's per-step mask and cache machinery).
+- `StaticBackend`: the model's body at a few static shapes over a `StaticRowCache`, run
+  eagerly or through `torch.compile` (`compiled_step`), one graph per (row bucket, width,
+  capacity).
+
+`ModelRunner` picks one from its settings when it is built; capture wraps the static one
+(`graphs.CapturedBackend`) rather than branching inside it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sprinter_train.decoding.cache import DynamicRowCache
+from sprinter_train.decoding.clock import ForwardClock
+from sprinter_train.decoding.forward import BrokenWatch, ForwardRequest, Head, RowOutput, pick
+from sprinter_train.decoding.static_cache import KVPool, StaticRowCache
+from sprinter_train.models.body import body
+from sprinter_train.models.lean import LeanDraft, StaticKV
+
+
+class Backend:
+    """What every layout shares: the model, its head, which hidden state verifiers read
+    (`hidden_layer`), the runner's clock and broken-logits watch."""
+
+    name = "dynamic"
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        head: Head,
+        hidden_layer: int,
+        clock: ForwardClock,
+        watch: BrokenWatch,
+    ) -> None:
+        self.model = model
+        self.head = head
+        self.hidden_layer = hidden_layer
+        self.clock = clock
+        self.watch = watch
+        self.device = next(model.parameters()).device
+
+    def new_cache(self, rows: int, capacity: int = 0) -> Any:
+        raise NotImplementedError
+
+    def run(self, cache: Any, request: ForwardRequest) -> RowOutput:
+        raise NotImplementedError
+
+    def compile_work(self) -> tuple[int, int]:
+        """(graphs dynamo compiled for this backend, CUDA graphs it captured) so far."""
+        return 0, 0
+
+
+class DynamicBackend(Backend):
+    """The model's own forward over a `DynamicRowCache`."""
+
+    def new_cache(self, rows: int, capacity: int = 0) -> DynamicRowCache:
+        return DynamicRowCache(rows, self.device)
+
+    def run(self, cache: DynamicRowCache, request: ForwardRequest) -> RowOutput:
+        ids, counts, keep, width = request.ids, request.counts, request.keep, request.width
+        positions, mask = cache.block(counts, width)
+        with self.clock.timed((request.rows, width)):
+            final, chosen, kv = body(
+                self.model,
+                ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache.kv,
+                hidden_layer=self.hidden_layer,
+                use_cache=True,
+            )
+            cache.kv = kv  # a forward may hand back another cache object
+            cache.append(counts, width)
+            picked, hidden = pick(final, chosen, keep, width, self.hidden_layer == -1)
+            logits = self.head.full(picked)  # the reference layout: the full vocabulary
+        self.watch.see(logits, positions, keep, counts)
+        return RowOutput(logits, hidden, final=picked)
+
+
+class LeanBackend(Backend):
+    """The distilled draft through `LeanDraft`: the cache's own slot marks are the mask, and
+    a one-token step (every drafting step but a round's first) skips the gathers."""
+
+    name = "lean"
+
+    def __init__(self, lean: LeanDraft, *args: Any) -> None:
+        super().__init__(*args)
+        self.lean = lean
+
+    def new_cache(self, rows: int, capacity: int = 0) -> DynamicRowCache:
+        return DynamicRowCache(rows, self.device, StaticKV())
+
+    def run(self, cache: DynamicRowCache, request: ForwardRequest) -> RowOutput:
+        ids, counts, keep, width = request.ids, request.counts, request.keep, request.width
+        positions = cache.lengths[:, None]
+        if width > 1:
+            positions = positions + torch.arange(width, device=self.device)
+        with self.clock.timed((request.rows, width)):
+            final, chosen = self.lean.forward(
+                ids, positions, cache.position >= 0, cache.kv, self.hidden_layer
+            )
+            cache.append(counts, width)
+            if width == 1 and keep.shape[1] == 1:  # keep is clamped to the only offset
+                picked, hidden = final, chosen
+            else:
+                picked, hidden = pick(final, chosen, keep, width, self.hidden_layer == -1)
+            logits, support = self.head.logits(picked, request.restricted)
+        self.watch.see(logits, positions, keep, counts)
+        return RowOutput(logits, hidden, support, picked)
+
+
+class StaticBackend(Backend):
+    """The body at static shapes over a `StaticRowCache`: the block and the mask padded to
+    the cache's row bucket and capacity, the inert rows' outputs dropped. `compiled`: `step`
+    is `body_step` under `compiled_step` (`cudagraphs`: with `reduce-overhead` on CUDA).
+    Caches start with at least `min_capacity` slots (fewer shapes), take their buffers from
+    `pool`, and keep their row bucket as rows leave unless `shrink_rows`."""
+
+    def __init__(
+        self,
+        *args: Any,
+        compiled: bool = False,
+        cudagraphs: bool = True,
+        min_capacity: int = 0,
+        pool: KVPool | None = None,
+        shrink_rows: bool = True,
+    ) -> None:
+        super().__init__(*args)
+        self.compiled = compiled
+        self.name = "static"
+        if compiled:
+            self.name = "compiled:" + ("cudagraphs" if self.device.type == "cuda" else "packed")
+        self.step: Any = self.body_step
+        if compiled:
+            self.step = compiled_step(self.body_step, self.device, cudagraphs)
+        self.min_capacity = min_capacity
+        self.pool = KVPool() if pool is None else pool
+        self.shrink_rows = shrink_rows
+        self._shapes_seen: set[tuple[int, int, int]] = set()
+
+    def new_cache(self, rows: int, capacity: int = 0) -> StaticRowCache:
+        return StaticRowCache(
+            rows,
+            self.device,
+            self.model,
+            max(capacity, self.min_capacity),
+            pool=self.pool,
+            shrink=self.shrink_rows,
+        )
+
+    def compile_work(self) -> tuple[int, int]:
+        return (compiled_graphs() if self.compiled else 0), 0
+
+    def body_step(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, kv: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The body over one static-shape block (what `compiled` compiles)."""
+        final, chosen, _ = body(
+            self.model,
+            ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=kv,
+            hidden_layer=self.hidden_layer,
+            use_cache=True,
+        )
+        return final, chosen
+
+    def prepare(self, cache: StaticRowCache, request: ForwardRequest) -> tuple[torch.Tensor, bool]:
+        """Make room for the block; (ids padded to the row bucket, whether this shape is new
+        to a compiled step: its first call is compile time)."""
+        width = request.width
+        cache.reserve(width)
+        key = (cache.bucket, width, cache.capacity)
+        compiling = self.compiled and key not in self._shapes_seen
+        self._shapes_seen.add(key)
+        ids = cache.pad_rows(request.ids)
+        if self.compiled and not ids.is_inference():
+            # dynamo guards on a tensor's dispatch keys: an input made outside inference mode
+            # (the engine's) against one made inside (the latency profile's) would recompile
+            # every shape, its time hidden in the forwards'
+            ids = ids.clone()
+        return ids, compiling
+
+    def run(self, cache: StaticRowCache, request: ForwardRequest) -> RowOutput:
+        ids, compiling = self.prepare(cache, request)
+        rows, width, counts, keep = request.rows, request.width, request.counts, request.keep
+        with self.clock.timed((rows, width), compiling):
+            positions, mask = cache.block(counts, width)
+            final, chosen = self.step(ids, positions, mask, cache.kv)
+            final, chosen = final[:rows], chosen[:rows]
+            picked, hidden = pick(final, chosen, keep, width, self.hidden_layer == -1)
+            logits, _ = self.head.logits(picked, request.restricted)
+            cache.append(counts, width)
+        self.watch.see(logits, positions[:rows], keep, counts)
+        support = self.head.support if request.restricted else None
+        return RowOutput(logits, hidden, support, picked)
+
+
+def compiled_over_lean(device: torch.device) -> bool:
+    """Whether a compiled runner runs a lean-capable draft compiled in the static layout
+    rather than lean and eager: the lean buffers grow per step, so the lean path cannot
+    compile. Chosen on a GPU, where the compiled step wins; not on a CPU, where the lean
+    prepacked eager step does (docs/results/design-figures.md)."""
+    return device.type == "cuda"
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def compiled_step(step: Any, device: torch.device, cudagraphs: bool = True) -> Any:
+    """`step` under `torch.compile(fullgraph=True)` with dynamo's automatic dynamic shapes:
+    the first shape compiles static, and a dimension seen changing recompiles once as a
+    symbolic one, so the bucketed shapes (rows x widths) share a few graphs and compile
+    faster than one graph per shape, with the same tokens. Dynamo's recompile limit is
+    raised to cover them. On CUDA the graphs replay as CUDA graphs (`reduce-overhead`),
+    which records one per concrete shape. On a CPU the linears call the eager path's
+    prepacked oneDNN weights through one custom op (`models.packed.packed_linear`) at any
+    row count: inductor's own packing (`freezing`) needs a static row dimension, which the
+    symbolic graphs lack, and without it small verify blocks fall back to a slow matmul
+    path (docs/results/design-figures.md). `cudagraphs` false: no `reduce-overhead` on CUDA, for a caller
+    that captures the graphs itself (`graphs.CapturedBackend`, the default on a GPU)."""
+    limit = 256  # row buckets x widths x capacities of a run stay far below this
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, limit)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, limit)
+    if device.type == "cuda" and cudagraphs:
+        return torch.compile(step, fullgraph=True, dynamic=None, mode="reduce-overhead")
+    return torch.compile(step, fullgraph=True, dynamic=None)
