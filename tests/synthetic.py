@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from sprinter_train.core.io import atomic_write, write_json
 from sprinter_train.data.split import split_of
 from sprinter_train.harvest.mixes import MIXES
-from sprinter_train.harvest.schema import RECORD_SCHEMA, SCHEMA_VERSION, SEQUENCE_SCHEMA
+from sprinter_train.harvest.schema import SCHEMA_VERSION, SEQUENCE_SCHEMA, record_schema
 from sprinter_train.harvest.shards import shard_files
 
 TARGET_D = 4  # width of the synthetic target hidden state (noise: nothing is planted in it)
@@ -127,7 +127,8 @@ def write_synthetic_records(
             **cols,
         }
         table = pa.Table.from_arrays(
-            [pa.array(columns[f.name], type=f.type) for f in RECORD_SCHEMA], schema=RECORD_SCHEMA
+            [pa.array(columns[f.name], type=f.type) for f in record_schema()],
+            schema=record_schema(),
         )
         name = f"shard-{index:06d}"
         files = shard_files(records_dir, name)

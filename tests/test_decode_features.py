@@ -16,6 +16,7 @@ from sprinter_train.core.io import write_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.feature_table import clipped_run, smoothed_acceptance
 from sprinter_train.decoding.policies import Method, Traits, draft_round, verify
 from sprinter_train.decoding.runner import ModelRunner, RowOutput
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row, RowState
@@ -32,11 +33,7 @@ from sprinter_train.harvest.shards import ShardPlan, write_shard
 from sprinter_train.models.roles import Roles
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from sprinter_train.verifier.data import split_features
-from sprinter_train.verifier.features import (
-    FeatureSpec,
-    clipped_run,
-    smoothed_acceptance,
-)
+from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.scorer import CheckpointVerifier
 from tests.harvest_helpers import generating_models
 from tests.synthetic import write_synthetic_records

@@ -21,6 +21,7 @@ from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import CorruptInputError, read_json
 from sprinter_train.core.rules import sampled_acceptance
 from sprinter_train.data.overlap import TrainOverlapError
+from sprinter_train.decoding.feature_table import feature_order
 from sprinter_train.decoding.policies import Method, Traits, gamma_round
 from sprinter_train.decoding.policies.base import RecordScore
 from sprinter_train.decoding.policies.entropy import adaedl_records, svip_records
@@ -28,7 +29,6 @@ from sprinter_train.decoding.registry import MethodError, greedy_exact, traits_o
 from sprinter_train.evaluation.scores import predictor_descriptions
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
-from sprinter_train.verifier.features import FEATURE_ORDER
 from tests.chain_helpers import TINY_CHAIN
 from tests.synthetic import write_synthetic_records
 
@@ -414,7 +414,7 @@ def test_evaluate_scores_a_verifier_of_every_decode_time_feature(tmp_path) -> No
     from sprinter_train.harvest.reader import open_records
     from sprinter_train.verifier.data import split_features
 
-    names = [n for n in FEATURE_ORDER if n != "token_embedding"]  # the synthetic ids: no draft
+    names = [n for n in feature_order() if n != "token_embedding"]  # the synthetic ids: no draft
     overrides = (f"train.features=[{','.join(names)}]", "train.lam=1.2", "evaluate.lams=[1.2]")
     exp = tmp_path / "artifacts" / "feat"
     write_synthetic_records(exp, rows=2048, d=8, shard_rows=1024)
@@ -504,7 +504,7 @@ def test_the_report_has_every_mix_and_the_feature_ablation(chained) -> None:
     for mix in set(by_mix) & {"original", "interleaved"}:
         assert f"verifier_lam1.2 on {mix}" in " ".join(report["verifier_by_mix"])
     ablation = report["ablation"]
-    assert ablation["groups"] == list(FEATURE_ORDER)  # the records give every group
+    assert ablation["groups"] == list(feature_order())  # the records give every group
     assert not ablation["skipped"]
     assert ablation["rows"]["test"] == report["rows"] and ablation["seconds"] > 0
     assert set(ablation["drop_one"]) == set(ablation["groups"])

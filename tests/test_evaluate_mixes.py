@@ -73,7 +73,7 @@ def planted_blocks(n: int = 3000, seed: int = 0):
 def test_the_group_that_carries_the_label_shows_the_drop_one_loss() -> None:
     blocks, ratio, split = planted_blocks()
     out = ablate(blocks, ratio, split, 1.2, "hidden", [1e-2, 1.0])
-    assert out["groups"] == ["hidden", "q", "draft_entropy"]  # FEATURE_ORDER
+    assert out["groups"] == ["hidden", "q", "draft_entropy"]  # feature_order()
     assert out["all"]["test_auc"] > 0.97
     assert out["drop_one"]["q"]["loss"] > 0.3
     assert abs(out["drop_one"]["hidden"]["loss"]) < 0.03

@@ -22,7 +22,7 @@ from sprinter_train.harvest.continuations import RunLaw, build_sequences, origin
 from sprinter_train.harvest.mixes import MIXES, assign_mixes
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.harvest.records import token_statistics
-from sprinter_train.harvest.schema import RECORD_SCHEMA, SEQUENCE_SCHEMA
+from sprinter_train.harvest.schema import SEQUENCE_SCHEMA, record_schema
 from sprinter_train.harvest.shards import ShardPlan, shard_is_complete
 from sprinter_train.models.loading import (
     ModelLoadError,
@@ -85,7 +85,7 @@ def test_records_have_the_documented_columns_and_no_nan(baseline) -> None:
     manifest = read_json(records_dir / "manifest.json")
     for shard in manifest["shards"]:
         schema = pq.read_schema(records_dir / f"{shard['name']}.parquet").remove_metadata()
-        assert schema.equals(RECORD_SCHEMA)
+        assert schema.equals(record_schema())
         seq_schema = pq.read_schema(records_dir / f"{shard['name']}.sequences.parquet")
         assert seq_schema.remove_metadata().equals(SEQUENCE_SCHEMA)
         rows = np.load(records_dir / f"{shard['name']}.hidden.npy", mmap_mode="r")

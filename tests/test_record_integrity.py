@@ -24,7 +24,7 @@ from sprinter_train.core.interrupt import StageInterrupted
 from sprinter_train.core.io import CorruptInputError, read_json, write_json
 from sprinter_train.core.processes import start_time
 from sprinter_train.harvest.reader import open_records
-from sprinter_train.harvest.schema import RECORD_SCHEMA
+from sprinter_train.harvest.schema import record_schema
 from sprinter_train.harvest.shards import remove_stale_files, shard_files
 from tests.harvest_helpers import TINY, compose_at
 from tests.synthetic import write_synthetic_records
@@ -58,7 +58,7 @@ def test_the_manifest_holds_every_shard_files_sha256(harvested: Path) -> None:
 def test_a_garbled_parquet_page_names_the_file_and_stage_harvest(fresh: Path) -> None:
     path = shard_files(records_of(fresh), "shard-000001")["records"]
     meta = pq.ParquetFile(path).metadata.row_group(0)
-    chunk = meta.column(RECORD_SCHEMA.get_field_index("S"))
+    chunk = meta.column(record_schema().get_field_index("S"))
     end = chunk.data_page_offset + chunk.total_compressed_size  # S's last page's values end here
     data = bytearray(path.read_bytes())
     data[end - 8 : end] = b"\x00\x00\x00\xf5" * 2  # two values garbled, headers intact

@@ -14,6 +14,7 @@ import torch
 from sprinter_train.core.half import FLOAT16_MAX
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.feature_table import feature_order
 from sprinter_train.decoding.policies import Sprinter
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DraftStep
@@ -22,7 +23,6 @@ from sprinter_train.models.loading import load_model
 from sprinter_train.verifier.checkpoint import load_verifier
 from sprinter_train.verifier.data import split_features
 from sprinter_train.verifier.features import (
-    FEATURE_ORDER,
     DraftEmbedder,
     FeatureSpec,
     assemble,
@@ -54,7 +54,7 @@ def draft_model() -> torch.nn.Module:
         ["draft_entropy", "q"],
         ["token_embedding"],
         ["draft_margin", "draft_entropy_raw", "run_position", "accept_so_far"],
-        list(FEATURE_ORDER),
+        list(feature_order()),
     ],
 )
 def test_training_and_decoding_score_a_record_alike(tmp_path, draft_model, names) -> None:

@@ -11,6 +11,7 @@ import torch
 from sprinter_train.core.distributions import entropy, raw_entropy, top2_margin
 from sprinter_train.core.streams import RowStreams
 from sprinter_train.decoding.cache import RowCache
+from sprinter_train.decoding.feature_table import history_features
 
 
 @dataclass
@@ -67,20 +68,17 @@ class Row:
         return self.max_new_tokens - len(self.generated)
 
 
-# the verifier features read from a row's history (`RowState`), not from its draft step
-HISTORY_FEATURES = frozenset({"run_position", "accept_so_far", "target_hidden", "target_margin"})
-
-
 def reads_row_state(policy: object) -> bool:
-    """Whether `policy` reads `Batch.state`: a verifier that names one of the
-    HISTORY_FEATURES, or one that names no features (it may read anything). Keeping the state
-    costs the engine ~20 device ops a round (gathers of the target's hidden states, a top-2
-    over the vocabulary), launched on a GPU whether anything reads it or not."""
+    """Whether `policy` reads `Batch.state`: a verifier that names a feature of the row's
+    history (feature_table.history_features()), or one that names no features (it may read
+    anything). Keeping the state costs the engine ~20 device ops a round (gathers of the
+    target's hidden states, a top-2 over the vocabulary), launched on a GPU whether anything
+    reads it or not."""
     verifier = getattr(policy, "verifier", None)
     if verifier is None:
         return False
     names = getattr(getattr(verifier, "spec", None), "names", None)
-    return names is None or bool(HISTORY_FEATURES & set(names))
+    return names is None or bool(history_features() & set(names))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """evaluate.ablation: what each verifier feature group adds, on the report's test rows.
 
-The groups are verifier/features.py's FEATURE_ORDER, so a feature added there joins the
-table with nothing to change here; a group the records cannot give (a column they lack, a
+The groups are the verifier features in decoding/feature_table.py's feature_order(), so a
+feature declared there joins the table with nothing to change here; a group the records cannot give (a column they lack, a
 draft embedding that cannot be loaded) is left out with the reason. Every probe is fitted as
 evaluate.ceiling's linear ones are (ceiling.fit_best: an L2 logistic on standardised inputs,
 fitted on a capped train subset at q/p <= λ, its C chosen by val AUC) and scored on the test
@@ -22,10 +22,11 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from sklearn.linear_model import LogisticRegression
 
+from sprinter_train.decoding.feature_table import FEATURES, feature_order
 from sprinter_train.evaluation.bootstrap import PromptBootstrap
 from sprinter_train.evaluation.ceiling import Interval, fit_best
 from sprinter_train.harvest.reader import RecordSet
-from sprinter_train.verifier.features import FEATURE_ORDER, FeatureSpec, build_features
+from sprinter_train.verifier.features import FeatureSpec, build_features
 from sprinter_train.verifier.train import make_embedder
 
 log = logging.getLogger(__name__)
@@ -44,9 +45,8 @@ def ablate(
 ) -> dict[str, Any]:
     """Test AUC (against q/p <= 1) of probes on: every group, every group but one, and the
     base group plus one (each group alone without a base); the loss and gain beside each."""
-    groups = [g for g in FEATURE_ORDER if g in blocks] + [
-        g for g in blocks if g not in FEATURE_ORDER
-    ]
+    order = feature_order()
+    groups = [g for g in order if g in blocks] + [g for g in blocks if g not in order]
     y_train, y_eval = ratio <= lam, ratio <= 1.0
 
     def fit(names: Sequence[str]) -> dict[str, Any]:
@@ -111,8 +111,9 @@ def group_blocks(
                 skipped[group] = f"the records have no column {', '.join(missing)}"
                 continue
             columns = {c: frame[c].to_numpy()[rows] for c in spec.record_columns()}
-            embedder = embedder_of() if group == "token_embedding" else None
-            target = records.hidden(rows, "target_hidden") if group == "target_hidden" else None
+            width = FEATURES[group].width
+            embedder = embedder_of() if width == "embedding" else None
+            target = records.hidden(rows, "target_hidden") if width == "target_hidden" else None
             features = build_features(spec, hidden, columns, embedder, target)
         except (ValueError, OSError, KeyError, TypeError) as error:
             skipped[group] = f"{type(error).__name__}: {error}"
@@ -145,12 +146,11 @@ def ablation_report(
     split = np.concatenate(
         [np.full(len(train), "train"), np.full(len(val), "val"), np.full(len(test_rows), "test")]
     )
-    wanted = list(FEATURE_ORDER) if acfg.groups is None else [str(g) for g in acfg.groups]
-    unknown = sorted(set(wanted) - set(FEATURE_ORDER))
+    order = feature_order()
+    wanted = list(order) if acfg.groups is None else [str(g) for g in acfg.groups]
+    unknown = sorted(set(wanted) - set(order))
     if unknown:
-        raise ValueError(
-            f"evaluate.ablation.groups: unknown {unknown}; choose from {list(FEATURE_ORDER)}"
-        )
+        raise ValueError(f"evaluate.ablation.groups: unknown {unknown}; choose from {list(order)}")
 
     def embedder() -> Any:
         if not acfg.embedding:

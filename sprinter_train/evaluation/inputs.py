@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from sprinter_train.core.io import corrupt_input
 from sprinter_train.data.overlap import Reader, overlapping
+from sprinter_train.decoding.feature_table import FEATURES
 from sprinter_train.evaluation.scores import record_scores
 from sprinter_train.harvest.reader import (
     RecordSet,
@@ -36,7 +37,6 @@ from sprinter_train.verifier.checkpoint import (
     train_command,
     verifier_path,
 )
-from sprinter_train.verifier.features import FEATURE_ORDER, FeatureSpec
 from sprinter_train.verifier.fit_check import check_fitted_verifier
 from sprinter_train.verifier.labels import ACCEPT_NAME, Label, trained_lams
 
@@ -72,7 +72,7 @@ def record_columns(cfg: DictConfig) -> list[str]:
     """COLUMNS, and those the feature groups (evaluate.ablation) and the record scores of
     `cfg.methods` read, where the records have them: a record score or a group whose column
     is missing is left out of the report, not an error."""
-    extra = [c for name in FEATURE_ORDER for c in FeatureSpec((name,)).record_columns()]
+    extra = [c for feature in FEATURES.values() for c in feature.record_columns]
     extra += [c for score in record_scores(cfg).values() for c in (*score.columns, *score.optional)]
     present = shard_columns(cfg.experiment_dir)
     wanted = [c for c in dict.fromkeys(extra) if c not in COLUMNS]

@@ -14,7 +14,7 @@ import pyarrow as pa
 import torch
 
 import sprinter_train
-from sprinter_train.harvest.schema import HIDDEN_DTYPE, RECORD_SCHEMA, SCHEMA_VERSION
+from sprinter_train.harvest.schema import HIDDEN_DTYPE, SCHEMA_VERSION, record_schema
 from sprinter_train.harvest.shards import ShardPlan, read_records, shard_hashes
 from sprinter_train.models.identity import content_digest, model_files
 from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_path, tokenizer_hash
@@ -168,7 +168,7 @@ def build_manifest(
             "dtype": HIDDEN_DTYPE,
             "file": "<shard>.target_hidden.npy, row i = parquet row i (the target's final state)",
         },
-        "columns": {f.name: str(f.type) for f in RECORD_SCHEMA},
+        "columns": {f.name: str(f.type) for f in record_schema()},
         "nullable": ["S", "A"] if models.companion is None else [],
         "shards": [
             {

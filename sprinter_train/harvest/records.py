@@ -19,12 +19,13 @@ import numpy as np
 import torch
 
 from sprinter_train.core.broken_logits import check_logits
-from sprinter_train.core.distributions import acceptance_alpha, entropy, raw_entropy, top2_margin
+from sprinter_train.core.distributions import acceptance_alpha, entropy
 from sprinter_train.core.half import as_record_half
 from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
+from sprinter_train.decoding.feature_table import AtPosition, SequenceHistory, feature_columns
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import prompt_seed
-from sprinter_train.harvest.schema import NUMPY_DTYPES
+from sprinter_train.harvest.schema import numpy_dtypes
 from sprinter_train.models.body import body, head_logits
 from sprinter_train.models.roles import Roles
 
@@ -149,17 +150,19 @@ def target_state_rows(seq: HarvestSequence, runs: np.ndarray) -> np.ndarray:
     return np.where(last >= first, last - seq.region_start, -1)
 
 
-def history_columns(seq: HarvestSequence, accept_prob: np.ndarray) -> dict[str, np.ndarray]:
-    """The decode-time history features of one sequence's records (positions region_start
-    .. region_end - 1, `accept_prob` theirs, in order): the run position of each, and the sum
-    of accept_prob over and the count of the sequence's earlier records."""
+def sequence_history(seq: HarvestSequence, accept_prob: np.ndarray) -> SequenceHistory:
+    """What came before each of one sequence's records (positions region_start ..
+    region_end - 1, `accept_prob` theirs, in order): the run position of each."""
     positions = np.arange(seq.region_start, seq.region_end)
-    earlier = np.concatenate([[0.0], np.cumsum(accept_prob, dtype=np.float64)[:-1]])
-    return {
-        "run_position": draft_runs(seq.draft_flags)[positions],
-        "accepted_before": earlier.astype(np.float32),
-        "drafts_before": np.arange(len(positions), dtype=np.int32),
-    }
+    return SequenceHistory(draft_runs(seq.draft_flags)[positions], accept_prob)
+
+
+def history_columns(seq: HarvestSequence, accept_prob: np.ndarray) -> dict[str, np.ndarray]:
+    """The feature columns filled from one sequence's history (decoding/feature_table.py's
+    `per_sequence` recipes: the run position of each record, the sum of accept_prob over and
+    the count of the sequence's earlier records)."""
+    history = sequence_history(seq, accept_prob)
+    return {c.name: c.per_sequence(history) for c in feature_columns() if c.per_sequence}
 
 
 @torch.no_grad()
@@ -235,9 +238,10 @@ def harvest_batch(
             offset += n
         tokens.append(x)
         stats_of = token_statistics(q, p, c, x)
-        stats_of["draft_margin"] = top2_margin(draft_logits)
-        stats_of["draft_entropy_raw"] = raw_entropy(draft_logits)
-        stats_of["own_target_margin"] = top2_margin(target_logits)
+        at = AtPosition(q, p, draft_logits, target_logits, x)
+        for column in feature_columns():  # at_last_verified ones: moved to that record below
+            if column.at_position is not None:
+                stats_of[column.name] = column.at_position(at)
         blocks.append({k: v.float().cpu() for k, v in stats_of.items()})
     x = torch.cat(tokens)
     stats = {name: torch.cat([b[name] for b in blocks]) for name in blocks[0]}
@@ -251,34 +255,36 @@ def harvest_batch(
         "position": (cols + 1).cpu().numpy().astype(np.int32),
         "token_id": x.cpu().numpy().astype(np.int32),
     }
+    dtypes = numpy_dtypes()
     for name, values in stats.items():
-        columns[name] = values.numpy().astype(np.float32)
+        columns[name] = values.numpy().astype(np.float32).astype(dtypes[name])
     if companion_final is None:
         columns["S"] = np.full(len(x), np.nan, dtype=np.float32)  # written as null
         columns["A"] = np.full(len(x), np.nan, dtype=np.float32)
     bounds = np.cumsum([0, *counts])
     history = [
-        history_columns(seq, columns["accept_prob"][bounds[i] : bounds[i + 1]])
+        sequence_history(seq, columns["accept_prob"][bounds[i] : bounds[i + 1]])
         for i, seq in enumerate(sequences)
     ]
-    for name in history[0]:
-        columns[name] = np.concatenate([h[name] for h in history])
+    for column in feature_columns():
+        if column.per_sequence is not None:
+            columns[column.name] = np.concatenate([column.per_sequence(h) for h in history])
     # the target's state at each record's last verified position: another record's own
     source = np.concatenate(
         [
             np.where(j >= 0, j + bounds[i], -1)
             for i, seq in enumerate(sequences)
-            for j in [target_state_rows(seq, history[i]["run_position"])]
+            for j in [target_state_rows(seq, history[i].runs)]
         ]
     )
     has = source >= 0
-    own_margin = columns.pop("own_target_margin")
-    columns["target_margin"] = np.where(has, own_margin[np.maximum(source, 0)], 0).astype(
-        np.float32
-    )
+    for column in feature_columns():
+        if column.at_last_verified:
+            own = columns[column.name]
+            columns[column.name] = np.where(has, own[np.maximum(source, 0)], 0).astype(own.dtype)
     target_hidden = as_record_half(target_final).cpu().numpy()[np.maximum(source, 0)]
     target_hidden[~has] = 0
-    columns = {name: columns[name] for name in NUMPY_DTYPES}
+    columns = {name: columns[name] for name in dtypes}
     hidden_np = as_record_half(hidden).cpu().numpy()
     return RecordBatch(columns, hidden_np, target_hidden)
 
@@ -314,7 +320,7 @@ def empty_batch(models: Roles) -> RecordBatch:
 def concat_batches(batches: Sequence[RecordBatch], dim: int, target_width: int) -> RecordBatch:
     """Join batches; with none, typed empty columns so an empty shard still has the schema."""
     if not batches:
-        columns = {name: np.array([], dtype=dtype) for name, dtype in NUMPY_DTYPES.items()}
+        columns = {name: np.array([], dtype=dtype) for name, dtype in numpy_dtypes().items()}
         empty = np.zeros((0, target_width), dtype=np.float16)
         return RecordBatch(columns, np.zeros((0, dim), dtype=np.float16), empty)
     columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in batches[0].columns}

@@ -1,7 +1,7 @@
 """The record schema (**contract**, DESIGN.md "Records"): fixed column types, one version number.
 
 A shard `shard-<index>` is four files in `records/`:
-  shard-<index>.parquet            one row per harvested draft token (RECORD_SCHEMA)
+  shard-<index>.parquet            one row per harvested draft token (record_schema())
   shard-<index>.hidden.npy         float16 (rows, d): row i is parquet row i's draft hidden state
   shard-<index>.sequences.parquet  one row per prompt: the full token sequence and its region
   shard-<index>.target_hidden.npy  float16 (rows, d_target): the target's final hidden state at
@@ -17,38 +17,29 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from sprinter_train.decoding.feature_table import feature_columns
+
 SCHEMA_VERSION = 2
 HIDDEN_DTYPE = "float16"
 
-RECORD_SCHEMA = pa.schema(
-    [
-        ("prompt_id", pa.string()),
-        ("dataset", pa.string()),
-        ("split", pa.string()),  # train / val / test, a hash of the prompt id (data.seed)
-        ("mix", pa.string()),  # original / draft / target / interleaved
-        ("position", pa.int32()),  # t: index in the sequence of the token the record is about
-        ("token_id", pa.int32()),  # x ~ q_t, sampled from the warped draft distribution
-        ("q", pa.float32()),  # q_t(x), warped draft probability
-        ("p", pa.float32()),  # p_t(x), warped target probability
-        ("ratio", pa.float32()),  # q/p, +inf where p = 0
-        ("accept_prob", pa.float32()),  # min(1, p/q)
-        ("beta", pa.float32()),  # sum_v min(p_t(v), q_t(v))
-        ("draft_entropy", pa.float32()),  # H(q_t), nats
-        ("target_entropy", pa.float32()),  # H(p_t), nats
-        ("S", pa.float32()),  # SV: sum_v min(q_t(v), c_t(v)); null without a companion
-        ("A", pa.float32()),  # SV: min(1, c_t(x)/q_t(x)); null without a companion
-        # decode-time features (verifier/features.py), each known at t without a target call
-        ("draft_margin", pa.float32()),  # raw draft logits at t: top-1 minus top-2
-        ("draft_entropy_raw", pa.float32()),  # H(softmax(raw draft logits at t)), nats
-        ("run_position", pa.int32()),  # consecutive draft-made tokens right before t
-        (
-            "accepted_before",
-            pa.float32(),
-        ),  # sum of accept_prob over this sequence's earlier records
-        ("drafts_before", pa.int32()),  # how many earlier records this sequence has
-        ("target_margin", pa.float32()),  # raw target top-1 - top-2 at t - run_position - 2
-    ]
-)
+# the columns every record has; the verifier features' own columns follow them (record_schema)
+BASE_COLUMNS = [
+    ("prompt_id", pa.string()),
+    ("dataset", pa.string()),
+    ("split", pa.string()),  # train / val / test, a hash of the prompt id (data.seed)
+    ("mix", pa.string()),  # original / draft / target / interleaved
+    ("position", pa.int32()),  # t: index in the sequence of the token the record is about
+    ("token_id", pa.int32()),  # x ~ q_t, sampled from the warped draft distribution
+    ("q", pa.float32()),  # q_t(x), warped draft probability
+    ("p", pa.float32()),  # p_t(x), warped target probability
+    ("ratio", pa.float32()),  # q/p, +inf where p = 0
+    ("accept_prob", pa.float32()),  # min(1, p/q)
+    ("beta", pa.float32()),  # sum_v min(p_t(v), q_t(v))
+    ("draft_entropy", pa.float32()),  # H(q_t), nats
+    ("target_entropy", pa.float32()),  # H(p_t), nats
+    ("S", pa.float32()),  # SV: sum_v min(q_t(v), c_t(v)); null without a companion
+    ("A", pa.float32()),  # SV: min(1, c_t(x)/q_t(x)); null without a companion
+]
 NULLABLE = ("S", "A")
 
 SEQUENCE_SCHEMA = pa.schema(
@@ -64,7 +55,22 @@ SEQUENCE_SCHEMA = pa.schema(
     ]
 )
 
-NUMPY_DTYPES: dict[str, type | np.dtype] = {
-    field.name: object if pa.types.is_string(field.type) else field.type.to_pandas_dtype()
-    for field in RECORD_SCHEMA
-}
+
+def record_schema() -> pa.Schema:
+    """BASE_COLUMNS, then the decode-time feature columns decoding/feature_table.py declares
+    (draft_margin .. target_margin), each known at t without a target call: read at call time,
+    so a feature registered later has its columns written and checked."""
+    fields = [*BASE_COLUMNS]
+    for column in feature_columns():
+        if column.name in {name for name, _ in fields}:
+            raise ValueError(f"the verifier features declare record column {column.name!r} twice")
+        fields.append((column.name, pa.from_numpy_dtype(np.dtype(column.dtype))))
+    return pa.schema(fields)
+
+
+def numpy_dtypes() -> dict[str, type | np.dtype]:
+    """Each record column's numpy dtype (object for strings), in schema order."""
+    return {
+        field.name: object if pa.types.is_string(field.type) else field.type.to_pandas_dtype()
+        for field in record_schema()
+    }

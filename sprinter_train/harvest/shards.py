@@ -23,14 +23,15 @@ import pyarrow.parquet as pq
 from sprinter_train.core.io import TEMP_NAME, atomic_write, corrupt_input, file_sha256
 from sprinter_train.core.processes import pid_alive
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.feature_table import feature_columns
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.records import RecordBatch
 from sprinter_train.harvest.schema import (
     HIDDEN_DTYPE,
     NULLABLE,
-    RECORD_SCHEMA,
     SCHEMA_VERSION,
     SEQUENCE_SCHEMA,
+    record_schema,
 )
 
 log = logging.getLogger(__name__)
@@ -50,19 +51,10 @@ REDO = (
     "rerun `python -m sprinter_train stage=harvest experiment={exp}`, which redoes only this shard"
 )
 
-# Columns whose range the record definitions fix (schema.py); NaN is never in range.
+# Base columns whose range the record definitions fix (schema.py); the verifier features'
+# columns declare theirs (decoding/feature_table.py; column_ranges). NaN is never in range.
 UNIT_COLUMNS = ("q", "p", "accept_prob", "beta", "S", "A")
-NONNEGATIVE_COLUMNS = (
-    "ratio",
-    "draft_entropy",
-    "target_entropy",
-    "draft_margin",
-    "draft_entropy_raw",
-    "run_position",
-    "accepted_before",
-    "drafts_before",
-    "target_margin",
-)
+NONNEGATIVE_COLUMNS = ("ratio", "draft_entropy", "target_entropy")
 RANGE_SLACK = 1e-3  # float32 rounding of sums of probabilities, e.g. beta = 1 + 1e-7
 
 
@@ -107,11 +99,11 @@ def shard_files(records_dir: Path, name: str) -> dict[str, Path]:
 
 
 def _record_table(batch: RecordBatch, metadata: dict[bytes, bytes]) -> pa.Table:
+    schema = record_schema()
     arrays = [
-        pa.array(batch.columns[f.name], type=f.type, from_pandas=f.name in NULLABLE)
-        for f in RECORD_SCHEMA
+        pa.array(batch.columns[f.name], type=f.type, from_pandas=f.name in NULLABLE) for f in schema
     ]
-    return pa.Table.from_arrays(arrays, schema=RECORD_SCHEMA.with_metadata(metadata))
+    return pa.Table.from_arrays(arrays, schema=schema.with_metadata(metadata))
 
 
 def _sequence_table(sequences: Sequence[HarvestSequence]) -> pa.Table:
@@ -183,7 +175,7 @@ def shard_is_complete(
         if meta.get(META_PROMPTS) != plan.digest.encode():
             log.warning("%s holds other prompts than planned; redoing it", plan.name)
             return False
-        if not table.schema.remove_metadata().equals(RECORD_SCHEMA):
+        if not table.schema.remove_metadata().equals(record_schema()):
             return False
         changed = [
             files[kind].name
@@ -214,16 +206,32 @@ def shard_is_complete(
     return complete
 
 
+Range = tuple[float | None, float | None, bool]  # low, high (None: unbounded), finite
+
+
+def column_ranges() -> dict[str, Range]:
+    """Each column with a known range: the base ones, then those the verifier features
+    declare (decoding/feature_table.py's Column: low, high, finite)."""
+    ranges: dict[str, Range] = {name: (0.0, 1.0, False) for name in UNIT_COLUMNS}
+    ranges.update({name: (0.0, None, False) for name in NONNEGATIVE_COLUMNS})
+    for column in feature_columns():
+        if column.low is not None or column.high is not None or column.finite:
+            ranges[column.name] = (column.low, column.high, column.finite)
+    return ranges
+
+
 def out_of_range(table: pa.Table) -> dict[str, int]:
     """Rows per column outside the column's known range (nulls of S and A are allowed)."""
     bad = {}
-    for name in (*UNIT_COLUMNS, *NONNEGATIVE_COLUMNS):
+    for name, (low, high, finite) in column_ranges().items():
         if name not in table.column_names:
             continue
         values = table.column(name).drop_null().to_numpy()
-        ok = values >= -RANGE_SLACK
-        if name in UNIT_COLUMNS:
-            ok &= values <= 1 + RANGE_SLACK
+        ok = values == values if low is None else values >= low - RANGE_SLACK
+        if high is not None:
+            ok &= values <= high + RANGE_SLACK
+        if finite:
+            ok &= np.isfinite(values)
         if count := int((~ok).sum()):  # NaN compares False: counted
             bad[name] = count
     return bad
@@ -264,11 +272,8 @@ def read_records(
     remedy = REDO.format(exp=records_dir.parent.name)
     tables = [read_shard_records(records_dir / f"{n}.parquet", columns, remedy) for n in names]
     if not tables:
-        schema = (
-            RECORD_SCHEMA
-            if columns is None
-            else pa.schema([RECORD_SCHEMA.field(c) for c in columns])
-        )
+        full = record_schema()
+        schema = full if columns is None else pa.schema([full.field(c) for c in columns])
         return schema.empty_table()
     return pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
 

@@ -4,8 +4,8 @@ The parts of the feature vector come from the DraftStep (the draft's hidden stat
 produced q, which is the record's `hidden` at t-1; the drafted token's input embedding; q(x);
 H(q); the raw logits' margin and entropy) and from the batch's `RowState` (the row's run of
 draft-made tokens, its acceptance so far, the target's state at its last verified position),
-and are put together by verifier/features.py's
-`assemble`, the function training uses.
+each computed by its entry of decoding/feature_table.py, and are put together by
+verifier/features.py's `assemble`, the function training uses.
 The score is calibrated, sigmoid((w·s + b) / T) with the sidecar's temperature (1 for old
 checkpoints): probabilities a length policy can plan with. SPRINTER's tau = 0.5 keeps the same
 decisions under any T, since sigmoid(z / T) >= 0.5 exactly when z >= 0.
@@ -23,11 +23,11 @@ import time
 
 import torch
 
-from sprinter_train.core.distributions import entropy, top2_margin
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.state import HISTORY_FEATURES, Batch, DraftStep, Round, RowState
+from sprinter_train.decoding.feature_table import FEATURES, DecodeInputs, history_features
+from sprinter_train.decoding.state import Batch, DraftStep, Round, RowState
 from sprinter_train.verifier.checkpoint import MLPVerifier, VerifierCheckpoint
-from sprinter_train.verifier.features import assemble, clipped_run, smoothed_acceptance
+from sprinter_train.verifier.features import assemble
 
 
 class CheckpointVerifier:
@@ -49,40 +49,16 @@ class CheckpointVerifier:
         self.prior = train_base_rate(checkpoint)
 
     def parts(self, step: DraftStep, state: RowState | None = None) -> dict[str, torch.Tensor]:
-        """The spec's inputs of each row's drafted token, (B, width) or (B,), on its device;
-        `state`: the batch's, for the features of the row's history."""
+        """The spec's inputs of each row's drafted token, (B, width) or (B,), on its device,
+        each by its feature's `at_decode`; `state`: the batch's, for the features of the
+        row's history."""
         names = self.spec.names
-        parts = {}
-        if "hidden" in names:
-            parts["hidden"] = step.hidden
-        if "token_embedding" in names:
-            parts["token_embedding"] = self.embedding(step.tokens)
-        if "q" in names:
-            parts["q"] = step.q.gather(1, step.tokens[:, None])[:, 0].float()
-        if "draft_entropy" in names:
-            parts["draft_entropy"] = entropy(step.q.float())
-        if "draft_margin" in names:
-            parts["draft_margin"] = top2_margin(step.head_logits)
-        if "draft_entropy_raw" in names:
-            parts["draft_entropy_raw"] = step.entropy(warped=False)
-        history = HISTORY_FEATURES & set(names)
+        history = history_features() & set(names)
         if history and state is None:
             raise ValueError(f"the verifier features {sorted(history)} need the batch's state")
-        if "run_position" in names:
-            cap = int(self.spec.setting("run_position_cap"))
-            parts["run_position"] = clipped_run(state.run + step.index, cap)  # type: ignore[union-attr]
-        if "accept_so_far" in names:
-            parts["accept_so_far"] = smoothed_acceptance(
-                state.accepted,  # type: ignore[union-attr]
-                state.drafted,  # type: ignore[union-attr]
-                self.spec.setting("accept_prior"),
-                self.spec.setting("accept_n0"),
-            )
-        if "target_hidden" in names:
-            parts["target_hidden"] = state.target_hidden  # type: ignore[union-attr]
-        if "target_margin" in names:
-            parts["target_margin"] = state.target_margin  # type: ignore[union-attr]
-        return parts
+        inputs = DecodeInputs(step, state, self.embedding)
+        settings = dict(self.spec.settings)
+        return {name: FEATURES[name].at_decode(inputs, settings) for name in names}
 
     @torch.inference_mode()
     def features(self, step: DraftStep, state: RowState | None = None) -> torch.Tensor:

@@ -17,11 +17,7 @@ from sprinter_train.decoding.policies.base import (
     verify,
 )
 from sprinter_train.decoding.policies.entropy import SVIP, AdaEDL
-from sprinter_train.decoding.policies.learned import (
-    PRE_DRAW_FEATURES,
-    LearnedLength,
-    scores_before_the_draw,
-)
+from sprinter_train.decoding.policies.learned import LearnedLength, scores_before_the_draw
 from sprinter_train.decoding.policies.mtad import MTAD
 from sprinter_train.decoding.policies.speculative import (
     HeuristicSD,
@@ -46,7 +42,6 @@ __all__ = [
     "TargetOnly",
     "Traits",
     "Verifier",
-    "PRE_DRAW_FEATURES",
     "companion_features",
     "draft_round",
     "gamma_round",

@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.feature_table import pre_draw_features
 from sprinter_train.decoding.goodput import round_goodput
 from sprinter_train.decoding.policies.base import (
     AcceptanceTable,
@@ -21,18 +22,17 @@ from sprinter_train.decoding.policies.base import (
 )
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
 
-PRE_DRAW_FEATURES = frozenset({"hidden", "draft_entropy"})  # fixed before x_j is drawn
-
 
 def scores_before_the_draw(verifier: object) -> bool:
     """Whether a verifier's score of x_j is fixed before x_j is drawn: every feature it reads
-    is (the draft hidden state that produced q_j, H(q_j)). A verifier that names no features,
-    or reads any of x_j's own (its embedding, q(x_j)), counts as scoring after the draw."""
+    is (feature_table.pre_draw_features(): the draft hidden state that produced q_j, H(q_j)).
+    A verifier that names no features, or reads any of x_j's own (its embedding, q(x_j)),
+    counts as scoring after the draw."""
     declared = getattr(verifier, "pre_draw", None)  # a scorer that says (the online logistic)
     if declared is not None:
         return bool(declared)
     names = getattr(getattr(verifier, "spec", None), "names", None)
-    return bool(names) and set(names) <= PRE_DRAW_FEATURES
+    return bool(names) and set(names) <= pre_draw_features()
 
 
 @dataclass
