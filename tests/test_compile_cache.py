@@ -142,3 +142,17 @@ def test_a_second_bench_process_compiles_from_the_first_ones_cache(tmp_path) -> 
         assert {k: figures[k] for k in SAME_TOKENS} == {
             k: again["methods"][method][k] for k in SAME_TOKENS
         }, method
+
+
+def test_a_shared_object_cut_short_by_a_killed_compile_is_swept(caches, tmp_path) -> None:
+    """A build killed mid-write leaves a .so inductor would load by its key and fail on ("file
+    too short"); the next stage's start deletes it, so inductor builds it again."""
+    library = Path(torch.__file__).parent / "lib" / "libc10.so"
+    folder = tmp_path / VERSION / "rt"
+    folder.mkdir(parents=True)
+    whole, cut = folder / "whole.so", folder / "cut.so"
+    whole.write_bytes(library.read_bytes())
+    cut.write_bytes(library.read_bytes()[: library.stat().st_size // 2])
+    (folder / "empty.so").write_bytes(b"")
+    use_compile_cache(str(tmp_path))
+    assert whole.exists() and not cut.exists() and not (folder / "empty.so").exists()

@@ -13,12 +13,15 @@ docs/results/compile-cpu.md.
 
 from __future__ import annotations
 
+import logging
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
 import torch
 
+log = logging.getLogger(__name__)
 ENV = "TORCHINDUCTOR_CACHE_DIR"  # inductor reads it at every cache look-up
 # counters dynamo keeps per process: (group, key) of each cache's hits and misses
 HITS = (("inductor", "fxgraph_cache_hit"), ("aot_autograd", "autograd_cache_hit"))
@@ -53,7 +56,34 @@ def use_compile_cache(setting: Any) -> Path | None:
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         os.environ[ENV] = str(folder)
+        for path in sweep_truncated(folder):
+            log.warning("compile cache: removed %s, cut short by a killed compile", path)
     return folder
+
+
+def truncated_elf(path: Path) -> bool:
+    """Whether a shared object ends before its ELF header says it does: a C++ build killed
+    mid-write (a stage past its time limit) leaves one, and inductor loads it by its key
+    ("file too short") instead of building it again."""
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        header = handle.read(64)
+    if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2:  # 64-bit only
+        return True
+    order = "<" if header[5] == 1 else ">"
+    section_offset = struct.unpack_from(order + "Q", header, 0x28)[0]
+    entry_size, entries = struct.unpack_from(order + "HH", header, 0x3A)
+    return section_offset + entry_size * entries > size
+
+
+def sweep_truncated(folder: Path) -> list[Path]:
+    """Delete the cut-short shared objects under `folder` (inductor builds them anew)."""
+    removed = []
+    for path in folder.rglob("*.so"):
+        if path.is_file() and truncated_elf(path):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def compile_counters() -> dict[str, int]:
