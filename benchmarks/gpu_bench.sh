@@ -9,7 +9,9 @@
 #   DEVICE=cpu MODELS=tiny_random PROMPTS=2 MAX_NEW_TOKENS=8 BATCH_SIZES=1,2 benchmarks/gpu_bench.sh
 #
 # Settings (environment): DEVICE (cuda), DTYPE (auto), MODELS (offline_default), PROMPTS (64),
-# MAX_NEW_TOKENS (32), BATCH_SIZES (1,8,64; 32 too once compile time allows), METHODS (target_only,sd,svip,hf_static),
+# MAX_NEW_TOKENS (32), BATCH_SIZES (1,8,64; 32 too once compile time allows), METHODS (target_only,sd,svip,hf_static;
+# with the pipeline's verifiers: target_only,sd,svip,sv,sprinter,sd_learned,hf_static), PIPELINE_PROMPTS
+# (40) and PIPELINE_ARGS (the pipeline step's data.num_prompts and extra overrides),
 # COMPILE (decoding.compile: true), STATIC_CAPACITY (decoding.static_capacity: 1024, one KV
 # capacity for every generation, so one compiled shape per rows and width), MAX_PROMPT_TOKENS
 # (data.max_prompt_tokens: 960, so prompt + budget fit that capacity), GAMMA_MAX (3: block widths
@@ -23,7 +25,7 @@
 # space-separated), STEPS (the
 # steps to run, comma-separated; default all six: install,profile,bench,gpu_tests,
 # profile_eager,draft_eval; profile_sd when named), OUT
-# (gpu_bench_out/<timestamp>), and each step's time limit in seconds: T_INSTALL (25),
+# (gpu_bench_out/<timestamp>), and each step's time limit in seconds: T_INSTALL (25), T_PIPELINE (540),
 # T_PROFILE (100), T_BENCH (260), T_TESTS (70), T_PROFILE_EAGER (70), T_DRAFT_EVAL (50),
 # T_PROFILE_SD (120). A failed
 # or timed-out step is reported and the next one runs; the exit status is 1 when any step
@@ -41,7 +43,6 @@ MODELS=${MODELS:-offline_default}
 PROMPTS=${PROMPTS:-64}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
 BATCH_SIZES=${BATCH_SIZES:-1,8,64}
-METHODS=${METHODS:-target_only,sd,svip,hf_static}
 COMPILE=${COMPILE:-true}
 STATIC_CAPACITY=${STATIC_CAPACITY:-1024}
 MAX_PROMPT_TOKENS=${MAX_PROMPT_TOKENS:-960}
@@ -50,12 +51,16 @@ SD_GAMMA=${SD_GAMMA:-3}
 PROFILE_STEPS=${PROFILE_STEPS:-32}
 # the modules holding gpu tests: collecting all of tests/ needs datasets, which does not travel
 PYTEST_PATHS=${PYTEST_PATHS:-$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')}
-CHECKPOINT_DIR=${CHECKPOINT_DIR:-checkpoints/gpu_bench}  # what experiment=gpu_bench reads
+PIPELINE_PROMPTS=${PIPELINE_PROMPTS:-40}  # the pipeline step's data.num_prompts (make demo's)
+PIPELINE_ARGS=${PIPELINE_ARGS:-}
 BENCH_ARGS=${BENCH_ARGS:-}
 DRAFT_EVAL_ARGS=${DRAFT_EVAL_ARGS:-}
 # profile_sd (an sd round of the offline pair, compiled, gamma PROFILE_GAMMA: 3) runs only when
 # named: the default six fill a call's 10 minutes
-ALL_STEPS=install,profile,bench,gpu_tests,profile_sd,profile_eager,draft_eval
+# pipeline (stage=all at demo size: harvest -> train -> tables -> evaluate into the bench's
+# experiment, so its bench runs sv, sprinter and sd_learned on this machine's own artifacts)
+# runs only when named too: plan it as a call of its own (docs/results/gpu.md)
+ALL_STEPS=install,profile,pipeline,bench,gpu_tests,profile_sd,profile_eager,draft_eval
 STEPS=${STEPS:-install,profile,bench,gpu_tests,profile_eager,draft_eval}
 # a misspelt step would otherwise be skipped like an unnamed one: refuse it before any work
 UNKNOWN=() NAMED=0
@@ -94,6 +99,16 @@ selected() {  # selected <name>: STEPS names it
   return 1
 }
 
+# the bench's verifiers: the pipeline step's (this run's or an earlier call's into the same
+# OUT), else what experiment=gpu_bench reads; with them the default methods add the learned ones
+PIPELINE_CHECKPOINTS="$OUT/bench_run/checkpoints"
+if selected pipeline || compgen -G "$PIPELINE_CHECKPOINTS/verifier-*.safetensors" >/dev/null; then
+  CHECKPOINT_DIR=${CHECKPOINT_DIR:-$PIPELINE_CHECKPOINTS}
+  METHODS=${METHODS:-target_only,sd,svip,sv,sprinter,sd_learned,hf_static}
+fi
+CHECKPOINT_DIR=${CHECKPOINT_DIR:-checkpoints/gpu_bench}
+METHODS=${METHODS:-target_only,sd,svip,hf_static}
+
 # what a step writes into OUT: deleted before the step runs, so a step that stops early (or
 # fails) cannot leave an earlier run's files looking like its own
 clear_outputs() {
@@ -101,6 +116,10 @@ clear_outputs() {
     profile | profile_sd | profile_eager) rm -f "$OUT/$1.txt" "$OUT/$1.json" "$OUT/$1.trace.json" ;;
     bench) rm -rf "$OUT/bench_run/bench" "$OUT/results.json" "$OUT/results.md" ;;
     draft_eval) rm -rf "$OUT/draft_eval" "$OUT/draft_eval.json" ;;
+    pipeline)
+      rm -rf "$OUT/bench_run/records" "$OUT/bench_run/train" "$OUT/bench_run/tables" \
+        "$OUT/bench_run/eval" "$PIPELINE_CHECKPOINTS"
+      ;;
   esac
 }
 
@@ -173,6 +192,10 @@ step profile "${T_PROFILE:-100}" "$PYTHON" benchmarks/profile_step.py --models "
   --steps "$PROFILE_STEPS" --out "$OUT/profile.txt" --trace "${BASE[@]}" \
   "decoding.compile=$COMPILE"
 BASE+=("data.max_prompt_tokens=$MAX_PROMPT_TOKENS")
+step pipeline "${T_PIPELINE:-540}" "$PYTHON" -m sprinter_train stage=all "${BASE[@]}" \
+  "decoding.compile=$COMPILE" experiment=gpu_bench "experiment_dir=$OUT/bench_run" \
+  "checkpoint_dir=$PIPELINE_CHECKPOINTS" "all_steps=[harvest,train,tables,evaluate]" \
+  "data.num_prompts=$PIPELINE_PROMPTS" $PIPELINE_ARGS
 step bench "${T_BENCH:-260}" "$PYTHON" -m sprinter_train stage=bench "${BASE[@]}" \
   "decoding.compile=$COMPILE" \
   experiment=gpu_bench "experiment_dir=$OUT/bench_run" "checkpoint_dir=$CHECKPOINT_DIR" \
@@ -223,6 +246,10 @@ elif bench in ("complete", "partial"):
         print(f"  batch {size}: {row}")
     if r.get("skipped"):
         print("  skipped:", "; ".join(r["skipped"]))
+report = out / "bench_run" / "eval" / "report.json"
+if "pipeline" in steps and report.exists():
+    auc = json.loads(report.read_text()).get("auc") or {}
+    print("pipeline: test AUC", ", ".join(f"{k} {v:.3f}" for k, v in auc.items() if isinstance(v, (int, float))))
 draft = out / "draft_eval.json"
 if "draft_eval" in steps and draft.exists():
     d = json.loads(draft.read_text())

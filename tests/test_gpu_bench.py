@@ -14,16 +14,25 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_bench.sh"
-STEPS = ["install", "profile", "bench", "gpu_tests", "profile_sd", "profile_eager", "draft_eval"]
+STEPS = [
+    "install",
+    "profile",
+    "pipeline",
+    "bench",
+    "gpu_tests",
+    "profile_sd",
+    "profile_eager",
+    "draft_eval",
+]
 
 
-def run_script(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def run_script(out: Path, timeout: int = 300, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(SCRIPT)],
         env={**os.environ, "OUT": str(out), "STEPS": ",".join(STEPS), **env},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
 
 
@@ -45,7 +54,8 @@ def test_a_step_past_its_limit_is_reported_as_timed_out(tmp_path: Path) -> None:
     slow = tmp_path / "python"  # answers a script on stdin at once, hangs on anything else
     slow.write_text('#!/bin/sh\n[ "$1" = - ] && exit 0\nsleep 30\n')
     slow.chmod(0o755)
-    names = ("INSTALL", "PROFILE", "PROFILE_SD", "PROFILE_EAGER", "TESTS", "BENCH", "DRAFT_EVAL")
+    names = ("INSTALL", "PROFILE", "PIPELINE", "PROFILE_SD", "PROFILE_EAGER", "TESTS", "BENCH")
+    names += ("DRAFT_EVAL",)
     limits = {f"T_{name}": "1" for name in names}
     done = run_script(tmp_path / "out", PYTHON=str(slow), WHEELS=str(tmp_path), **limits)
     assert done.returncode == 1
@@ -136,6 +146,7 @@ def test_the_script_runs_end_to_end_on_the_cpu_at_tiny_size(tmp_path: Path) -> N
     out = tmp_path / "out"
     done = run_script(
         out,
+        timeout=1200,  # the pipeline's stage chain and the compiles, on two busy cores
         PYTHON=sys.executable,
         DEVICE="cpu",
         DTYPE="float32",
@@ -145,6 +156,10 @@ def test_the_script_runs_end_to_end_on_the_cpu_at_tiny_size(tmp_path: Path) -> N
         BATCH_SIZES="1,2",
         PROFILE_STEPS="4",
         PYTEST_PATHS="tests/test_decoding_gpu.py",
+        PIPELINE_PROMPTS="16",
+        PIPELINE_ARGS="data.max_prompt_tokens=48 data.val_fraction=0.25 data.test_fraction=0.25 "
+        "harvest.continuation_tokens=8 harvest.batch_size=8 train.batch_size=64 "
+        "tables.min_count=5 train.learning_curve=[] evaluate.ceiling.enabled=false",
         DRAFT_EVAL_ARGS="draft_eval.num_sequences=2 draft_eval.latency_reps=3 "
         "draft_eval.floor_reps=3 draft_eval.extra_sources=[]",
     )
@@ -152,6 +167,9 @@ def test_the_script_runs_end_to_end_on_the_cpu_at_tiny_size(tmp_path: Path) -> N
     assert set(steps(out).values()) == {"ok"}
     results = json.loads((out / "results.json").read_text())
     assert set(results["batches"]) == {"1", "2"} and "hf_static" in results["methods"]
+    # the pipeline step's own artifacts: the learned methods ran on them, none skipped
+    assert {"sv", "sprinter", "sd_learned"} <= set(results["methods"]), results.get("skipped")
+    assert "pipeline: test AUC" in done.stdout
     assert results["settings"]["hf_static"]["compile"] is True  # COMPILE defaults to true
     assert "## Batch size 2" in (out / "results.md").read_text()
     assert json.loads((out / "draft_eval.json").read_text())["alpha"] > 0
