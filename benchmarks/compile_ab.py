@@ -38,7 +38,7 @@ from sprinter_train.bench.summary import speed  # noqa: E402
 from sprinter_train.core.config import compose_config  # noqa: E402
 from sprinter_train.core.io import atomic_write, write_json  # noqa: E402
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads  # noqa: E402
-from sprinter_train.decoding.engine import static_settings  # noqa: E402
+from sprinter_train.decoding.builder import runner_layout  # noqa: E402
 
 VARIANTS = {"eager": False, "compiled": True}  # name -> decoding.compile
 
@@ -112,7 +112,7 @@ def floors(cfg: DictConfig, setups: dict[str, Setup]) -> dict[str, Any]:
             setup.engine.sampling,
             int(ecfg.context_tokens),
             int(ecfg.floor_reps),
-            layout=static_settings(variant_cfg(cfg, v).decoding, setup.device),
+            layout=runner_layout(variant_cfg(cfg, v).decoding, setup.device),
         )
         out[v] = floor.report()
     return out

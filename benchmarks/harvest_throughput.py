@@ -33,7 +33,7 @@ from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads, synchronize
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import load_prompts
-from sprinter_train.decoding.engine import static_settings
+from sprinter_train.decoding.builder import runner_layout
 from sprinter_train.harvest.continuations import ContinuationRunners, HarvestSequence
 from sprinter_train.harvest.driver import (
     HarvestOptions,
@@ -165,7 +165,7 @@ def main() -> None:
     # the harvest's runners: its decoding layout, one per model for every repeat, as a
     # harvest's for every shard (a compiled layout compiles in the first repeat)
     runners = ContinuationRunners(
-        models, static_settings(cfg.decoding, device), int(cfg.decoding.pack_every)
+        models, runner_layout(cfg.decoding, device), int(cfg.decoding.pack_every)
     )
     with tempfile.TemporaryDirectory() as tmp:
         measure(models, warm, ["original"], options, batch_size, device, Path(tmp))

@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sprinter_train.core.sampling import SamplingConfig  # noqa: E402
 from sprinter_train.decoding import graphs  # noqa: E402
+from sprinter_train.decoding.builder import build_engine  # noqa: E402
 from sprinter_train.decoding.engine import Engine  # noqa: E402
 from sprinter_train.decoding.graphs import HostGraph  # noqa: E402
 from sprinter_train.decoding.policies import SVIP, SpeculativeDecoding, TargetOnly  # noqa: E402
-from sprinter_train.decoding.runner import ModelRunner  # noqa: E402
 from sprinter_train.decoding.timings import Timings  # noqa: E402
 from sprinter_train.models.tiny import build_tiny_model  # noqa: E402
 
@@ -103,12 +103,8 @@ def main() -> None:
     draft = build_tiny_model({}, seed=0).eval()  # a copy: drafts get accepted, rounds run long
     sampling = SamplingConfig(temperature=0.9, top_k=0, top_p=0.95)
     vocab = int(target.config.vocab_size)
-    engine = Engine(
-        ModelRunner(target, vocab, static=True, min_capacity=256, captured=args.captured),
-        sampling,
-        draft=ModelRunner(draft, vocab, static=True, min_capacity=256, captured=args.captured),
-        timings=Timings(),
-    )
+    layout = {"static": True, "min_capacity": 256, "captured": args.captured}
+    engine = build_engine(target, sampling, vocab, draft=draft, layout=layout, timings=Timings())
     prompt = [5, 17, 9, 33, 2, 8]
     print("method        ops/round  target calls  draft calls  ops/forward  most frequent")
     for policy in (TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)):

@@ -35,9 +35,9 @@ from sprinter_train.core.compile_cache import use_compile_cache
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads, synchronize
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.decoding.engine import Engine, static_settings
+from sprinter_train.decoding.builder import build_engine, runner_layout
+from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.roles import load_roles
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch")
@@ -106,14 +106,17 @@ def main() -> None:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     models = load_roles(cfg.models, device, dtype, companion=False)
-    layout = static_settings(cfg.decoding, device)
-    runner = ModelRunner(models.target.model, models.vocab_size, **layout)
-    draft = None
     policy: Any = TargetOnly()
     if args.method == "sd":
-        draft = ModelRunner(models.draft.model, models.vocab_size, **layout)
         policy = SpeculativeDecoding(gamma=args.gamma)
-    engine = Engine(runner, SamplingConfig(0.0), draft=draft)
+    engine = build_engine(
+        models.target.model,
+        SamplingConfig(0.0),
+        models.vocab_size,
+        draft=models.draft.model if args.method == "sd" else None,
+        layout=runner_layout(cfg.decoding, device),
+    )
+    runner, draft = engine.target, engine.draft
     prompt = prompt_ids(models.tokenizer, args.context)
 
     began = time.perf_counter()

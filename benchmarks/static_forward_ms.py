@@ -19,6 +19,7 @@ import torch
 
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.roles import load_role, model_specs
 
@@ -68,7 +69,7 @@ def main() -> None:
     }.items():
         if name not in layouts:
             continue
-        runner = ModelRunner(target.model, vocab, **layout)
+        runner = build_runner(target.model, vocab, layout)
         ms = forward_ms(runner, rows, context, widths, reps)
         print(
             name,

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
+from sprinter_train.decoding.builder import build_engine
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.runner import ModelRunner
@@ -55,11 +56,12 @@ def companion_plan(prior_alpha: float | None, **settings: Any) -> CompanionPlan:
 
 def engine_for(models, sampling: SamplingConfig, timings: Timings | None = None) -> Engine:
     """The trio's engine, pricing at `timings` (default: `fixed_timings()`)."""
-    return Engine(
-        ModelRunner(models["target"], VOCAB),
+    return build_engine(
+        models["target"],
         sampling,
-        draft=ModelRunner(models["draft"], VOCAB),
-        companion=ModelRunner(models["companion"], VOCAB),
+        VOCAB,
+        draft=models["draft"],
+        companion=models["companion"],
         timings=fixed_timings() if timings is None else timings,
     )
 

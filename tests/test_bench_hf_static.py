@@ -11,7 +11,8 @@ from transformers import PreTrainedModel
 from sprinter_train.bench.hf_static import StaticPeer
 from sprinter_train.core.runtime import resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.decoding.engine import Engine, decoding_problems
+from sprinter_train.decoding.builder import decoding_problems
+from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model

@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from sprinter_train import hf
 from sprinter_train.decoding import graphs
+from sprinter_train.decoding.builder import build_engine
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (
     SVIP,
@@ -24,7 +25,6 @@ from sprinter_train.decoding.policies import (
     SpecVerification,
     TargetOnly,
 )
-from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.static_cache import StaticRowCache
 from sprinter_train.models.families import TESTED_FAMILIES, UnsupportedModelError, kv_layout
 from sprinter_train.models.loading import ModelLoadError, load_model
@@ -85,12 +85,13 @@ def trio(request) -> dict[str, Any]:
 
 
 def engine(trio: dict[str, Any], **layout: bool) -> Engine:
-    return Engine(
-        ModelRunner(trio["target"], VOCAB, **layout),
+    return build_engine(
+        trio["target"],
         GREEDY,
-        draft=ModelRunner(trio["draft"], VOCAB, **layout),
-        companion=ModelRunner(trio["companion"], VOCAB, **layout),
-        eos_token_id=None,
+        VOCAB,
+        draft=trio["draft"],
+        companion=trio["companion"],
+        layout=layout,
         timings=fixed_timings(),
     )
 

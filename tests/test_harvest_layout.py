@@ -14,9 +14,9 @@ import pytest
 
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding import builder
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.static_cache import KVPool
-from sprinter_train.harvest import continuations
 from sprinter_train.harvest.continuations import (
     GENERATED_MIXES,
     ContinuationRunners,
@@ -56,7 +56,7 @@ def sequences(
 def test_the_static_layout_emits_the_default_layouts_sequences(family, shared_rows) -> None:
     """Every generated mix (draft, target, interleaved with and without target rows in its
     call, sd_interleaved), rows of different prompt lengths: the static layout run eagerly
-    (with `static_settings`' other keys) builds exactly the default layout's sequences."""
+    (with `runner_layout`'s other keys) builds exactly the default layout's sequences."""
     models = generating_models(family, None)
     layout = {"static": True, "compiled": False, "min_capacity": 0, "prefill_tokens": 1 << 16}
     static = ContinuationRunners(models, layout, pack_every=3)
@@ -89,7 +89,7 @@ def test_runners_are_built_once_and_reused_by_every_batch(monkeypatch) -> None:
         taken.append(kv is not None)
         return kv
 
-    monkeypatch.setattr(continuations, "ModelRunner", Counted)
+    monkeypatch.setattr(builder, "ModelRunner", Counted)  # every runner comes from there
     monkeypatch.setattr(KVPool, "take", counted_take)
     runners = ContinuationRunners(models, {"static": True})
     first = sequences(models, runners)

@@ -20,7 +20,8 @@ from sprinter_train.core.sampling import inverse_cdf, warp_probs
 from sprinter_train.decoding import backends, graphs, static_cache
 from sprinter_train.decoding import runner as runner_module
 from sprinter_train.decoding.after_warp import Draw
-from sprinter_train.decoding.engine import Engine, decoding_problems, static_settings
+from sprinter_train.decoding.builder import build_engine, decoding_problems, runner_layout
+from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (
     MTAD,
     SVIP,
@@ -68,11 +69,13 @@ def models() -> dict[str, torch.nn.Module]:
 def engine(models, sampling, eos: int | None, **layout: bool) -> Engine:
     """The trio's engine with every runner in the given layout (`static`, `compiled`,
     `padded_prefill`)."""
-    return Engine(
-        ModelRunner(models["target"], VOCAB, **layout),
+    return build_engine(
+        models["target"],
         sampling,
-        draft=ModelRunner(models["draft"], VOCAB, **layout),
-        companion=ModelRunner(models["companion"], VOCAB, **layout),
+        VOCAB,
+        draft=models["draft"],
+        companion=models["companion"],
+        layout=layout,
         eos_token_id=eos,
         timings=fixed_timings(),
     )
@@ -247,24 +250,24 @@ def test_the_switches_resolve_and_are_validated() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     prefill = {"prefill_tokens": 1 << 16, "captured": None}  # capture: the runner's choice
     layout = ("static", "compiled", "min_capacity", "padded_prefill")
-    assert static_settings({}, cpu) == {
+    assert runner_layout({}, cpu) == {
         **dict.fromkeys(layout, False),
         **prefill,
         "min_capacity": 0,
     }
-    assert static_settings({}, cuda) == {
+    assert runner_layout({}, cuda) == {
         **dict.fromkeys(layout, True),
         **prefill,
         "min_capacity": 0,
     }
-    assert static_settings({"static_cache": True}, cpu) == {
+    assert runner_layout({"static_cache": True}, cpu) == {
         "static": True,
         "compiled": False,
         "min_capacity": 0,
         "padded_prefill": False,
         **prefill,
     }
-    on = static_settings({"compile": "true", "prefill": "padded", "prefill_tokens": 9}, cpu)
+    on = runner_layout({"compile": "true", "prefill": "padded", "prefill_tokens": 9}, cpu)
     assert on == {
         "static": True,
         "compiled": True,
@@ -273,11 +276,11 @@ def test_the_switches_resolve_and_are_validated() -> None:
         "prefill_tokens": 9,
         "captured": None,
     }
-    assert not static_settings({"prefill": "by_length"}, cuda)["padded_prefill"]
-    assert static_settings({"static_capacity": 512}, cpu)["min_capacity"] == 512
-    assert static_settings({"capture": "false"}, cuda)["captured"] is False
-    assert static_settings({"capture": "true"}, cuda)["captured"] is True
-    assert static_settings({"capture": "true"}, cpu)["captured"] is False  # no CUDA graphs
+    assert not runner_layout({"prefill": "by_length"}, cuda)["padded_prefill"]
+    assert runner_layout({"static_capacity": 512}, cpu)["min_capacity"] == 512
+    assert runner_layout({"capture": "false"}, cuda)["captured"] is False
+    assert runner_layout({"capture": "true"}, cuda)["captured"] is True
+    assert runner_layout({"capture": "true"}, cpu)["captured"] is False  # no CUDA graphs
     assert len(decoding_problems({"capture": "always"})) == 1
     assert len(decoding_problems({"static_capacity": -1})) == 1
     assert len(decoding_problems({"prefill": "sorted"})) == 1

@@ -21,9 +21,9 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.core.runtime import resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.overlap import Reader
+from sprinter_train.decoding.builder import compiles
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.gamma_plan import GammaPlanner
 from sprinter_train.decoding.policies.online import OnlineVerifier
@@ -72,10 +72,10 @@ def method_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def static_settings(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
-    """hf_static's settings: compiled as `decoding.compile` resolves on this device, in
-    `bench.hf_static.compile_mode`."""
-    compiled = resolve_compile(cfg.get("decoding", {}).get("compile", "auto"), device)
+def hf_static_settings(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
+    """hf_static's settings: compiled where the engine's layout would compile
+    (`decoding.builder.compiles`), in `bench.hf_static.compile_mode`."""
+    compiled = compiles(cfg.get("decoding", {}), device)
     return {"compile": compiled, "compile_mode": str(cfg.bench[HF_STATIC].compile_mode)}
 
 
@@ -322,7 +322,7 @@ def plan_methods(
                 plan.peers[name] = {"schedule": PEERS[name], "num_assistant_tokens": n}
                 plan.settings[name] = dict(plan.peers[name])
             elif name == HF_STATIC:
-                plan.peers[name] = static_settings(cfg, run.device)
+                plan.peers[name] = hf_static_settings(cfg, run.device)
                 plan.settings[name] = dict(plan.peers[name])
             else:
                 plan.policies[name], plan.settings[name] = build_policy(

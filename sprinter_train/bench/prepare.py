@@ -26,10 +26,10 @@ from sprinter_train.bench.profile_check import ProfileCheck, check_profile
 from sprinter_train.bench.provenance import cores
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt, load_prompts
-from sprinter_train.decoding.engine import Engine, static_settings
+from sprinter_train.decoding.builder import build_engine, runner_layout
+from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding
 from sprinter_train.decoding.registry import traits_of
-from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats
 from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.harvest.reader import open_records, verify_hashes
@@ -77,16 +77,14 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         raise ValueError(f"no prompts in split {b.split!r} of data={cfg.data.get('name')}")
     batch_sizes = batch_sizes_for([int(size) for size in b.batch_sizes], len(prompts))
     vocab = models.vocab_size
-    static = static_settings(cfg.decoding, device)  # the lean draft keeps its own layout
-    engine = Engine(
-        ModelRunner(models.target.model, vocab, **static),
+    engine = build_engine(
+        models.target.model,
         SamplingConfig.from_cfg(cfg.sampling),
-        draft=ModelRunner(
-            models.draft.model, vocab, hidden_layer=verifier_hidden_layer(cfg), **static
-        ),
-        companion=ModelRunner(models.companion.model, vocab, **static)
-        if models.companion is not None
-        else None,
+        vocab,
+        draft=models.draft.model,
+        companion=None if models.companion is None else models.companion.model,
+        layout=runner_layout(cfg.decoding, device),
+        hidden_layer=verifier_hidden_layer(cfg),
         eos_token_id=models.eos_token_id,
         pack_every=int(cfg.decoding.pack_every),
     )

@@ -27,8 +27,7 @@ from transformers.pytorch_utils import Conv1D
 from sprinter_train.bench.provenance import load_average
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.state import Round
 from sprinter_train.models.cache import crop_cache, returned_cache, with_cache
 from sprinter_train.models.lean import supports_lean
@@ -108,7 +107,7 @@ class LeanStep:
 
     def __init__(self, model: torch.nn.Module, prefix: torch.Tensor, next_id: torch.Tensor):
         vocab = int(model.config.vocab_size)
-        self.runner = ModelRunner(model, vocab, lean=True)
+        self.runner = build_runner(model, vocab, lean=True)
         self.cache = self.runner.new_cache(1)
         self.context = prefix.shape[1]
         self.runner.prime(self.cache, prefix.tolist())
@@ -140,12 +139,7 @@ class EngineDraftStep:
         layout: Mapping[str, Any] | None = None,
     ) -> None:
         vocab = min(int(draft.config.vocab_size), int(target.config.vocab_size))
-        layout = dict(layout or {})  # ModelRunner's static / compiled settings
-        self.engine = Engine(
-            ModelRunner(target, vocab, **layout),
-            sampling,
-            draft=ModelRunner(draft, vocab, **layout),
-        )
+        self.engine = build_engine(target, sampling, vocab, draft=draft, layout=layout)
         # a static cache holds prompt + budget: each call is undone (`reset`), so a few
         # tokens of budget cover every step
         self.batch = self.engine.new_batch([prompt], max_new_tokens=STEP_BUDGET, seeds=[0])
@@ -267,7 +261,7 @@ def measure_step_floor(
     """Time the floor, the draft's model-only and engine steps and the target's step at batch
     1 after `context` cached random tokens, interleaved in `reps` rounds; with `lean`, also
     the lean model-only step of a draft that has one; `layout`: the engine's runner settings
-    (`decoding.engine.static_settings`: static, compiled), the default layout without."""
+    (`decoding.builder.runner_layout`: static, compiled), the default layout without."""
     device = next(draft.parameters()).device
     vocab = min(int(draft.config.vocab_size), int(target.config.vocab_size))
     gen = torch.Generator().manual_seed(seed)

@@ -3,31 +3,24 @@
 Policies (policies/) decide how many tokens each row drafts and how the target checks them;
 the engine gives them batched operations (draft a token in the rows still drafting, read the
 companion, score every row's drafts with the target) and commits what a round emits, cutting
-each row at EOS and at its budget. Rows that finish leave the batch.
-
-What stays on the device during a round: drafted tokens, distributions, acceptance and the
-random streams (`core.streams.RowStreams`: a row's draws depend only on its seed). The host
-learns a round's outcome in one transfer at its end (tokens emitted, cache lengths); what it
-sends (committed tokens the caches lack, per-row limits) goes through pinned memory without
-waiting. Policies whose drafting length adapts ask after each step whether any row still
-drafts; on CUDA that answer is read one step late (`any`), so the GPU is never waited on
-mid-round and at most one step runs with no row drafting. Times per model come from CUDA
-events, read once per generation. The engine owns the run's cost model (`timings`): it hands
-it every forward its runners timed, once a round, and policies price their rounds with it.
+each row at EOS and at its budget; rows that finish leave the batch. Drafts, distributions,
+acceptance and the random streams (`core.streams.RowStreams`) stay on the device: the host
+learns a round's outcome in one transfer at its end and sends what the caches lack through
+pinned memory without waiting (`any`: why a drafting check may run one step late on CUDA).
+Each forward's time feeds the run's cost model (`timings`), which policies price rounds with.
+`decoding.builder` assembles engines from the decoding settings.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
-from sprinter_train.core.runtime import parse_switch, resolve_compile, synchronize
+from sprinter_train.core.runtime import synchronize
 from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
 from sprinter_train.core.streams import RowStreams
-from sprinter_train.core.validation import check_whole
 from sprinter_train.decoding.after_warp import AfterWarp, Check, Draw
 from sprinter_train.decoding.runner import ForwardRequest, ModelRunner, RowOutput
 from sprinter_train.decoding.state import (
@@ -43,61 +36,8 @@ from sprinter_train.decoding.state import (
 )
 from sprinter_train.decoding.timings import Timings
 
-ROLES = ("target", "draft", "companion")
 PACK_EVERY = 8  # decoding.pack_every's default: rounds between squeezing empty cache slots out
-
-
-PREFILLS = ("auto", "by_length", "padded")  # decoding.prefill: see runner.prefill_groups
 CAPACITY_SLACK = 16  # slots a static cache holds past prompt + budget (drafts past the budget)
-
-
-def decoding_problems(decoding: dict[str, Any]) -> list[str]:
-    """The `decoding` section's out-of-range settings, one line each."""
-    problems: list[str] = []
-    if "pack_every" in decoding:
-        check_whole(problems, "decoding.pack_every", decoding["pack_every"], 1)
-    if "static_capacity" in decoding:
-        check_whole(problems, "decoding.static_capacity", decoding["static_capacity"], 0)
-    if "prefill_tokens" in decoding:
-        check_whole(problems, "decoding.prefill_tokens", decoding["prefill_tokens"], 1)
-    if "prefill" in decoding and str(decoding["prefill"]) not in PREFILLS:
-        problems.append(f"decoding.prefill={decoding['prefill']!r}: expected one of {PREFILLS}")
-    for key in ("static_cache", "compile", "capture"):
-        if key in decoding and parse_switch(decoding[key]) is None:
-            problems.append(f"decoding.{key}={decoding[key]!r}: expected auto, true or false")
-    if (
-        parse_switch(decoding.get("static_cache")) is False
-        and parse_switch(decoding.get("compile")) is True
-    ):
-        problems.append(
-            "decoding.compile=true needs the static layout: decoding.static_cache=false forbids it"
-        )
-    return problems
-
-
-def static_settings(decoding: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """ModelRunner's layout settings from the `decoding` section: `static`, `compiled`,
-    `min_capacity` (`decoding.static_cache`, `.compile`, `.static_capacity`; compile's auto is
-    on for CUDA only: on the 2-core CPU a graph of the 135M target compiles for minutes and
-    the bench's gain was mixed, see docs/architecture.md; static_cache's auto follows
-    compile) and the prefill's (`decoding.prefill`, auto: padded on CUDA, and
-    `.prefill_tokens`; see `runner.prefill_groups`) and `captured` (`decoding.capture`:
-    auto leaves it to the runner, CUDA graphs captured by hand where it compiles on CUDA;
-    true asks for them on CUDA only, where they exist)."""
-    compiled = resolve_compile(decoding.get("compile", "auto"), device)
-    static_on = parse_switch(decoding.get("static_cache", "auto"))
-    static = compiled if static_on == "auto" else bool(static_on)
-    min_capacity = int(decoding.get("static_capacity", 0) or 0)
-    capture = parse_switch(decoding.get("capture", "auto"))
-    prefill = str(decoding.get("prefill", "auto"))
-    return {
-        "static": static,
-        "compiled": compiled and static,
-        "min_capacity": min_capacity,
-        "padded_prefill": device.type == "cuda" if prefill == "auto" else prefill == "padded",
-        "prefill_tokens": int(decoding.get("prefill_tokens", 1 << 16)),
-        "captured": None if capture == "auto" else bool(capture) and device.type == "cuda",
-    }
 
 
 class Engine:
@@ -118,19 +58,24 @@ class Engine:
         timings: Timings | None = None,
     ) -> None:
         self.runners = {"target": target, "draft": draft, "companion": companion}
+        # the runners this engine has, by role (target, draft, companion)
+        self.present_runners: dict[str, ModelRunner] = {
+            r: x for r, x in self.runners.items() if x is not None
+        }
         self.timings = Timings() if timings is None else timings
         self.target, self.draft, self.companion = target, draft, companion
         self.sampling = sampling
         self.eos_token_id = eos_token_id
         self.pack_every = pack_every
         self.device = target.device
+        # width of the target's final hidden state (RowState.target_hidden); 0 for a model
+        # that declares none (the state takes the width of its first verify forward)
+        self.target_dim = int(getattr(getattr(target.model, "config", None), "hidden_size", 0) or 0)
         self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None  # see `any`
-        self._shared_head: bool | None = None  # see `_companion_on_draft_head`
-
-    @property
-    def present_runners(self) -> dict[str, ModelRunner]:
-        """The runners this engine has, by role (in `ROLES` order)."""
-        return {r: self.runners[r] for r in ROLES if self.runners[r] is not None}
+        # whether draft and companion have restricted heads over the same tokens (see
+        # `companion_probs`): a property of the assembled runners, decided once
+        heads = [None if r is None else r.support for r in (draft, companion)]
+        self.shared_head = all(h is not None for h in heads) and torch.equal(*heads)
 
     # -- the operations policies use ---------------------------------------------------------
 
@@ -283,22 +228,9 @@ class Engine:
         exactly, and the companion's step skips the scatter into V values and the warp over
         them, a large share of a small companion's step; `DraftStep.on_space_of` puts q on
         the same tokens."""
-        shared = self._companion_on_draft_head()
+        shared = self.shared_head
         out = self.draft_side(batch, "companion", rnd, active, restricted=shared, warp=True)
         return self.warped(out, 0)
-
-    def _companion_on_draft_head(self) -> bool:
-        """Whether draft and companion have restricted heads over the same tokens (asked once)."""
-        if self._shared_head is None:
-            draft, companion = self.runners["draft"], self.runners["companion"]
-            self._shared_head = (
-                draft is not None
-                and companion is not None
-                and draft.support is not None
-                and companion.support is not None
-                and torch.equal(draft.support, companion.support)
-            )
-        return self._shared_head
 
     def draft_side(
         self,
@@ -368,14 +300,8 @@ class Engine:
             RowStreams(list(seeds), self.device),
             {r: self.runners[r].new_cache(len(rows), capacity) for r in roles},
             {r: [0] * len(rows) for r in roles},
-            state=RowState.empty(len(rows), self._target_dim(), self.device),
+            state=RowState.empty(len(rows), self.target_dim, self.device),
         )
-
-    def _target_dim(self) -> int:
-        """Width of the target's final hidden state (RowState.target_hidden); 0 for a model
-        that declares none (the state takes the width of its first verify forward)."""
-        config = getattr(self.target.model, "config", None)
-        return int(getattr(config, "hidden_size", 0) or 0)
 
     def commit(self, batch: Batch, emitted: Emitted, policy: Policy | None = None) -> None:
         """One transfer: the round's tokens and the caches' lengths; then cut each row at EOS

@@ -26,6 +26,7 @@ from transformers import PreTrainedTokenizerBase
 
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.engine import PACK_EVERY, Engine
 from sprinter_train.decoding.interleaved import InterleavedRuns
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
@@ -76,7 +77,7 @@ class Continuation:
 @dataclass
 class ContinuationRunners:
     """Each model's `ModelRunner` for a whole harvest, built on first use with `layout`
-    (`decoding.engine.static_settings`' ModelRunner keyword arguments; empty: the default
+    (`decoding.builder.runner_layout`'s keyword arguments; empty: the runner's default
     layout) and reused by every engine call. A runner holds its compiled graphs and its KV
     buffer pool (`KVPool`): a runner built per batch would recompile every batch and
     reallocate its buffers. `pack_every`: the engines' (speed only)."""
@@ -90,15 +91,16 @@ class ContinuationRunners:
         """The runner of `role` (draft or target), built once."""
         if role not in self._built:
             model = getattr(self.models, role).model
-            self._built[role] = ModelRunner(model, self.models.vocab_size, **self.layout)
+            self._built[role] = build_runner(model, self.models.vocab_size, self.layout)
         return self._built[role]
 
     def engine(self, sampling: SamplingConfig, role: str, draft: bool = False) -> Engine:
         """An engine whose target is `role`'s runner, with the draft's beside it if `draft`
         (an engine is cheap: its per-call state is fresh, its runners the harvest's)."""
-        return Engine(
+        return build_engine(
             self.runner(role),
             sampling,
+            self.models.vocab_size,
             draft=self.runner("draft") if draft else None,
             eos_token_id=self.models.eos_token_id,
             pack_every=self.pack_every,

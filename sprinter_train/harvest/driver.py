@@ -28,7 +28,7 @@ from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threa
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.validation import check_whole, prompt_room
 from sprinter_train.data.prompts import Prompt, load_prompts
-from sprinter_train.decoding.engine import static_settings
+from sprinter_train.decoding.builder import runner_layout
 from sprinter_train.harvest.calibration import accept_setting, measure_accept
 from sprinter_train.harvest.continuations import (
     ContinuationRunners,
@@ -339,7 +339,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
     # the continuations run on the bench's engine layout (static, compiled where
     # decoding.compile says), one runner per model for the whole run: a compiled runner
     # keeps its graphs and a static one its KV buffers from batch to batch
-    layout = static_settings(cfg.decoding, device)
+    layout = runner_layout(cfg.decoding, device)
     runners = ContinuationRunners(models, layout, int(cfg.decoding.pack_every))
     log.info("harvest continuations: decoding layout %s", layout)
     rows = _write_shards(

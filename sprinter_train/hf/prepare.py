@@ -22,8 +22,8 @@ from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.builder import build_engine
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import DecodeStats, Policy
 from sprinter_train.decoding.timings import Timings
 
@@ -171,11 +171,13 @@ def run(
         budget = int(config.max_length) - len(prompt)
     models = [m for m in (model, draft, companion) if m is not None]
     vocab = min(int(m.config.vocab_size) for m in models)  # ids past it are padding
-    engine = Engine(
-        ModelRunner(model, vocab),
+    engine = build_engine(
+        model,
         sampling,
-        draft=ModelRunner(draft, vocab, hidden_layer),
-        companion=None if companion is None else ModelRunner(companion, vocab),
+        vocab,
+        draft=draft,
+        companion=companion,
+        hidden_layer=hidden_layer,
         timings=timings,
     )
     eos = eos_ids(config)

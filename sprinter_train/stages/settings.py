@@ -18,7 +18,7 @@ from sprinter_train.core.sampling import sampling_problems
 from sprinter_train.core.schema import problems as schema_problems
 from sprinter_train.core.validation import SectionCheck, problems_in, raise_problems
 from sprinter_train.data.prompts import data_problems
-from sprinter_train.decoding.engine import decoding_problems
+from sprinter_train.decoding.builder import decoding_problems
 from sprinter_train.harvest.driver import harvest_problems
 from sprinter_train.stages.schema import schema
 from sprinter_train.verifier.labels import lam_problems, train_problems
