@@ -1,0 +1,57 @@
+"""decoding/builder.py is the one place that assembles runners and engines from the settings."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from sprinter_train.decoding.builder import build_engine, build_runner, runner_layout
+from tests.decoding_helpers import GREEDY, VOCAB, tiny_trio
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU = torch.device("cpu")
+
+
+def test_every_role_takes_the_layout_and_the_draft_its_hidden_layer() -> None:
+    trio = tiny_trio()
+    layout = runner_layout({"static_cache": True}, CPU)
+    engine = build_engine(
+        trio["target"],
+        GREEDY,
+        VOCAB,
+        draft=trio["draft"],
+        companion=trio["companion"],
+        layout=layout,
+        hidden_layer=1,
+        pack_every=3,
+    )
+    assert {r: x.layout for r, x in engine.present_runners.items()} == dict.fromkeys(
+        ("target", "draft", "companion"), "static"
+    )
+    assert [x.hidden_layer for x in engine.present_runners.values()] == [-1, 1, -1]
+    assert engine.pack_every == 3 and engine.companion is not None
+
+
+def test_no_layout_is_the_runners_own_default_and_a_built_runner_is_kept() -> None:
+    trio = tiny_trio()
+    target = build_runner(trio["target"], VOCAB, {"static": True})
+    engine = build_engine(target, GREEDY, VOCAB, draft=trio["draft"])
+    assert engine.target is target and engine.target.layout == "static"
+    assert engine.draft is not None and engine.draft.layout == "dynamic"  # the CPU default
+    assert engine.companion is None and list(engine.present_runners) == ["target", "draft"]
+
+
+def test_runners_are_built_in_the_decoding_package_only() -> None:
+    """Outside decoding/, code asks the builder for runners (tests may build them directly)."""
+    call = re.compile(r"\bModelRunner\(")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("sprinter_train", "benchmarks")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if "decoding" not in path.relative_to(ROOT).parts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if call.search(line)
+    ]
+    assert not found, found
