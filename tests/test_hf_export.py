@@ -38,6 +38,7 @@ from sprinter_train.bench.methods import VerifierMismatchError
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import write_json
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.builder import build_engine
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (
     SVIP,
@@ -47,7 +48,6 @@ from sprinter_train.decoding.policies import (
     TargetOnly,
 )
 from sprinter_train.decoding.registry import with_trait
-from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.harvest.reader import MissingInputError
@@ -198,13 +198,14 @@ def engine_policy(setup: dict[str, Any], method: str):
 
 
 def engine(models: dict[str, torch.nn.Module], profile: LatencyProfile | None = None) -> Engine:
-    """The engine, pricing at `profile` as the folder does (fixed: the run's forwards do not
-    correct it)."""
-    return Engine(
-        ModelRunner(models["target"], VOCAB),
+    """The engine as the folder's callables build it, pricing at `profile` as the folder does
+    (fixed: the run's forwards do not correct it)."""
+    return build_engine(
+        models["target"],
         GREEDY,
-        draft=ModelRunner(models["draft"], VOCAB),
-        companion=ModelRunner(models["companion"], VOCAB),
+        VOCAB,
+        draft=models["draft"],
+        companion=models["companion"],
         eos_token_id=EOS,
         timings=None if profile is None else Timings(**profile.priors(), learn=False),
     )
