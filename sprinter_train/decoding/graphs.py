@@ -51,7 +51,7 @@ import torch
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.after_warp import AfterWarp
-from sprinter_train.decoding.backends import StaticBackend
+from sprinter_train.decoding.backends import Backend, StaticBackend
 from sprinter_train.decoding.forward import ForwardRequest, RowOutput, broken_first, pick
 from sprinter_train.decoding.static_cache import StaticRowCache
 
@@ -193,15 +193,15 @@ class Recorded:
         return cls(request.restricted, request.warp, None if then is None else type(then))
 
 
-class CapturedBackend:
+class CapturedBackend(Backend):
     """A `StaticBackend` whose forwards replay from graphs captured by hand (`CapturedSteps`):
     the same caches, shapes and compile accounting, the same arithmetic (`record` is the
     static forward plus the warp and `then`), run as one graph a forward."""
 
     def __init__(self, static: StaticBackend) -> None:
+        super().__init__(static.model, static.head, static.hidden_layer, static.clock, static.watch)
         self.static = static
         self.name = ("compiled" if static.compiled else "static") + ":captured"
-        self.head, self.clock, self.watch = static.head, static.clock, static.watch
         self.graphs = CapturedSteps(self.record)
         self.broken = static.watch.arm()  # the graphs fold the broken-logits watch here
 

@@ -120,7 +120,7 @@ class ModelRunner:
         self.clock = ForwardClock(self.device, self._compile_work, lambda: self.layout)
         self.backend = self._backend(shrink_rows=not (self.compiled and cuda))
 
-    def _backend(self, shrink_rows: bool) -> Backend | CapturedBackend:
+    def _backend(self, shrink_rows: bool) -> Backend:
         """The one backend this runner's forwards go through."""
         parts = (self.model, self.head, self.hidden_layer, self.clock, self.watch)
         if self.lean is not None:
