@@ -38,7 +38,7 @@ def verifier_logits(
             )
         spec = checkpoint.spec
         columns = {c: frame[c].to_numpy()[rows] for c in spec.record_columns()}
-        if "target_hidden" in spec.names and target is None:
+        if "target_hidden" in spec.widths and target is None:
             target = records.hidden(rows, "target_hidden")
         embedder = make_embedder(cfg, spec, records)
         features = build_features(spec, hidden, columns, embedder, target)

@@ -40,9 +40,9 @@ def rows_features(
     """Features of these global rows (hidden states read for them only)."""
     columns = {c: records.frame[c].to_numpy()[rows] for c in spec.record_columns()}
     hidden = (
-        records.hidden(rows) if "hidden" in spec.names else np.zeros((len(rows), 0), np.float16)
+        records.hidden(rows) if "hidden" in spec.widths else np.zeros((len(rows), 0), np.float16)
     )
-    target = records.hidden(rows, "target_hidden") if "target_hidden" in spec.names else None
+    target = records.hidden(rows, "target_hidden") if "target_hidden" in spec.widths else None
     return build_features(spec, hidden, columns, embedder, target)
 
 

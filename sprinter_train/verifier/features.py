@@ -77,6 +77,12 @@ class FeatureSpec:
     def scalars(self) -> tuple[str, ...]:
         return tuple(n for n in self.names if n not in dense_features())
 
+    @property
+    def widths(self) -> frozenset[str]:
+        """The dense widths its features read (feature_table.WIDTHS: which hidden-state array
+        or the draft's embedding a reader must load)."""
+        return frozenset(w for n in self.names if (w := FEATURES[n].width) is not None)
+
     def record_columns(self) -> list[str]:
         """Record columns the features read besides the hidden-state arrays (scalars' first)."""
         columns = [c for n in (*self.scalars, *self.dense) for c in FEATURES[n].record_columns]

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 def make_embedder(cfg: DictConfig, spec: FeatureSpec, records: RecordSet) -> DraftEmbedder | None:
     """The draft's token embedding, only when asked for; it must be the harvest's draft."""
-    if "token_embedding" not in spec.names:
+    if "embedding" not in spec.widths:
         return None
     draft: dict[str, Any] = OmegaConf.to_container(cfg.models.draft, resolve=True)  # type: ignore[assignment]
     harvested = records.manifest.get("models", {}).get("draft", {}).get("id")
@@ -241,7 +241,7 @@ def fit_verifier(
         embedder,
         int(tcfg.min_batches_per_epoch),
     )
-    target_d = records.target_d if "target_hidden" in spec.names else None
+    target_d = records.target_d if "target_hidden" in spec.widths else None
     layout = spec.layout(records.d, embedder.dim if embedder else None, target_d)
     d_in = sum(block["width"] for block in layout)
     head = str(tcfg.get("head", "linear"))
