@@ -186,6 +186,10 @@ def test_a_verifier_off_its_training_data_is_flagged_and_one_on_it_is_not() -> N
     unknown = domain_check(domain_results(0.3, "ratio", 0.1, "sd on the warm-up prompt"), {}, BARS)
     assert unknown["acceptance"]["reference"] is None and not unknown["flagged"]
     assert domain_check({"methods": {}, "settings": {"sd": {"gamma": 3}}}, {}, BARS) == {}
+    # a train split that accepted nothing has no ratio to report: said, not a crash
+    nothing = domain_check(domain_results(0.0, "accept_prob", 0.19, "test"), {}, BARS)
+    assert nothing["acceptance"]["reference"] == 0.0 and nothing["acceptance"]["ratio"] is None
+    assert "0.190 against 0.000" in "\n".join(guard_section({"domain": nothing}))
 
 
 # -- the whole stage -------------------------------------------------------------------------

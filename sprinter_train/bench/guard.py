@@ -244,7 +244,8 @@ def guard_section(results: dict[str, Any]) -> list[str]:
                 "",
                 f"The draft's acceptance here ({acc['by']}, per tested draft) "
                 f"{acc['measured']:.3f} against {acc['reference']:.3f}, {acc['reference_source']}: "
-                f"{acc['ratio']:.2f}× ({verdict}; bar {domain['acceptance_ratio']:g}× either way, "
+                f"{_num(acc['ratio'], '{:.2f}')}× ({verdict}; bar {domain['acceptance_ratio']:g}× "
+                "either way, "
                 "bench.guard.acceptance_ratio).",
             ]
         lines.append("")
