@@ -1,5 +1,5 @@
 """The verifier's features, each declared once in FEATURES (SPRINTER §3.2's s(x, prefix) and
-the extra inputs of issue #25), so a feature cannot mean one thing to the harvest and another
+the extra decode-time inputs), so a feature cannot mean one thing to the harvest and another
 to the decoder.
 
 An entry (`Feature`) says

@@ -1,6 +1,6 @@
 """What the verifier sees: SPRINTER §3.2's s(x, prefix), by default the draft's hidden state,
-and the extra inputs of decoding/feature_table.py's FEATURES (for ablations and issue #25),
-each known when the draft is scored, without a target call.
+and the extra inputs of decoding/feature_table.py's FEATURES (for ablations and the decode-time
+length policies), each known when the draft is scored, without a target call.
 
 The feature vector's layout is fixed by the table's `feature_order()` (dense blocks first)
 whatever order the config lists them in, so a checkpoint's sidecar (names, layout and
