@@ -136,7 +136,7 @@ def test_a_full_cache_packs_early_and_grows_without_changing_tokens(models, monk
     when `crowded` and `reserve` grows the buffers past a bucket."""
     monkeypatch.setattr(static_cache, "MIN_CAPACITY", 8)
     # the buffers start at 8 slots (prompt + budget would ask for 47)
-    monkeypatch.setattr("sprinter_train.decoding.engine.CAPACITY_SLACK", -40)
+    monkeypatch.setattr("sprinter_train.decoding.loop.CAPACITY_SLACK", -40)
     dynamic = engine(models, SAMPLING, None).generate(ROWS, SVIP(0.25, 4, 0.15), 40)
     static = engine(models, SAMPLING, None, static=True)
     grown = []
