@@ -20,6 +20,7 @@ import torch
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype
 from sprinter_train.decoding.builder import build_runner
+from sprinter_train.decoding.forward import ForwardRequest
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.roles import load_role, model_specs
 
@@ -40,7 +41,7 @@ def forward_ms(runner: ModelRunner, rows: int, context: int, widths: list[int], 
         times = []
         for rep in range(reps + 1):
             start = time.perf_counter()
-            runner.forward(cache, ids, counts, keep)
+            runner.run(cache, ForwardRequest(ids, counts, keep))
             if rep:
                 times.append(time.perf_counter() - start)
             cache.truncate(held, context)

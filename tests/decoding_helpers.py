@@ -18,6 +18,7 @@ from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.builder import build_engine
 from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.forward import ForwardRequest
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.timings import StepCost, Timings
 from sprinter_train.models.tiny import build_tiny_model
@@ -178,7 +179,7 @@ def feed_rows(runner: ModelRunner, cache: Any, rows: list[list[int]], *restricte
         ids[r, : len(new)] = torch.tensor(new, dtype=torch.long)
     counts = torch.tensor([len(new) for new in rows])
     keep = torch.arange(width).expand(len(rows), -1)
-    return runner.forward(cache, ids, counts, keep, *restricted)
+    return runner.run(cache, ForwardRequest(ids, counts, keep, *restricted))
 
 
 class FixedLogits(torch.nn.Module):

@@ -8,6 +8,7 @@ import statistics
 import pytest
 import torch
 
+from sprinter_train.decoding.forward import ForwardRequest
 from sprinter_train.decoding.gamma_plan import GammaPlanner
 from sprinter_train.decoding.policies import SpeculativeDecoding, SpecVerification
 from sprinter_train.decoding.runner import ModelRunner
@@ -67,7 +68,7 @@ def test_the_runner_reports_each_forward_shape_once() -> None:
     for width in (1, 3):
         ids = torch.ones((2, width), dtype=torch.long)
         keep = torch.zeros((2, 1), dtype=torch.long)
-        runner.forward(cache, ids, torch.tensor([width, 1]), keep)
+        runner.run(cache, ForwardRequest(ids, torch.tensor([width, 1]), keep))
     times = runner.forward_times()
     assert [(rows, width) for rows, width, _ in times] == [(2, 1), (2, 3)]
     assert all(seconds > 0 for _, _, seconds in times) and runner.forward_times() == []

@@ -22,6 +22,7 @@ from sprinter_train.decoding import runner as runner_module
 from sprinter_train.decoding.after_warp import Draw
 from sprinter_train.decoding.builder import build_engine, decoding_problems, runner_layout
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.forward import ForwardRequest
 from sprinter_train.decoding.policies import (
     MTAD,
     SVIP,
@@ -442,10 +443,10 @@ def test_a_recompile_of_a_known_shape_is_compile_time_not_a_forward(models, monk
     cache = runner.new_cache(1, 32)
     runner.prime(cache, [PROMPTS[0]])
     one = (torch.tensor([[3]]), torch.tensor([1]), torch.tensor([[0]]))
-    runner.forward(cache, *one)  # the shape's first call: compile time by its key
+    runner.run(cache, ForwardRequest(*one))  # the shape's first call: compile time by its key
     assert runner.compile_seconds > 0 and runner.forward_times() == []
     before = runner.compile_seconds
-    runner.forward(cache, *one)  # known shape, no compile: a forward
+    runner.run(cache, ForwardRequest(*one))  # known shape, no compile: a forward
     assert len(runner.forward_times()) == 1 and runner.compile_seconds == before
     real = runner.backend.body_step
 
@@ -455,7 +456,7 @@ def test_a_recompile_of_a_known_shape_is_compile_time_not_a_forward(models, monk
 
     runner.backend.step = recompiling
     with caplog.at_level("WARNING"):
-        runner.forward(cache, *one)
+        runner.run(cache, ForwardRequest(*one))
     assert runner.compile_seconds > before and runner.forward_times() == []
     assert runner.compiles == 1 and "recompiled a shape" in caplog.text
 
@@ -530,7 +531,9 @@ def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed)
         runner.prime(cache, PROMPTS)
         keep = torch.zeros((len(PROMPTS), 1), dtype=torch.long)
         u = torch.zeros(len(PROMPTS), dtype=torch.float64)
-        runner.forward(cache, ids, counts, keep, warp=GREEDY, then=Draw(u))  # the engine draws
+        runner.run(
+            cache, ForwardRequest(ids, counts, keep, warp=GREEDY, then=Draw(u))
+        )  # the engine draws
         assert runner.graphs.captures == captures + more
 
 
@@ -566,9 +569,10 @@ def test_a_replayed_forwards_outputs_outlive_the_next_replay(models, replayed) -
     held = []
     draws = torch.rand((3, 2), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for token, u in zip((3, 4, 5), draws, strict=True):  # a capture, then two replays
-        out = runner.forward(
-            cache, torch.full((2, 1), token), counts, keep, warp=SAMPLING, then=Draw(u)
+        request = ForwardRequest(
+            torch.full((2, 1), token), counts, keep, warp=SAMPLING, then=Draw(u)
         )
+        out = runner.run(cache, request)
         outputs = (out.logits, out.hidden, out.final, out.probs, out.drawn)
         held.append((out, u, [t.clone() for t in outputs]))
     assert replayed.replays == 2
@@ -594,7 +598,7 @@ def test_the_targets_forwards_are_transient_and_run_once_a_round(models, replaye
     for token in (3, 4, 5):  # a capture, then two replays
         ids = torch.full((2, 1), token)
         out, want = (
-            r.forward(c, ids, counts, keep, warp=SAMPLING, transient=True)
+            r.run(c, ForwardRequest(ids, counts, keep, warp=SAMPLING, transient=True))
             for r, c in zip(runners, caches, strict=True)
         )
         torch.testing.assert_close(out.probs, warp_probs(want.logits, SAMPLING))

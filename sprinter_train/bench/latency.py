@@ -27,6 +27,7 @@ from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.core.io import corrupt_input, read_json_input, write_json
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.decoding.after_warp import AfterWarp, Check, Draw
+from sprinter_train.decoding.forward import ForwardRequest
 from sprinter_train.models.cache import crop_cache, returned_cache, with_cache
 
 
@@ -322,7 +323,7 @@ def measure_runner_times(
             then = engine_then(name, n, b, int(runner.vocab_size), gen, device)
         synchronize(device)
         start = time.perf_counter()
-        runner.forward(cache, ids, counts, keep, runner.support is not None, warp, then)
+        runner.run(cache, ForwardRequest(ids, counts, keep, runner.support is not None, warp, then))
         synchronize(device)
         elapsed = time.perf_counter() - start
         cache.truncate(held[b], context)

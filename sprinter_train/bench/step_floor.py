@@ -28,6 +28,7 @@ from sprinter_train.bench.provenance import load_average
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.builder import build_engine, build_runner
+from sprinter_train.decoding.forward import ForwardRequest
 from sprinter_train.decoding.state import Round
 from sprinter_train.models.cache import crop_cache, returned_cache, with_cache
 from sprinter_train.models.lean import supports_lean
@@ -117,7 +118,9 @@ class LeanStep:
         self.keep = torch.zeros((1, 1), dtype=torch.long, device=device)
 
     def __call__(self) -> None:
-        self.runner.forward(self.cache, self.ids, self.counts, self.keep, restricted=True)
+        self.runner.run(
+            self.cache, ForwardRequest(self.ids, self.counts, self.keep, restricted=True)
+        )
 
     def reset(self) -> None:
         self.cache.truncate(torch.full_like(self.cache.lengths, self.context))

@@ -22,8 +22,6 @@ import torch
 from transformers import DynamicCache
 
 from sprinter_train.core.broken_logits import nonfinite_error
-from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.decoding.after_warp import AfterWarp
 from sprinter_train.decoding.backends import (
     Backend,
     DynamicBackend,
@@ -208,21 +206,6 @@ class ModelRunner:
         """One forward: see `ForwardRequest` for what it asks and `RowOutput` for what comes
         back (warped and drawn in the graph only by a captured runner)."""
         return self.backend.run(cache, request)
-
-    def forward(
-        self,
-        cache: RowCache,
-        ids: torch.Tensor,
-        counts: torch.Tensor,
-        keep: torch.Tensor,
-        restricted: bool = False,
-        warp: SamplingConfig | None = None,
-        then: AfterWarp | None = None,
-        transient: bool = False,
-    ) -> RowOutput:
-        """`run` with the request's fields given one by one, for callers that feed a block by
-        hand (benchmarks, the latency profile, tests)."""
-        return self.run(cache, ForwardRequest(ids, counts, keep, restricted, warp, then, transient))
 
     def nonfinite_position(self) -> torch.Tensor:
         """() on the device: the lowest position whose next-token logits were broken since the
