@@ -24,6 +24,7 @@ def test_compiled_and_eager_run_side_by_side_on_the_tiny_models(tmp_path: Path) 
             f"artifacts_root={tmp_path}",
             "experiment=ab",
             "models=tiny_random",
+            "dtype=float32",  # auto is bfloat16 on a CPU with native bf16: rounding may differ
             "bench.methods=[target_only,svip]",
             "bench.num_prompts=3",
             "bench.max_new_tokens=6",
