@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sprinter_train.evaluation.selection import section as beats_inputs_section
+from sprinter_train.evaluation.selection import PREFIX
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -26,6 +26,53 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def beats_inputs_section(report: dict[str, Any]) -> str | None:
+    """report.md's section of `beats_inputs`."""
+    entry = report.get("beats_inputs")
+    if not entry or not entry.get("versus"):
+        return None
+    verifiers = list(entry["versus"])
+    header = "| rival | AUC (q/p <= 1) | " + " | ".join(f"{v} minus it" for v in verifiers) + " |"
+    lines = [header, "|" + "---|" * (2 + len(verifiers))]
+    order = sorted(entry["rivals"], key=lambda n: -(entry["rivals"][n]["auc"] or 0.0))
+    for rival in order:
+        cells = [fmt_ci(entry["rivals"][rival]["auc"], entry["rivals"][rival]["auc_ci"])]
+        for name in verifiers:
+            diff = entry["versus"][name][rival]
+            cells.append(fmt_ci(diff["value"], diff["ci"]))
+        lines.append(f"| {rival} | " + " | ".join(cells) + " |")
+    parts = [
+        "## Does each verifier beat its own inputs?",
+        "Every hand rule of the report and every scalar input of the verifiers alone "
+        f"(`{PREFIX}<feature>`, its sign chosen on the val split), on the same rows; each "
+        "verifier's AUC minus the rival's with the paired prompt-bootstrap interval (above 0: "
+        f"the verifier ranks better). Best rival: {entry.get('best_rival')}.",
+        "\n".join(lines),
+    ]
+    rows = []
+    for name, selection in (entry.get("selection") or {}).items():
+        if not selection:
+            rows.append(f"| {name} | (no selection: train.select off) | | |")
+            continue
+        for candidate, fit in selection["candidates"].items():
+            kept = " **kept**" if candidate == selection["chosen"] else ""
+            setting = ", ".join(
+                f"{k} {v:g}" for k, v in fit.items() if k.startswith("l2_") and isinstance(v, float)
+            )
+            rows.append(
+                f"| {name} | {f'{candidate} ({setting})' if setting else candidate} | "
+                f"{fmt(fit['val_auc_q_le_p'])} | {fmt(fit.get('test_auc_q_le_p'))}{kept} |"
+            )
+    if rows:
+        parts.append(
+            "Model selection (train.select, in each sidecar): the candidates' AUC against "
+            "q/p <= 1 on val, which chose (the simplest within the tie of the best), and on "
+            "test, for the record.\n\n"
+            "| verifier | candidate | val AUC | test AUC |\n|---|---|---|---|\n" + "\n".join(rows)
+        )
+    return "\n\n".join(parts)
 
 
 def predictor_section(report: dict[str, Any]) -> str:

@@ -7,12 +7,12 @@ report already scores (SVIP's and AdaEDL's entropy rules, SV's table, the online
 estimator, q(x)); and each verifier's AUC minus each of theirs, with the paired interval over
 the same prompt resamples (above 0: the verifier ranks better). It also lists the model
 selection train.select recorded in each verifier's sidecar (verifier/select.py): every
-candidate's val AUC and which one was kept.
+candidate's val AUC and which one was kept. evaluation/report.py renders it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -95,58 +95,3 @@ def beats_inputs(
         "versus": versus,
         "selection": {n: c.meta.get("selection") for n, c in verifiers.items()},
     }
-
-
-def _fmt(value: Any, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _ci(value: Any, ci: Sequence[float] | None) -> str:
-    return _fmt(value) if not ci else f"{_fmt(value)} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
-
-
-def section(report: Mapping[str, Any]) -> str | None:
-    """report.md's section of `beats_inputs`."""
-    entry = report.get("beats_inputs")
-    if not entry or not entry.get("versus"):
-        return None
-    verifiers = list(entry["versus"])
-    header = "| rival | AUC (q/p <= 1) | " + " | ".join(f"{v} minus it" for v in verifiers) + " |"
-    lines = [header, "|" + "---|" * (2 + len(verifiers))]
-    order = sorted(entry["rivals"], key=lambda n: -(entry["rivals"][n]["auc"] or 0.0))
-    for rival in order:
-        cells = [_ci(entry["rivals"][rival]["auc"], entry["rivals"][rival]["auc_ci"])]
-        for name in verifiers:
-            diff = entry["versus"][name][rival]
-            cells.append(_ci(diff["value"], diff["ci"]))
-        lines.append(f"| {rival} | " + " | ".join(cells) + " |")
-    parts = [
-        "## Does each verifier beat its own inputs? (issue 38)",
-        "Every hand rule of the report and every scalar input of the verifiers alone "
-        f"(`{PREFIX}<feature>`, its sign chosen on the val split), on the same rows; each "
-        "verifier's AUC minus the rival's with the paired prompt-bootstrap interval (above 0: "
-        f"the verifier ranks better). Best rival: {entry.get('best_rival')}.",
-        "\n".join(lines),
-    ]
-    rows = []
-    for name, selection in (entry.get("selection") or {}).items():
-        if not selection:
-            rows.append(f"| {name} | (no selection: train.select off) | | |")
-            continue
-        for candidate, fit in selection["candidates"].items():
-            kept = " **kept**" if candidate == selection["chosen"] else ""
-            setting = ", ".join(
-                f"{k} {v:g}" for k, v in fit.items() if k.startswith("l2_") and isinstance(v, float)
-            )
-            rows.append(
-                f"| {name} | {f'{candidate} ({setting})' if setting else candidate} | "
-                f"{_fmt(fit['val_auc_q_le_p'])} | {_fmt(fit.get('test_auc_q_le_p'))}{kept} |"
-            )
-    if rows:
-        parts.append(
-            "Model selection (train.select, in each sidecar): the candidates' AUC against "
-            "q/p <= 1 on val, which chose (the simplest within the tie of the best), and on "
-            "test, for the record.\n\n"
-            "| verifier | candidate | val AUC | test AUC |\n|---|---|---|---|\n" + "\n".join(rows)
-        )
-    return "\n\n".join(parts)
