@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sprinter_train.bench.cells import cell
+
 if TYPE_CHECKING:
     from sprinter_train.bench.methods import MethodPlan
 
@@ -173,10 +175,6 @@ def guard_results(
     results["domain"] = domain_check(results, scores, bars)
 
 
-def _num(value: Any, fmt: str) -> str:
-    return "–" if value is None or value != value else fmt.format(value)
-
-
 def guard_warnings(results: dict[str, Any]) -> list[str]:
     """results.md's warnings at its top: a lossy method past the perplexity bar, a verifier
     on prompts unlike its training data."""
@@ -185,8 +183,8 @@ def guard_warnings(results: dict[str, Any]) -> list[str]:
     for name in bar.get("broken") or []:
         entry = bar["methods"][name]
         lines.append(
-            f"**Warning:** {name}'s output has target perplexity {_num(entry['target_ppl'], '{:.2f}')}, "
-            f"{entry['ratio']:.2f}× target_only's {_num(bar['target_only_ppl'], '{:.2f}')} "
+            f"**Warning:** {name}'s output has target perplexity {cell(entry['target_ppl'], '{:.2f}')}, "
+            f"{entry['ratio']:.2f}× target_only's {cell(bar['target_only_ppl'], '{:.2f}')} "
             f"(bar {bar['bar']:g}×, bench.guard.ppl_ratio): its quality is not the target's, "
             "whatever ROUGE-L says."
         )
@@ -206,7 +204,7 @@ def guard_section(results: dict[str, Any]) -> list[str]:
     bar = results.get("quality_guard") or {}
     if bar.get("methods"):
         cells = "; ".join(
-            f"{name} {_num(e['target_ppl'], '{:.2f}')} ({_num(e['ratio'], '{:.2f}')}×"
+            f"{name} {cell(e['target_ppl'], '{:.2f}')} ({cell(e['ratio'], '{:.2f}')}×"
             + ("" if e["met"] is not False else ", **NOT met**")
             + ")"
             for name, e in bar["methods"].items()
@@ -215,7 +213,7 @@ def guard_section(results: dict[str, Any]) -> list[str]:
             "## Quality without a reference",
             "",
             f"Target perplexity of each lossy method's output against target_only's "
-            f"{_num(bar['target_only_ppl'], '{:.2f}')} (bar ≤ {bar['bar']:g}×, "
+            f"{cell(bar['target_only_ppl'], '{:.2f}')} (bar ≤ {bar['bar']:g}×, "
             f"bench.guard.ppl_ratio): {cells}.",
             "",
         ]
@@ -233,8 +231,8 @@ def guard_section(results: dict[str, Any]) -> list[str]:
         ]
         for name, v in domain["verifiers"].items():
             lines.append(
-                f"| {name} | {v['path'].rsplit('/', 1)[-1]} | {_num(v['mean_score'], '{:.3f}')} | "
-                f"{_num(v['train_mean_label'], '{:.3f}')} | {_num(v['shift'], '{:+.3f}')} | "
+                f"| {name} | {v['path'].rsplit('/', 1)[-1]} | {cell(v['mean_score'], '{:.3f}')} | "
+                f"{cell(v['train_mean_label'], '{:.3f}')} | {cell(v['shift'], '{:+.3f}')} | "
                 f"{'**yes**' if v['flagged'] else 'no'} |"
             )
         acc = domain["acceptance"]
@@ -244,7 +242,7 @@ def guard_section(results: dict[str, Any]) -> list[str]:
                 "",
                 f"The draft's acceptance here ({acc['by']}, per tested draft) "
                 f"{acc['measured']:.3f} against {acc['reference']:.3f}, {acc['reference_source']}: "
-                f"{_num(acc['ratio'], '{:.2f}')}× ({verdict}; bar {domain['acceptance_ratio']:g}× "
+                f"{cell(acc['ratio'], '{:.2f}')}× ({verdict}; bar {domain['acceptance_ratio']:g}× "
                 "either way, "
                 "bench.guard.acceptance_ratio).",
             ]

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from sprinter_train.bench.cells import cell
+
 ORACLE = "oracle"
 FLOORS = (("of_gain", "target_only"), ("of_gain_over_sd", "sd"))  # share key -> its floor
 
@@ -47,10 +49,6 @@ def add_oracle_shares(results: dict[str, Any], lossless: Collection[str]) -> Non
             methods[name]["oracle_share"] = share
 
 
-def _cell(value: Any, fmt: str) -> str:
-    return "–" if value is None or value != value else fmt.format(value)
-
-
 def oracle_table(methods: dict[str, dict[str, Any]]) -> list[str]:
     """One row per method with a share, best share first."""
     shared = [(n, row) for n, row in methods.items() if row.get("oracle_share")]
@@ -64,11 +62,11 @@ def oracle_table(methods: dict[str, dict[str, Any]]) -> list[str]:
         share, runs = row["oracle_share"], row.get("draft_runs") or {}
         cells = [
             name,
-            _cell(row.get("tokens_per_s"), "{:.1f}"),
-            _cell(share.get("of_gain"), "{:.2f}"),
-            _cell(share.get("of_gain_over_sd"), "{:.2f}"),
-            _cell(row.get("tokens_per_target_call"), "{:.2f}"),
-            _cell(runs.get("drafted_per_round"), "{:.2f}"),
+            cell(row.get("tokens_per_s"), "{:.1f}"),
+            cell(share.get("of_gain"), "{:.2f}"),
+            cell(share.get("of_gain_over_sd"), "{:.2f}"),
+            cell(row.get("tokens_per_target_call"), "{:.2f}"),
+            cell(runs.get("drafted_per_round"), "{:.2f}"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -96,10 +94,10 @@ def oracle_section(results: dict[str, Any]) -> list[str]:
         methods = batches[size]["methods"]
         oracle, alone = methods[ORACLE], methods.get("target_only") or {}
         lines += [
-            f"Batch {size}: oracle {_cell(oracle.get('tokens_per_s'), '{:.1f}')} tokens/s "
-            f"({_cell(oracle.get('tokens_per_target_call'), '{:.2f}')} tokens a target call, "
-            f"{_cell((oracle.get('draft_runs') or {}).get('drafted_per_round'), '{:.2f}')} "
-            f"drafts a round), target_only {_cell(alone.get('tokens_per_s'), '{:.1f}')}.",
+            f"Batch {size}: oracle {cell(oracle.get('tokens_per_s'), '{:.1f}')} tokens/s "
+            f"({cell(oracle.get('tokens_per_target_call'), '{:.2f}')} tokens a target call, "
+            f"{cell((oracle.get('draft_runs') or {}).get('drafted_per_round'), '{:.2f}')} "
+            f"drafts a round), target_only {cell(alone.get('tokens_per_s'), '{:.1f}')}.",
             "",
             *oracle_table(methods),
             "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sprinter_train.bench.cells import cell
 from sprinter_train.bench.guard import guard_section, guard_warnings
 from sprinter_train.bench.oracle import oracle_section
 from sprinter_train.bench.provenance import load_warning
@@ -33,12 +34,6 @@ VS_BEST = "_vs_best_lossless"  # a bar's suffix: `<method>_vs_best_lossless`
 GAP = "_rouge_l_ref_gap"  # a bar's suffix: `<method>_rouge_l_ref_gap`
 
 
-def _cell(value: Any, fmt: str) -> str:
-    if value is None or value != value:
-        return "–"
-    return fmt.format(value)
-
-
 def results_table(results: dict[str, Any]) -> str:
     """One markdown row per method; '–' where a figure does not apply. The TV column shows
     when a method whose first-token law is computed ran."""
@@ -51,7 +46,7 @@ def results_table(results: dict[str, Any]) -> str:
     header = ["method"] + [c[0] for c in columns] + ([win_key.replace("_", " ")] if win_key else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, row in methods.items():
-        cells = [name] + [_cell(row.get(key), fmt) for _, key, fmt in columns]
+        cells = [name] + [cell(row.get(key), fmt) for _, key, fmt in columns]
         if win_key:
             win = row.get(win_key)
             cells.append(
@@ -68,7 +63,7 @@ def batch_table(batch: dict[str, Any]) -> str:
     header = ["method"] + [c[0] for c in BATCH_COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, row in batch["methods"].items():
-        cells = [name] + [_cell(row.get(key), fmt) for _, key, fmt in BATCH_COLUMNS]
+        cells = [name] + [cell(row.get(key), fmt) for _, key, fmt in BATCH_COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     for name in batch.get("unsupported", {}):
         lines.append(f"| {name} | {UNSUPPORTED} |" + " |" * (len(header) - 2))
@@ -102,8 +97,8 @@ def latency_table(profile: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for size, per in sorted(by_batch.items(), key=lambda kv: int(kv[0])):
         target = {int(n): ms for n, ms in per["target_ms"].items()}
-        cells = [size] + [_cell(target.get(n), "{:.2f}") for n in sizes]
-        cells += [_cell(per["draft_ms"], "{:.2f}"), _cell(per["companion_ms"], "{:.2f}")]
+        cells = [size] + [cell(target.get(n), "{:.2f}") for n in sizes]
+        cells += [cell(per["draft_ms"], "{:.2f}"), cell(per["companion_ms"], "{:.2f}")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -185,7 +180,7 @@ def warmup_lines(results: dict[str, Any]) -> list[str]:
         "|---|" + "---|" * len(sizes),
     ]
     for name in names:
-        cells = [_cell(batches[s]["warmup_s"].get(name), "{:.2f}") for s in sizes]
+        cells = [cell(batches[s]["warmup_s"].get(name), "{:.2f}") for s in sizes]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     compile_s = (results.get("settings") or {}).get("hf_static", {}).get("compile_s")
     if compile_s is not None:
@@ -322,12 +317,12 @@ def learned_row(
         free = row["tokens"] / (row["wall_s"] - predictor) / methods[best]["tokens_per_s"]
     cells = [
         size,
-        _cell(row["tokens_per_s"], "{:.1f}"),
+        cell(row["tokens_per_s"], "{:.1f}"),
         "–" if best is None else f"{best} {methods[best]['tokens_per_s']:.1f}",
-        ("**" + _cell(ratio, "{:.2f}") + "**") if short else _cell(ratio, "{:.2f}"),
-        _cell(free, "{:.2f}"),
+        ("**" + cell(ratio, "{:.2f}") + "**") if short else cell(ratio, "{:.2f}"),
+        cell(free, "{:.2f}"),
     ]
-    cells += [_cell((row.get(a) or {}).get(b), fmt) for _, (a, b), fmt in LEARNED_COLUMNS]
+    cells += [cell((row.get(a) or {}).get(b), fmt) for _, (a, b), fmt in LEARNED_COLUMNS]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -340,8 +335,8 @@ def verifier_line(settings: dict[str, Any]) -> str:
         fit = (
             f"temperature {calibration['temperature']:.3f} fitted on "
             f"{calibration.get('fitted_on', '?')} ({calibration.get('rows', '?')} rows), NLL "
-            f"{_cell(calibration.get('nll_before'), '{:.4f}')} before, "
-            f"{_cell(calibration.get('nll_after'), '{:.4f}')} after"
+            f"{cell(calibration.get('nll_before'), '{:.4f}')} before, "
+            f"{cell(calibration.get('nll_after'), '{:.4f}')} after"
         )
     else:
         fit = "uncalibrated (a sidecar without calibration: T = 1)"
@@ -417,7 +412,7 @@ def planner_lines(results: dict[str, Any]) -> list[str]:
     return [
         "sd's gamma is where it starts at each batch size: before every round it is chosen "
         "again from the run's own target and draft forward times and the acceptance so far "
-        f"(prior alpha {_cell(prior, '{:.3f}')}, switching only for {planner['margin']:.0%} "
+        f"(prior alpha {cell(prior, '{:.3f}')}, switching only for {planner['margin']:.0%} "
         "more estimated goodput; 0 is a target-only round; a probe plays the best other gamma "
         "once every few rounds to time it again). Rounds by live rows and gamma "
         f"(every batch size, warm-up included): {rounds or 'none'}.",
