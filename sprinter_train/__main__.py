@@ -24,6 +24,8 @@ from sprinter_train.core.compile_cache import (
 )
 from sprinter_train.core.config import register_methods
 from sprinter_train.core.interrupt import StageInterrupted, interruptible
+from sprinter_train.core.runtime import resolve_device
+from sprinter_train.decoding.builder import compiles
 from sprinter_train.stages import STAGES
 from sprinter_train.stages.settings import validate_config
 
@@ -39,7 +41,8 @@ def run_stage(cfg: DictConfig) -> dict[str, Any]:
     if name not in STAGES:
         raise ValueError(f"unknown stage {name!r}; choose one of: {', '.join(STAGES)}")
     validate_config(cfg)
-    use_compile_cache(cfg.decoding.get("compile_cache", "auto"))  # before anything compiles
+    if compiles(cfg.decoding, resolve_device(str(cfg.device))):  # before anything compiles
+        use_compile_cache(cfg.decoding.get("compile_cache", "auto"))
     counters, seconds = compile_counters(), dynamo_seconds()
     with interruptible(f"stage={name}"):
         result = importlib.import_module(STAGES[name]).run(cfg)
