@@ -8,13 +8,13 @@ values live in a (rows, heads, capacity, head dim) buffer written in place at a 
 capacity. So `StaticRowCache` keeps the same bookkeeping (`position`, `lengths`, `settled`)
 and changes where it and the keys and values live:
 
-- the buffers are a `SlotMappedKV` (a `transformers.StaticCache` that also holds the slot
-  map, `position` and `lengths`, in buffers of the whole capacity and row bucket) allocated
-  once per generation at a capacity bucket (`capacity_bucket`: prompt + budget + slack) and
-  a row bucket (`row_bucket`); the mask is padded with zeros to the capacity and the batch
-  with inert rows (nothing held, only their own block slots visible, outputs dropped), so a
-  forward's shapes depend on (row bucket, width, capacity) alone and a compiled forward
-  (`backends.compiled_step`) is reused across rounds;
+- the buffers are a `SlotMappedKV` (a transformers cache of `StaticLayer`s that also holds
+  the slot map, `position` and `lengths`, in buffers of the whole capacity and row bucket)
+  allocated once per generation at a capacity bucket (`capacity_bucket`: prompt + budget +
+  slack) and a row bucket (`row_bucket`); the mask is padded with zeros to the capacity and
+  the batch with inert rows (nothing held, only their own block slots visible, outputs
+  dropped), so a forward's shapes depend on (row bucket, width, capacity) alone and a
+  compiled forward (`backends.compiled_step`) is reused across rounds;
 - the block is written into the slot map on the device before the forward and the mask read
   from it (`SlotMappedKV.block`), at fixed addresses, so a captured graph records that work
   with the body and replays it, instead of building the mask on the host's orders;
@@ -40,7 +40,6 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
-from transformers import StaticCache
 from transformers.cache_utils import Cache, StaticLayer
 
 from sprinter_train.decoding.cache import RowCache, pack_index, write_groups
@@ -76,18 +75,18 @@ def supports_static(model: torch.nn.Module) -> bool:
 
 
 class KVPool:
-    """Free `StaticCache`s by (row bucket, capacity), for the next cache of that shape: the
+    """Free `SlotMappedKV`s by (row bucket, capacity), for the next cache of that shape: the
     same buffer addresses every generation (a CUDA graph recorded on them stays valid). Holds
     the `keep` most recently freed shapes, one cache each, so memory stays bounded."""
 
     def __init__(self, keep: int = 4) -> None:
         self.keep = keep
-        self._free: OrderedDict[tuple[int, int], StaticCache] = OrderedDict()
+        self._free: OrderedDict[tuple[int, int], SlotMappedKV] = OrderedDict()
 
-    def take(self, key: tuple[int, int]) -> StaticCache | None:
+    def take(self, key: tuple[int, int]) -> SlotMappedKV | None:
         return self._free.pop(key, None)
 
-    def give(self, key: tuple[int, int], kv: StaticCache) -> None:
+    def give(self, key: tuple[int, int], kv: SlotMappedKV) -> None:
         self._free[key] = kv
         self._free.move_to_end(key)
         while len(self._free) > self.keep:
@@ -102,21 +101,22 @@ def _give_back(pool: KVPool, held: dict) -> None:
     pool.give(held["key"], held["kv"])
 
 
-class SlotMappedKV(StaticCache):
-    """A `StaticCache` that also holds its rows' slot map, on the device at static addresses:
-    `position[r, s]` (the position slot s of row r holds, -1 if none: (row bucket, capacity))
-    and `lengths[r]` (row bucket,). With them a forward's bookkeeping, the block's position
-    ids, its slots marked and the attention mask, is device work over fixed buffers
-    (`block`), so a captured graph records it with the body instead of leaving it to host
-    ops around the graph. The buffers travel with the keys and values through the `KVPool`,
-    so a pooled cache's graph replays on the same addresses."""
+class SlotMappedKV(Cache):
+    """A transformers `Cache` of `StaticLayer`s (`StaticCache`'s layers) that also holds its
+    rows' slot map, on the device at static addresses: `position[r, s]` (the position slot s
+    of row r holds, -1 if none: (row bucket, capacity)) and `lengths[r]` (row bucket,). With
+    them a forward's bookkeeping, the block's position ids, its slots marked and the
+    attention mask, is device work over fixed buffers (`block`), so a captured graph records
+    it with the body instead of leaving it to host ops around the graph. The buffers travel
+    with the keys and values through the `KVPool`, so a pooled cache's graph replays on the
+    same addresses."""
 
     def __init__(self, rows: int, capacity: int, shape: tuple, device: Any) -> None:
         """`shape`: (heads, head dim, dtype) of the keys and values, the first two per layer."""
         heads, head_dim, dtype = shape
         # full-attention layers throughout: transformers' sliding-window layer keeps a python
         # count of its own that pack and truncate cannot rewind (the mask bounds the window)
-        Cache.__init__(self, layers=[StaticLayer(max_cache_len=capacity) for _ in heads])
+        super().__init__(layers=[StaticLayer(max_cache_len=capacity) for _ in heads])
         self.early_initialization(rows, heads, head_dim, dtype, device)
         self.position = torch.full((rows, capacity), -1, dtype=torch.long, device=device)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
