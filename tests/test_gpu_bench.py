@@ -170,6 +170,8 @@ def test_the_script_runs_end_to_end_on_the_cpu_at_tiny_size(tmp_path: Path) -> N
     # the pipeline step's own artifacts: the learned methods ran on them, none skipped
     assert {"sv", "sprinter", "sd_learned"} <= set(results["methods"]), results.get("skipped")
     assert "pipeline: test AUC" in done.stdout
+    # the GPU harvest's figure: records/s over all mixes beside the teacher-forced phase alone
+    assert "records/s over all mixes" in done.stdout and "all-mix ratio 0." in done.stdout
     assert results["settings"]["hf_static"]["compile"] is True  # COMPILE defaults to true
     assert "## Batch size 2" in (out / "results.md").read_text()
     assert json.loads((out / "draft_eval.json").read_text())["alpha"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import io
 import os
 import shutil
 import subprocess
@@ -68,28 +69,56 @@ for name in cfg.bench.methods:
 """
 
 
+def code_tgz(folder: Path) -> bytes:
+    """A code.tgz of `folder`'s files, as gpu_stage.code_archive packs a commit."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(folder, arcname=".")
+    return buffer.getvalue()
+
+
+def test_the_code_archive_is_the_commit_less_the_draft_weights() -> None:
+    with tarfile.open(fileobj=io.BytesIO(gpu_stage.code_archive("HEAD"))) as tar:
+        names = set(tar.getnames())
+    assert {"benchmarks/gpu_bench.sh", "sprinter_train/__main__.py", "conf/config.yaml"} <= names
+    assert "checkpoints/drafts/smollm2-draft/tokenizer.json" in names
+    assert not names & set(gpu_stage.DRAFTS.values())
+    with pytest.raises(SystemExit, match="git archive no-such-rev failed"):
+        gpu_stage.code_archive("no-such-rev")
+
+
+@pytest.mark.parametrize("carried_code", [False, True])
 def test_the_last_call_lays_the_experiments_verifiers_where_the_bench_reads_them(
-    tmp_path: Path,
+    tmp_path: Path, carried_code: bool
 ) -> None:
     """run.sh, run as the lease's last call would (its /tmp under LEASE_ROOT), hands the bench
     of gpu_bench.sh the carried verifiers (sprinter and sd_learned load them) and the carried
-    compile cache."""
+    compile cache; with a carried code.tgz it runs that code, not the tree the call sent."""
     experiment, checkpoints = fake_experiment(tmp_path / "here")
     cache = tmp_path / "brought_back" / "compile_cache"  # an earlier lease's
     (cache / "torch-x").mkdir(parents=True)
     (cache / "torch-x" / "graph").write_bytes(b"kernel")
     site = gpu_stage.site_archive(1, experiment, checkpoints, packages=(), compile_cache=cache)
     gguf = b"not a real gguf"
-    script = gpu_stage.run_script(["gguf.00"], ["draft"], hashlib.sha256(gguf).hexdigest())
+    digest = hashlib.sha256(gguf).hexdigest()
+    script = gpu_stage.run_script(
+        ["gguf.00"], ["draft"], digest, "abc1234" if carried_code else None
+    )
     machine = tmp_path / "machine"  # the tree the device tool sends, and the last part
     part = machine / ".lease" / "part1"
     part.mkdir(parents=True)
     for name, data in (("site.tgz", site), ("gguf.00", gguf), ("draft.safetensors", b"w")):
         (part / name).write_bytes(data)
     (part / "run.sh").write_text(script)
-    (machine / "benchmarks").mkdir()
-    shutil.copy(REPO / "benchmarks" / "gpu_bench.sh", machine / "benchmarks")
-    (machine / gpu_stage.DRAFTS["draft"]).parent.mkdir(parents=True)
+    code = tmp_path / "commit" if carried_code else machine  # where gpu_bench.sh runs from
+    (code / "benchmarks").mkdir(parents=True)
+    shutil.copy(REPO / "benchmarks" / "gpu_bench.sh", code / "benchmarks")
+    (code / gpu_stage.DRAFTS["draft"]).parent.mkdir(parents=True)
+    if carried_code:  # the tree sent holds a half-edited script: the lease must not run it
+        (part / "code.tgz").write_bytes(code_tgz(code))
+        (machine / "benchmarks").mkdir()
+        (machine / "benchmarks" / "gpu_bench.sh").write_text("exit 3\n")
+        code = tmp_path / "lease_tmp" / "code"  # run.sh unpacks it there
     fake = tmp_path / "python"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
@@ -108,7 +137,8 @@ def test_the_last_call_lays_the_experiments_verifiers_where_the_bench_reads_them
     carried = lease / "gb" / "bench_run" / "checkpoints"
     assert f"loaded sprinter {carried / 'verifier-lam1.2.safetensors'}" in log
     assert f"loaded sd_learned {carried / 'verifier-accept.safetensors'}" in log
-    assert (machine / gpu_stage.DRAFTS["draft"]).read_bytes() == b"w"
+    assert (code / gpu_stage.DRAFTS["draft"]).read_bytes() == b"w"
+    assert ("running the carried code of abc1234" in done.stdout) is carried_code
     # the carried compile cache seeds the one every step compiles through
     assert f"compile cache seeded from {lease / 'site' / 'compile_cache'}" in done.stdout
     assert (lease / "gb" / "compile_cache" / "torch-x" / "graph").read_bytes() == b"kernel"

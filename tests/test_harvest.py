@@ -491,3 +491,17 @@ def test_shared_generation_rows_is_a_whole_number_of_rows() -> None:
     for bad in (-1, 2.5, True, "8"):
         with pytest.raises(ValueError, match="shared_generation_rows"):
             driver.shared_rows_of({"shared_generation_rows": bad})
+
+
+def test_the_result_gives_records_per_second_beside_the_teacher_forced_phase(baseline) -> None:
+    result = baseline["result"]
+    rows = result["records_written"]
+    assert rows == len(baseline["records"]) > 0
+    generation, forced = result["generation_seconds"], result["teacher_forced_seconds"]
+    assert generation > 0 and forced > 0
+    assert result["records_per_s"] == pytest.approx(rows / (generation + forced))
+    assert result["teacher_forced_records_per_s"] == pytest.approx(rows / forced)
+    assert result["all_mix_ratio"] == pytest.approx(forced / (generation + forced))
+    # a rerun over complete shards writes nothing and claims no throughput
+    again = run_stage(baseline["cfg"])
+    assert again["shards_written"] == 0 and "records_per_s" not in again

@@ -143,6 +143,7 @@ def harvest_prompts(
     statistics_rows: int = 32,
     shared_generation_rows: int = 8,
     runners: ContinuationRunners | None = None,
+    phase_seconds: dict[str, float] | None = None,
 ) -> tuple[RecordBatch, list[HarvestSequence]]:
     """Records of `prompts` in order: build the sequences, then one forward per model a batch.
 
@@ -154,11 +155,13 @@ def harvest_prompts(
     records independent of all three (and of `pack_every` and, but for the matmuls' rounding,
     of the runners' layout). Every generation call runs on `runners` (default: new ones in
     the default layout, shared by this call's chunks); the harvest passes its own, made once
-    (`ContinuationRunners`).
+    (`ContinuationRunners`). `phase_seconds`, when given, gains the seconds spent generating
+    continuations (`generation`) and teacher-forcing the sequences (`teacher_forced`).
     """
     runners = runners_for(models, runners)
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i].input_ids), i))
     built_of: dict[int, HarvestSequence] = {}
+    clock = time.perf_counter()
     for start in range(0, len(order), max(1, generation_batch_size)):
         chunk = order[start : start + max(1, generation_batch_size)]
         built = build_sequences(
@@ -175,6 +178,7 @@ def harvest_prompts(
             runners,
         )
         built_of.update(zip(chunk, built, strict=True))
+    generated = time.perf_counter()
     batches, sequences, rows_of, offset = [], {}, {}, 0
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
@@ -196,9 +200,33 @@ def harvest_prompts(
         batches.append(batch)
         if on_batch is not None:
             on_batch(len(built), batch.rows)
+    if phase_seconds is not None:  # the rows came back as host arrays: the device is done
+        phase_seconds["generation"] = phase_seconds.get("generation", 0.0) + generated - clock
+        forced = time.perf_counter() - generated
+        phase_seconds["teacher_forced"] = phase_seconds.get("teacher_forced", 0.0) + forced
     joined = concat_batches(batches, hidden_dim(models), target_dim(models))
     index = np.concatenate([rows_of[i] for i in range(len(prompts))] or [np.zeros(0, int)])
     return joined.take(index), [sequences[i] for i in range(len(prompts))]
+
+
+def throughput(rows: int, phase_seconds: dict[str, float], shards: int) -> dict[str, Any]:
+    """This rank's records/s over both phases and over the teacher-forced one alone, and their
+    ratio: what generating the draft-, target-continued and interleaved mixes costs beside a
+    harvest that only teacher-forces given sequences (none when no shard was written)."""
+    if not shards or not rows:
+        return {}
+    generation = phase_seconds.get("generation", 0.0)
+    forced = phase_seconds.get("teacher_forced", 0.0)
+    both = generation + forced
+    if forced <= 0 or both <= 0:
+        return {}
+    return {
+        "generation_seconds": generation,
+        "teacher_forced_seconds": forced,
+        "records_per_s": rows / both,
+        "teacher_forced_records_per_s": rows / forced,
+        "all_mix_ratio": forced / both,
+    }
 
 
 def interleaved_note(options: HarvestOptions, hcfg: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +370,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
     layout = runner_layout(cfg.decoding, device)
     runners = ContinuationRunners(models, layout, int(cfg.decoding.pack_every))
     log.info("harvest continuations: decoding layout %s", layout)
+    phases: dict[str, float] = {}
     rows = _write_shards(
         models,
         todo,
@@ -352,6 +381,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
         records_dir,
         fingerprint,
         show=rank == 0,
+        phase_seconds=phases,
     )
 
     # 3. totals over ranks; rank 0 describes the finished set
@@ -401,6 +431,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
             "records_written": new_rows,
             "seconds": seconds,
             "world_size": world,
+            **throughput(rows, phases, len(todo)),
         }
         log.info("harvest: %s", result)
     fabric.barrier()
@@ -417,9 +448,11 @@ def _write_shards(
     records_dir: Path,
     fingerprint: str,
     show: bool,
+    phase_seconds: dict[str, float] | None = None,
 ) -> int:
     """Harvest and write the given shards with a progress bar of prompts and records/s;
-    `pace`: harvest_prompts' batch sizes; `runners`: the generation's, shared by every shard."""
+    `pace`: harvest_prompts' batch sizes; `runners`: the generation's, shared by every shard;
+    `phase_seconds`: harvest_prompts'."""
     progress = tqdm(
         total=sum(len(p.prompts) for p in plans), unit="prompt", desc="harvest", disable=not show
     )
@@ -443,6 +476,7 @@ def _write_shards(
                 device=device,
                 on_batch=on_batch,
                 runners=runners,
+                phase_seconds=phase_seconds,
                 **pace,
             )
             write_shard(records_dir, plan, batch, sequences, fingerprint)
