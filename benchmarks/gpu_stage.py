@@ -173,8 +173,11 @@ mkdir -p $G/bench_run
 [ -d $G/bench_run/checkpoints ] && export CHECKPOINT_DIR=${{CHECKPOINT_DIR:-$G/bench_run/checkpoints}}
 [ -d $R/site/compile_cache ] && export COMPILE_CACHE=${{COMPILE_CACHE:-$R/site/compile_cache}}
 OUT=$G benchmarks/gpu_bench.sh 2>&1 | tee $OUT/console.txt
-cp $G/summary.txt $G/steps.tsv $G/results.md $OUT/ 2>/dev/null
-tar -C $G --exclude='*.trace.json' --exclude='*.png' -czf $OUT/gb.tgz .
+cp $G/summary.txt $G/steps.tsv $G/results.md $G/results.json $OUT/ 2>/dev/null
+# the compile cache apart (a file that comes back holds at most 16 MiB): the figures always return
+tar -C $G --exclude='*.trace.json' --exclude='*.png' --exclude=./compile_cache -czf $OUT/gb.tgz .
+[ -d $G/compile_cache ] && tar -C $G -czf $OUT/compile_cache.tgz compile_cache
+ls -l $OUT
 for t in profile profile_sd; do
   [ -f $G/$t.trace.json ] && gzip -c $G/$t.trace.json > $OUT/$t.trace.json.gz
 done
