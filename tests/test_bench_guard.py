@@ -21,10 +21,12 @@ from sprinter_train.bench.guard import (
 )
 from sprinter_train.bench.quality import target_perplexities, target_perplexity
 from sprinter_train.bench.summary import draft_acceptance
+from sprinter_train.bench.tau_ladder import climb, hold_taus
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
 from sprinter_train.decoding.policies import SpeculativeDecoding, Sprinter, TargetOnly
 from sprinter_train.models.tiny import TINY_DEFAULTS
+from sprinter_train.stages.settings import config_problems
 from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
 from sprinter_train.verifier.labels import Label
 from tests.decoding_helpers import GREEDY, PROMPTS, SAMPLING, engine_for, tiny_trio
@@ -32,6 +34,8 @@ from tests.decoding_helpers import GREEDY, PROMPTS, SAMPLING, engine_for, tiny_t
 LOSSY = {"target_only": {"lossless": True}, "sd": {"lossless": True}, "bad": {"lossless": False}}
 BARS = settings_of({})  # conf/bench's defaults
 D = TINY_DEFAULTS["hidden_size"]
+
+DEFAULT_LADDER = list(compose_config().bench.guard.tau_ladder)  # conf/bench's
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +92,94 @@ def test_the_bar_flags_a_lossy_method_whose_output_the_target_finds_unlikely(mod
     assert bar["broken"] == [] and bar["methods"]["bad"]["met"] is True
     assert guard_warnings({"quality_guard": bar}) == []
     assert "bad" in "\n".join(guard_section({"quality_guard": bar}))
+
+
+# -- a stricter tau ----------------------------------------------------------------------------
+
+
+class Flat:
+    """A verifier that scores every draft 0.8: at tau 0.5 sprinter commits the draft's text
+    unchecked, above 0.8 the target checks every token (greedy: the target's own text)."""
+
+    def __call__(self, engine, batch, rnd, step) -> torch.Tensor:
+        return torch.full(step.tokens.shape, 0.8)
+
+
+def test_a_lossy_method_past_the_bar_is_decoded_at_stricter_taus_until_one_holds_it(
+    models,
+) -> None:
+    """Greedy, one prompt at a time: sprinter trusting a verifier that passes every draft
+    writes the draft's text and breaks the bar; the ladder skips the tau below its own,
+    tries 0.6 (still under the score: the same text, still broken), then 0.9 (every token
+    checked: the target's text) and stops there, never trying 0.95."""
+    engine, target = engine_for(models, GREEDY), models["target"]
+    seeds, budget = [10 + i for i in range(len(PROMPTS))], 16
+
+    def decoded(policy) -> list[list[int]]:
+        return [
+            engine.generate([ids], policy, budget, [seed])[0].tokens
+            for ids, seed in zip(PROMPTS, seeds, strict=True)
+        ]
+
+    def ppl(outputs) -> float:
+        values = target_perplexities(target, list(zip(PROMPTS, outputs, strict=True)), 4)
+        return sum(values) / len(values)
+
+    sprinter = Sprinter(Flat(), tau=0.5, max_run=4)
+    methods = {
+        "target_only": {"target_ppl": ppl(decoded(TargetOnly()))},
+        "sprinter": {"target_ppl": ppl(decoded(sprinter))},
+    }
+    results = {"methods": methods}
+    traits = {"target_only": {"lossless": True}, "sprinter": {"lossless": False}}
+    results["quality_guard"] = perplexity_bar(methods, traits, BARS["ppl_ratio"])
+    broken_ratio = methods["sprinter"]["target_ppl_vs_target_only"]
+    assert results["quality_guard"]["broken"] == ["sprinter"] and broken_ratio > 1.1
+
+    found = hold_taus(
+        results, {"sprinter": sprinter}, engine, target, PROMPTS, seeds, budget,
+        [0.3, 0.9, 0.6, 0.95], 4,
+    )  # fmt: skip
+    entry = results["quality_guard"]["tau_ladder"]["sprinter"]
+    assert found == {"sprinter": entry} and sprinter.tau == 0.5  # the timed policy is untouched
+    assert entry["tau"] == 0.5 and entry["stricter"] == "higher" and entry["holds"] == 0.9
+    assert [t["tau"] for t in entry["tried"]] == [0.6, 0.9]
+    assert entry["tried"][0]["ratio"] == pytest.approx(broken_ratio)
+    assert entry["tried"][0]["met"] is False
+    assert entry["tried"][1]["ratio"] == pytest.approx(1.0, rel=1e-5)
+    assert entry["tried"][1]["met"] is True
+    bar = results["quality_guard"]
+    warning = guard_warnings({"quality_guard": bar})[0]
+    assert "A stricter τ holds it: methods.sprinter.tau=0.9 (its τ 0.5" in warning
+    section = "\n".join(guard_section({"quality_guard": bar}))
+    assert "τ 0.6: " in section and "(1.00×, met)" in section
+
+    # a ladder none of whose values holds it, and one with nothing stricter
+    short = climb(
+        sprinter, engine, target, PROMPTS, seeds, budget, bar["target_only_ppl"], 1.1, [0.6]
+    )
+    assert short["holds"] is None and len(short["tried"]) == 1
+    bar["tau_ladder"]["sprinter"] = short
+    assert "No τ of bench.guard.tau_ladder holds it (tried up to 0.6 from its 0.5)" in "\n".join(
+        guard_warnings({"quality_guard": bar})
+    )
+    none = climb(sprinter, engine, target, PROMPTS, seeds, budget, 1.0, 1.1, [0.2, 0.5])
+    assert none["tried"] == [] and none["holds"] is None
+    assert (
+        climb(TargetOnly(), engine, target, PROMPTS, seeds, budget, 1.0, 1.1, [0.9])["tau"] is None
+    )
+
+
+def test_a_ladder_tau_outside_zero_to_one_or_named_twice_is_refused_before_any_work() -> None:
+    def problems(ladder: str) -> list[str]:
+        found = config_problems(compose_config("stage=bench", f"bench.guard.tau_ladder={ladder}"))
+        return [line for line in found if line.startswith("bench.guard.tau_ladder")]
+
+    assert problems("[0.6,1.5]") == [
+        "bench.guard.tau_ladder[1]=1.5 is out of range: a finite number > 0 and <= 1"
+    ]
+    assert problems("[0]") and problems("[-0.2]") and problems("[0.7,0.7]")
+    assert problems("[0.6,0.7,0.8,0.9]") == problems("[]") == []
 
 
 # -- the verifier's scores and the draft's acceptance ----------------------------------------
@@ -250,6 +342,11 @@ def test_the_bench_guards_quality_and_the_verifiers_domain_and_shows_the_oracle(
         methods["sprinter"]["target_ppl"] / methods["target_only"]["target_ppl"]
     )
     assert guard["methods"]["sprinter"]["met"] == (guard["methods"]["sprinter"]["ratio"] <= 1.1)
+    assert set(guard["tau_ladder"]) == set(guard["broken"])  # decoded again only when broken
+    for entry in guard["tau_ladder"].values():  # conf/bench's ladder, nearest first, up to a hold
+        tried = [t["tau"] for t in entry["tried"]]
+        ladder = [t for t in DEFAULT_LADDER if t > entry["tau"]]
+        assert tried == ladder[: len(tried)] and entry["holds"] in (None, tried[-1])
     assert "## Quality without a reference" in md
     domain = results["domain"]
     for name in ("sprinter", "sd_learned"):  # sd_learned drafts only where the profile pays

@@ -4,7 +4,9 @@ reference, set in `bench.guard`.
 - Perplexity: a lossy method (its traits say `lossless: false`) must keep the target's
   perplexity of its output within `ppl_ratio` of target_only's on the same prompts. ROUGE-L
   against a reference sees nothing where the prompts have none, and a verifier that
-  over-accepts off its training data writes text the target finds unlikely.
+  over-accepts off its training data writes text the target finds unlikely. A method that
+  breaks it and has a threshold τ is decoded again at the stricter τ of
+  `bench.guard.tau_ladder` (bench/tau_ladder.py); the report names the one that holds it.
 - Domain: a trained verifier's mean score over the bench's decodes against its train
   split's mean label (the sidecar's, which a calibrated score averages to), and the draft's
   acceptance here (sd's per tested draft) against the training data's (the soft-label
@@ -187,6 +189,7 @@ def guard_warnings(results: dict[str, Any]) -> list[str]:
             f"{entry['ratio']:.2f}× target_only's {cell(bar['target_only_ppl'], '{:.2f}')} "
             f"(bar {bar['bar']:g}×, bench.guard.ppl_ratio): its quality is not the target's, "
             "whatever ROUGE-L says."
+            + (" " + verdict if (verdict := ladder_verdict(name, bar)) else "")
         )
     domain = results.get("domain") or {}
     if domain.get("flagged"):
@@ -196,6 +199,48 @@ def guard_warnings(results: dict[str, Any]) -> list[str]:
             "that read them, are not those of its training domain."
         )
     return [line for warning in lines for line in (warning, "")]
+
+
+def ladder_verdict(name: str, bar: dict[str, Any]) -> str:
+    """Which τ of `bench.guard.tau_ladder` holds a method that broke the perplexity bar."""
+    entry = (bar.get("tau_ladder") or {}).get(name)
+    if entry is None:
+        return ""
+    if entry["tau"] is None:
+        return "It has no τ to tighten."
+    if entry["holds"] is not None:
+        return (
+            f"A stricter τ holds it: methods.{name}.tau={entry['holds']:g} "
+            f"(its τ {entry['tau']:g}; bench.guard.tau_ladder)."
+        )
+    if not entry["tried"]:
+        return f"No τ of bench.guard.tau_ladder is stricter than its {entry['tau']:g}."
+    return (
+        f"No τ of bench.guard.tau_ladder holds it (tried up to {entry['tried'][-1]['tau']:g} "
+        f"from its {entry['tau']:g})."
+    )
+
+
+def ladder_lines(bar: dict[str, Any]) -> list[str]:
+    """results.md's account of the stricter τ each method past the bar was decoded at."""
+    lines: list[str] = []
+    for name, entry in (bar.get("tau_ladder") or {}).items():
+        tries = "; ".join(
+            f"τ {t['tau']:g}: {cell(t['target_ppl'], '{:.2f}')} ({cell(t['ratio'], '{:.2f}')}×"
+            + (", met" if t["met"] else "")
+            + ")"
+            for t in entry["tried"]
+        )
+        lines += [
+            f"{name} decoded again, untimed, on the same prompts and seeds at each τ of "
+            f"bench.guard.tau_ladder stricter than its {cell(entry['tau'], '{:g}')} (stricter: "
+            f"{entry['stricter']}), nearest first, until one holds the bar"
+            + (f": {tries}." if tries else ".")
+            + " "
+            + ladder_verdict(name, bar),
+            "",
+        ]
+    return lines
 
 
 def guard_section(results: dict[str, Any]) -> list[str]:
@@ -217,6 +262,7 @@ def guard_section(results: dict[str, Any]) -> list[str]:
             f"bench.guard.ppl_ratio): {cells}.",
             "",
         ]
+        lines += ladder_lines(bar)
     domain = results.get("domain") or {}
     if domain.get("verifiers"):
         lines += [

@@ -24,9 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench import provenance
 from sprinter_train.bench.decode import decode_all
-from sprinter_train.bench.prepare import prepare
+from sprinter_train.bench.methods import at_batch_size
+from sprinter_train.bench.prepare import Setup, prepare
 from sprinter_train.bench.report import check_targets, plot_results, write_results
 from sprinter_train.bench.results import input_hashes, summarise_runs
+from sprinter_train.bench.tau_ladder import hold_taus
 from sprinter_train.core import pidlock
 from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
@@ -39,6 +41,24 @@ def output_dir(cfg: DictConfig) -> Path:
     """bench/ for a single run; bench/sweep/<job>-<hash of its overrides> for each job of a
     Hydra multirun (core/sweeps.py)."""
     return job_dir(Path(cfg.experiment_dir) / "bench")
+
+
+def tighten_taus(cfg: DictConfig, setup: Setup, results: dict[str, Any]) -> None:
+    """Each lossy method past the perplexity bar decoded again, untimed, at the stricter τ of
+    `bench.guard.tau_ladder` until one holds it (bench/tau_ladder.py): the batch-1 run's
+    prompts and seeds, its policies."""
+    guard = cfg.bench.get("guard") or {}
+    hold_taus(
+        results,
+        at_batch_size(setup.plan, cfg, setup.gammas[1]).policies,
+        setup.engine,
+        setup.models.target.model,
+        [p.input_ids for p in setup.prompts],
+        [int(cfg.bench.seed) + i for i in range(len(setup.prompts))],
+        int(cfg.bench.max_new_tokens),
+        list(guard.get("tau_ladder") or []),
+        int(guard.get("nll_batch_size", 8)),
+    )
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -75,6 +95,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
 
     runs = decode_all(cfg, setup, warmups, partial)
     results = summarise_runs(cfg, setup, runs, warmups)
+    tighten_taus(cfg, setup, results)
     results["provenance"] = provenance.finish(
         started,
         compile_seconds=sum(r.compile_seconds for r in setup.engine.present_runners.values()),

@@ -193,6 +193,12 @@ BENCH: dict[str, Spec] = {
     "guard.nll_batch_size": whole(1),
     "guard.score_shift": Num(low=0, high=1, above=True),
     "guard.acceptance_ratio": Num(low=1),
+    "guard.tau_ladder": Seq(
+        Num(low=0, high=1, above=True),
+        empty=True,
+        unique=True,
+        note="[]: no decode at a stricter τ",
+    ),
     "targets.*": Num(low=0),
 }
 

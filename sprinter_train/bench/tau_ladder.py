@@ -1,0 +1,138 @@
+"""Which stricter τ would hold a lossy method to the perplexity bar (`bench.guard.tau_ladder`).
+
+A lossy method past `bench.guard.ppl_ratio` that has a threshold τ is decoded again on the
+batch-1 run's prompts, one prompt at a time with the same seeds, at each value of the ladder
+stricter than its own τ, nearest first, until one holds the bar; the target's perplexity of
+those outputs over target_only's is the verdict, as for the timed run. Stricter is higher for
+every thresholded rule here: sprinter drafts on while the verifier's score is >= τ and mtad
+keeps the prefix whose joint ratio is > τ, so a higher τ lets fewer drafts through unchecked.
+
+Off the timed path and bounded: it runs after every timed run, only for the methods that broke
+the bar, and at most one pass over the prompts per ladder value. results.json's
+`quality_guard.tau_ladder` holds each such method's tries and the τ that holds it (None: no
+value of the ladder does, or the method has no τ to tighten).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from sprinter_train.bench.quality import target_perplexities
+from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.state import Policy
+
+log = logging.getLogger(__name__)
+
+TAU = "tau"  # the policy field the ladder sets
+STRICTER = "higher"  # the direction that accepts fewer drafts unchecked (see the module's text)
+
+
+def method_tau(policy: Policy) -> float | None:
+    """The policy's τ, None when it has none to tighten."""
+    if not dataclasses.is_dataclass(policy):
+        return None
+    if TAU not in {field.name for field in dataclasses.fields(policy)}:
+        return None
+    value = getattr(policy, TAU)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def stricter_taus(tau: float, ladder: Iterable[float]) -> list[float]:
+    """The ladder's values stricter than `tau`, nearest first."""
+    return sorted({float(value) for value in ladder if float(value) > tau})
+
+
+def at_tau(policy: Policy, tau: float) -> Policy:
+    """The policy at `tau`; a verifier that learns while decoding (`observe`) is copied as it
+    stands, so each τ starts from the state the timed runs left and none feeds the next."""
+    changes: dict[str, Any] = {TAU: tau}
+    verifier = getattr(policy, "verifier", None)
+    if verifier is not None and hasattr(verifier, "observe"):
+        changes["verifier"] = copy.deepcopy(verifier)
+    return dataclasses.replace(policy, **changes)  # type: ignore[type-var]
+
+
+def _mean(values: Sequence[float]) -> float:
+    kept = [v for v in values if v == v]  # an empty output's NaN is not a figure
+    return sum(kept) / len(kept) if kept else float("nan")
+
+
+def climb(
+    policy: Policy,
+    engine: Engine,
+    target: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    max_new_tokens: int,
+    base_ppl: float,
+    bar: float,
+    ladder: Iterable[float],
+    nll_batch_size: int = 8,
+) -> dict[str, Any]:
+    """One method up the ladder: each stricter τ's target perplexity over `base_ppl` until one
+    is within `bar`; `holds` is that τ (None when none is)."""
+    tau = method_tau(policy)
+    entry: dict[str, Any] = {"tau": tau, "stricter": STRICTER, "tried": [], "holds": None}
+    if tau is None:
+        return entry
+    for value in stricter_taus(tau, ladder):
+        strict = at_tau(policy, value)
+        outputs = [
+            engine.generate([list(ids)], strict, max_new_tokens, [seed])[0].tokens
+            for ids, seed in zip(prompts, seeds, strict=True)
+        ]
+        pairs = list(zip(prompts, outputs, strict=True))
+        ppl = _mean(target_perplexities(target, pairs, nll_batch_size))
+        ratio = ppl / base_ppl if ppl == ppl else None
+        met = ratio is not None and ratio <= bar
+        entry["tried"].append({"tau": value, "target_ppl": ppl, "ratio": ratio, "met": met})
+        log.info("bench: %s at tau %g: target perplexity %.3f", policy.name, value, ppl)
+        if met:
+            entry["holds"] = value
+            break
+    return entry
+
+
+def hold_taus(
+    results: dict[str, Any],
+    policies: Mapping[str, Policy],
+    engine: Engine,
+    target: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    max_new_tokens: int,
+    ladder: Iterable[float],
+    nll_batch_size: int = 8,
+) -> dict[str, Any]:
+    """`quality_guard.tau_ladder`: `climb` for each engine method that broke the bar."""
+    guard = results.get("quality_guard")
+    if not guard:
+        return {}
+    ladder = [float(value) for value in ladder]
+    found = {
+        name: climb(
+            policies[name],
+            engine,
+            target,
+            prompts,
+            seeds,
+            max_new_tokens,
+            guard["target_only_ppl"],
+            guard["bar"],
+            ladder,
+            nll_batch_size,
+        )
+        for name in guard.get("broken") or []
+        if name in policies
+    }
+    guard["ladder"] = ladder
+    guard["tau_ladder"] = found
+    return found
