@@ -6,7 +6,8 @@ engine's own forward, the one `decoding.static_cache` / `decoding.compile` chang
 Usage: python benchmarks/static_forward_ms.py [rows=1] [context=128] [widths=1,2,3,4,7] [reps=10]
     [layouts=dynamic,static,compiled] [capacity=0]
 `capacity`: the slots a static cache holds at least (`decoding.static_capacity`): a static
-forward attends over all of them, the dynamic one over the held slots.
+forward attends over the span of its filled slots (`static_cache.attention_span`), the
+dynamic one over the held slots.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def forward_ms(runner: ModelRunner, rows: int, context: int, widths: list[int], 
             cache.truncate(held, context)
             cache.pack(context, context)
         out[width] = round(statistics.median(times) * 1e3, 2)
-    out["slots"] = getattr(cache, "capacity", cache.slots)  # what each forward attends over
+    kv = getattr(cache, "kv", None)
+    out["slots"] = getattr(kv, "span", cache.slots)  # what the last forward attended over
     return out
 
 

@@ -39,7 +39,13 @@ from sprinter_train.decoding.policies.oracle import OracleLength
 from sprinter_train.decoding.registry import method_class
 from sprinter_train.decoding.runner import ModelRunner, prefill_groups
 from sprinter_train.decoding.state import Round
-from sprinter_train.decoding.static_cache import StaticRowCache, capacity_bucket, row_bucket
+from sprinter_train.decoding.static_cache import (
+    SlotMappedKV,
+    StaticRowCache,
+    attention_span,
+    capacity_bucket,
+    row_bucket,
+)
 from sprinter_train.models.packed import pack_linears
 from tests.decoding_helpers import (
     GREEDY,
@@ -245,6 +251,85 @@ def test_buckets_are_bounded_powers_of_two() -> None:
         384,
         1152,
     ]
+
+
+def test_attention_spans_follow_the_filled_slots_within_the_capacity() -> None:
+    assert [attention_span(n, 1024) for n in (1, 64, 65, 129, 300, 1024)] == [
+        64,
+        64,
+        128,
+        256,
+        384,
+        1024,
+    ]
+    assert [attention_span(n, 1024, coarse=True) for n in (1, 65, 129, 300, 513)] == [
+        64,
+        128,
+        256,
+        512,
+        1024,
+    ]
+    assert attention_span(300, 256) == attention_span(300, 256, coarse=True) == 256
+
+
+def spans_seen(runners, monkeypatch) -> list[tuple[int, int, int, int, int]]:
+    """Spy on the runners' static forwards: (slots filled after the block, span, mask width,
+    width of the keys the attention got, capacity) for each forward, the list filled as
+    they run."""
+    seen: list[tuple[int, int, int, int, int]] = []
+    attended: list[int] = []
+    update = SlotMappedKV.update
+
+    def spy_update(kv, *args, **kwargs):
+        keys, values = update(kv, *args, **kwargs)
+        attended.append(keys.shape[2])
+        return keys, values
+
+    monkeypatch.setattr(SlotMappedKV, "update", spy_update)
+    for runner in runners:
+        backend = getattr(runner.backend, "static", runner.backend)
+        real = backend.step
+
+        def step(ids, positions, mask, kv, real=real):
+            attended.clear()
+            filled = int(kv.layers[0].cumulative_length) + ids.shape[1]
+            out = real(ids, positions, mask, kv)
+            assert len(set(attended)) == 1, attended  # every layer attends over the span
+            seen.append((filled, kv.span, mask.shape[1], attended[0], len(kv.columns)))
+            return out
+
+        backend.step = step
+    return seen
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_a_forward_attends_over_its_filled_span_with_the_whole_capacitys_tokens(
+    models, monkeypatch, captured, replayed
+) -> None:
+    """At a capacity of 1,024 slots, each static forward hands the attention the keys,
+    values and mask of the span of the filled slots only (the write counter plus the block,
+    bucketed: powers of two when captured), a span that grows with the tokens held, and
+    the tokens are those of attending over the whole capacity and of the dynamic layout."""
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (90, 40, 60)]
+    layout = {"static": True, "min_capacity": 1024, "captured": captured}
+    dynamic = engine(models, GREEDY, None).generate(rows, SpeculativeDecoding(gamma=3), 40)
+    cut = engine(models, GREEDY, None, **layout)
+    seen = spans_seen(cut.present_runners.values(), monkeypatch)
+    out = cut.generate(rows, SpeculativeDecoding(gamma=3), 40)
+    assert [r.tokens for r in out] == [r.tokens for r in dynamic]
+    assert len(seen) > 20 and {capacity for *_, capacity in seen} == {1024}
+    for filled, span, mask_width, attended, capacity in seen:
+        assert span == mask_width == attended == attention_span(filled, capacity, captured)
+        assert filled <= span < capacity
+    assert {span for _, span, *_ in seen} >= {128, 256}  # past 128 filled slots mid-way
+    with monkeypatch.context() as whole:
+        whole.setattr(static_cache, "attention_span", lambda filled, capacity, coarse: capacity)
+        full = engine(models, GREEDY, None, **layout)
+        seen_full = spans_seen(full.present_runners.values(), whole)
+        out_full = full.generate(rows, SpeculativeDecoding(gamma=3), 40)
+    assert {span for _, span, *_ in seen_full} == {1024}
+    assert [r.tokens for r in out_full] == [r.tokens for r in out]
 
 
 def test_the_switches_resolve_and_are_validated() -> None:

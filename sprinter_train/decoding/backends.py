@@ -6,7 +6,7 @@
   (the same arithmetic without Hugging Face's per-step mask and cache machinery).
 - `StaticBackend`: the model's body at a few static shapes over a `StaticRowCache`, run
   eagerly or through `torch.compile` (`compiled_step`), one graph per (row bucket, width,
-  capacity).
+  capacity), attending over the filled slots' span only (`static_cache.attention_span`).
 
 `ModelRunner` picks one from its settings when it is built; capture wraps the static one
 (`graphs.CapturedBackend`) rather than branching inside it.
@@ -23,6 +23,7 @@ from sprinter_train.decoding.clock import ForwardClock
 from sprinter_train.decoding.forward import BrokenWatch, ForwardRequest, Head, RowOutput, pick
 from sprinter_train.decoding.static_cache import KVPool, StaticRowCache
 from sprinter_train.models.body import body
+from sprinter_train.models.cache import cache_kwarg
 from sprinter_train.models.lean import LeanDraft, StaticKV
 
 
@@ -119,10 +120,12 @@ class LeanBackend(Backend):
 
 class StaticBackend(Backend):
     """The body at static shapes over a `StaticRowCache`: the block and the mask padded to
-    the cache's row bucket and capacity, the inert rows' outputs dropped. `compiled`: `step`
-    is `body_step` under `compiled_step` (`cudagraphs`: with `reduce-overhead` on CUDA).
-    Caches start with at least `min_capacity` slots (fewer shapes), take their buffers from
-    `pool`, and keep their row bucket as rows leave unless `shrink_rows`."""
+    the cache's row bucket and capacity, the inert rows' outputs dropped, the attention cut
+    to the span of the filled slots (`StaticRowCache.attend`; `coarse_spans`: powers of two,
+    fewer shapes). `compiled`: `step` is `body_step` under `compiled_step` (`cudagraphs`:
+    with `reduce-overhead` on CUDA). Caches start with at least `min_capacity` slots (fewer
+    shapes), take their buffers from `pool`, and keep their row bucket as rows leave unless
+    `shrink_rows`."""
 
     def __init__(
         self,
@@ -144,7 +147,10 @@ class StaticBackend(Backend):
         self.min_capacity = min_capacity
         self.pool = KVPool() if pool is None else pool
         self.shrink_rows = shrink_rows
-        self._shapes_seen: set[tuple[int, int, int]] = set()
+        self.coarse_spans = False
+        # resolved here, not in the traced step: see `models.body.body`'s `cache_name`
+        self.cache_name = cache_kwarg(self.model.base_model)
+        self._shapes_seen: set[tuple[int, int, int, int]] = set()
 
     def new_cache(self, rows: int, capacity: int = 0) -> StaticRowCache:
         return StaticRowCache(
@@ -171,15 +177,18 @@ class StaticBackend(Backend):
             past_key_values=kv,
             hidden_layer=self.hidden_layer,
             use_cache=True,
+            cache_name=self.cache_name,
         )
         return final, chosen
 
     def prepare(self, cache: StaticRowCache, request: ForwardRequest) -> tuple[torch.Tensor, bool]:
-        """Make room for the block; (ids padded to the row bucket, whether this shape is new
-        to a compiled step: its first call is compile time)."""
+        """Make room for the block and set the span it attends over; (ids padded to the row
+        bucket, whether this shape is new to a compiled step: its first call is compile
+        time)."""
         width = request.width
         cache.reserve(width)
-        key = (cache.bucket, width, cache.capacity)
+        span = cache.attend(width, self.coarse_spans)
+        key = (cache.bucket, width, cache.capacity, span)
         compiling = self.compiled and key not in self._shapes_seen
         self._shapes_seen.add(key)
         ids = cache.pad_rows(request.ids)

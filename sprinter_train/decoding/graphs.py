@@ -196,11 +196,14 @@ class Recorded:
 class CapturedBackend(Backend):
     """A `StaticBackend` whose forwards replay from graphs captured by hand (`CapturedSteps`):
     the same caches, shapes and compile accounting, the same arithmetic (`record` is the
-    static forward plus the warp and `then`), run as one graph a forward."""
+    static forward plus the warp and `then`), run as one graph a forward. A graph records
+    one attention span (part of its key), so the spans are coarse: powers of two
+    (`static_cache.attention_span`)."""
 
     def __init__(self, static: StaticBackend) -> None:
         super().__init__(static.model, static.head, static.hidden_layer, static.clock, static.watch)
         self.static = static
+        static.coarse_spans = True
         self.name = ("compiled" if static.compiled else "static") + ":captured"
         self.graphs = CapturedSteps(self.record)
         self.broken = static.watch.arm()  # the graphs fold the broken-logits watch here
@@ -235,6 +238,7 @@ class CapturedBackend(Backend):
             *extra,
             kv=cache.kv,
             recorded=Recorded.of(request),
+            span=cache.kv.span,
         )
         rows, copies = request.rows, {}
         if request.transient:
@@ -252,14 +256,17 @@ class CapturedBackend(Backend):
         *extra: torch.Tensor,
         kv: Any,
         recorded: Recorded,
+        span: int,
     ) -> tuple[torch.Tensor, ...]:
-        """What a graph records, over the row bucket: the block's position ids and mask,
-        recorded in the cache's slot map (`SlotMappedKV.block`), the body, the outputs at
-        the kept offsets, the head, the warped laws when the request warps (row by row, so
-        the inert rows change nothing), `then`'s work over them on its tensors `extra`
-        (inert rows check nothing) and the lowest broken position, folded into the watch's
-        scalar (inert rows feed nothing, so they never count as broken)."""
+        """What a graph records, over the row bucket and attending over `span` slots: the
+        block's position ids and mask, recorded in the cache's slot map
+        (`SlotMappedKV.block`), the body, the outputs at the kept offsets, the head, the
+        warped laws when the request warps (row by row, so the inert rows change
+        nothing), `then`'s work over them on its tensors `extra` (inert rows check
+        nothing) and the lowest broken position, folded into the watch's scalar (inert
+        rows feed nothing, so they never count as broken)."""
         static, width = self.static, ids.shape[1]
+        kv.span = span
         positions, mask = kv.block(counts, width)
         final, chosen = static.step(ids, positions, mask, kv)
         picked, hidden = pick(final, chosen, keep, width, static.hidden_layer == -1)

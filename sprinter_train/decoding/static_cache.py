@@ -11,10 +11,11 @@ and changes where it and the keys and values live:
 - the buffers are a `SlotMappedKV` (a transformers cache of `StaticLayer`s that also holds
   the slot map, `position` and `lengths`, in buffers of the whole capacity and row bucket)
   allocated once per generation at a capacity bucket (`capacity_bucket`: prompt + budget +
-  slack) and a row bucket (`row_bucket`); the mask is padded with zeros to the capacity and
-  the batch with inert rows (nothing held, only their own block slots visible, outputs
-  dropped), so a forward's shapes depend on (row bucket, width, capacity) alone and a
-  compiled forward (`backends.compiled_step`) is reused across rounds;
+  slack) and a row bucket (`row_bucket`); the mask is padded with zeros to the attention
+  span (below) and the batch with inert rows (nothing held, only their own block slots
+  visible, outputs dropped), so a forward's shapes depend on (row bucket, width, capacity,
+  attention span) alone and a compiled forward (`backends.compiled_step`) is reused across
+  rounds;
 - the block is written into the slot map on the device before the forward and the mask read
   from it (`SlotMappedKV.block`), at fixed addresses, so a captured graph records that work
   with the body and replays it, instead of building the mask on the host's orders;
@@ -31,6 +32,24 @@ and changes where it and the keys and values live:
 
 Masked slots get exactly zero attention weight, so a row's arithmetic is that of the dynamic
 layout over more (ignored) columns: the tokens do not change.
+
+A forward attends over the filled slots only, not the whole capacity: every slot a row holds,
+and the block it writes, lies below the write counter plus the block's width, so the keys,
+values and mask a forward hands the attention are cut to an attention span
+(`attention_span`, `SlotMappedKV.span`) at least that long, a bucket of it so that shapes
+repeat. A step's attention then costs what the tokens held cost, whatever the capacity. The
+span is a shape, so it multiplies the shapes a compiled or captured forward sees:
+
+- run eagerly, the spans follow the capacity buckets (64, 128, then multiples of 128), so a
+  forward attends over fewer than 128 slots past the filled ones;
+- compiled, the span is one more dimension dynamo makes symbolic once it has seen it
+  change (one recompile), so the spans share a graph; a new span's first forward is counted
+  as compile time, as a new shape's is;
+- captured, each span is one more recorded graph (a CUDA graph has one shape), so the spans
+  there are powers of two from `MIN_CAPACITY` (`coarse`): at most log2(capacity / 64) + 1 of
+  them per (row bucket, width), each under twice the filled slots (or 64). The trade-off:
+  more graphs to record and hold, for a replay whose attention stops growing with the
+  capacity (docs/results/static-capacity.md).
 """
 
 from __future__ import annotations
@@ -61,11 +80,22 @@ def row_bucket(rows: int) -> int:
 def capacity_bucket(slots: int) -> int:
     """The capacity a cache of at least `slots` slots gets: a power of two >= MIN_CAPACITY up
     to CAPACITY_STEP, then the next multiple of CAPACITY_STEP. Not powers of two all the way:
-    a static forward attends over its whole capacity, so a capacity far past the tokens held
-    costs every forward (docs/results/design-figures.md, "Static capacities")."""
+    a capacity far past the tokens held costs memory, and every forward whose attention span
+    reaches it (docs/results/design-figures.md, "Static capacities")."""
     if slots <= CAPACITY_STEP:
         return max(MIN_CAPACITY, 1 << max(slots - 1, 0).bit_length())
     return -(-slots // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def attention_span(filled: int, capacity: int, coarse: bool = False) -> int:
+    """The slots a forward attends over when no row holds or writes a slot at or past
+    `filled`: the capacity bucket of `filled` (`coarse`: the next power of two >=
+    MIN_CAPACITY, fewer distinct spans), never past `capacity`."""
+    if coarse:
+        span = max(MIN_CAPACITY, 1 << max(filled - 1, 0).bit_length())
+    else:
+        span = capacity_bucket(filled)
+    return min(span, capacity)
 
 
 def supports_static(model: torch.nn.Module) -> bool:
@@ -109,7 +139,12 @@ class SlotMappedKV(Cache):
     attention mask, is device work over fixed buffers (`block`), so a captured graph records
     it with the body instead of leaving it to host ops around the graph. The buffers travel
     with the keys and values through the `KVPool`, so a pooled cache's graph replays on the
-    same addresses."""
+    same addresses.
+
+    `span`: how many of the capacity's slots a forward attends over (`attention_span`): the
+    layers still write into the whole buffers, but hand the attention their first `span`
+    slots, and the mask (`block`, `get_mask_sizes`) is that long. The caller sets it before
+    each forward; it starts at the capacity."""
 
     def __init__(self, rows: int, capacity: int, shape: tuple, device: Any) -> None:
         """`shape`: (heads, head dim, dtype) of the keys and values, the first two per layer."""
@@ -121,6 +156,23 @@ class SlotMappedKV(Cache):
         self.position = torch.full((rows, capacity), -1, dtype=torch.long, device=device)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
         self.columns = torch.arange(capacity, device=device)
+        self.span = capacity
+
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's block written into its whole buffers; its first `span` slots returned."""
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        return keys[:, :, : self.span], values[:, :, : self.span]
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        """(kv length, kv offset) of the attention: the span, from slot 0."""
+        return self.span, 0
 
     @property
     def written(self) -> list[torch.Tensor]:
@@ -136,25 +188,27 @@ class SlotMappedKV(Cache):
             layer.cumulative_length.fill_(0)
         self.position.fill_(-1)
         self.lengths.zero_()
+        self.span = len(self.columns)
 
     def block(
         self, counts: torch.Tensor, width: int, inert: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(position ids, attention mask) over the whole bucket of a forward appending
-        counts[r] tokens to row r in a block of `width` slots at the write counter, with the
-        block recorded first: its filled slots marked in `position` and `lengths` advanced.
-        A row with nothing held and nothing fed (an inert row) sees its own block slots, so
-        its attention has something to weigh; its outputs are never read. `inert` false: the
-        caller knows there is no such row (six ops fewer)."""
+        """(position ids, attention mask over the row bucket and the first `span` slots) of a
+        forward appending counts[r] tokens to row r in a block of `width` slots at the write
+        counter, with the block recorded first: its filled slots marked in `position` and
+        `lengths` advanced. A row with nothing held and nothing fed (an inert row) sees its
+        own block slots, so its attention has something to weigh; its outputs are never
+        read. `inert` false: the caller knows there is no such row (six ops fewer)."""
         start = self.layers[0].cumulative_length  # the block's first slot, on the device
         offsets = torch.arange(width, device=counts.device)
         positions = self.lengths[:, None] + offsets
         filled = offsets < counts[:, None]
         self.position.index_copy_(1, start + offsets, torch.where(filled, positions, -1))
         self.lengths.add_(counts)
-        mask = self.position >= 0
+        mask = self.position[:, : self.span] >= 0
         if inert:
-            in_block = (self.columns >= start) & (self.columns < start + width)
+            columns = self.columns[: self.span]
+            in_block = (columns >= start) & (columns < start + width)
             mask |= (self.lengths == 0)[:, None] & in_block
         return positions, mask.long()
 
@@ -253,6 +307,12 @@ class StaticRowCache(RowCache):
         crowded = self.slots + 2 * self._round_growth > self.capacity
         self._round_start = self.slots
         return crowded
+
+    def attend(self, width: int, coarse: bool = False) -> int:
+        """Set and return the span the next forward, a block of `width` slots, attends over
+        (`attention_span` of the write counter plus `width`; call `reserve` first)."""
+        self.kv.span = attention_span(self.slots + width, self.capacity, coarse)
+        return self.kv.span
 
     def block(self, counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`SlotMappedKV.block` over the row bucket (inert rows feed nothing): unlike

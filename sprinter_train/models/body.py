@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from sprinter_train.models.cache import returned_cache, with_cache
+from sprinter_train.models.cache import cache_kwarg, returned_cache
 
 
 def body(
@@ -23,19 +23,25 @@ def body(
     past_key_values: Any = None,
     hidden_layer: int = -1,
     use_cache: bool = False,
+    cache_name: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """(final hidden states, hidden states of `hidden_layer`, cache) of the model body.
 
     Layer -1 is the final (normed) hidden state, the one the head reads; k >= 0 indexes
-    `hidden_states` as transformers returns them (0 = embeddings).
+    `hidden_states` as transformers returns them (0 = embeddings). `cache_name`: the forward
+    argument the cache goes under (`models.cache.cache_kwarg` of the base model), resolved
+    by a caller that compiles this function: traced, the lookup reads the process-wide
+    memo of every model type seen, and dynamo's guard on that memo fails, recompiling every
+    graph, as soon as any other model type is looked up.
     """
-    out = model.base_model(
+    base = model.base_model
+    out = base(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
         use_cache=use_cache,
         output_hidden_states=hidden_layer != -1,
-        **with_cache(model.base_model, past_key_values),
+        **{cache_name or cache_kwarg(base): past_key_values},
     )
     final = out.last_hidden_state
     chosen = final if hidden_layer == -1 else out.hidden_states[hidden_layer]

@@ -19,7 +19,10 @@ def crop_cache(cache, new_length: int) -> None:
 
 def cache_kwarg(model) -> str:
     """The forward argument a model takes its KV cache by: `cache` from transformers 5.24 on
-    (`past_key_values` is deprecated there and goes in 5.40), `past_key_values` before."""
+    (`past_key_values` is deprecated there and goes in 5.40), `past_key_values` before.
+    Memoised per model type in one process-wide dict: a compiled caller looks it up before
+    tracing (`models.body.body`'s `cache_name`), since dynamo guards on the whole dict.
+    """
     forward = getattr(model, "forward", model)
     key = type(model)
     if key not in _CACHE_KWARG:
