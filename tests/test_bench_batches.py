@@ -13,6 +13,7 @@ import torch
 from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import at_batch_size, plan_methods
+from sprinter_train.bench.phases import phase
 from sprinter_train.bench.prepare import batch_sizes_for
 from sprinter_train.bench.report import UNSUPPORTED
 from sprinter_train.bench.runs import engine_decode, groups, run_methods
@@ -174,6 +175,23 @@ def test_results_json_has_a_batches_section_per_batch_size(bench) -> None:
 
 
 @pytest.mark.heavy  # a whole bench stage (the module's fixture)
+def test_results_record_each_set_up_phase_and_each_warm_up(bench) -> None:
+    """results.json's `setup_phases`: the profile, alpha with its check, then every method's
+    warm-up at every batch size (HF's peers at batch 1 only), each with its seconds and what
+    it compiled; results.md's warm-up section tables them."""
+    phases = bench["results"]["setup_phases"]
+    names = [p["phase"] for p in phases]
+    assert names[:2] == ["latency profile", "alpha and the profile's check"]
+    warm = [(p["method"], p["batch_size"]) for p in phases if p["phase"] == "warm-up"]
+    methods = ["target_only", "sd", "svip", "sv", "sv_paper"]
+    assert warm == [(m, 1) for m in [*methods, "hf_assisted"]] + [(m, 4) for m in methods]
+    keys = {"seconds", "compile_s", "graphs", "cache_hits", "cache_misses"}
+    assert all(keys <= set(p) and p["seconds"] >= 0 and p["graphs"] >= 0 for p in phases)
+    text = (bench["out"] / "results.md").read_text()
+    assert "| latency profile |" in text and "| warm-ups at batch 4 |" in text
+
+
+@pytest.mark.heavy  # a whole bench stage (the module's fixture)
 def test_sv_paper_reports_its_distance_and_sv_reports_none(bench) -> None:
     methods = bench["results"]["methods"]
     assert len(methods["sv"]["tv_first_token_per_prompt"]) == 3
@@ -268,3 +286,32 @@ def test_each_methods_warm_up_is_timed_apart_from_its_runs() -> None:
     runs = run_methods(decode, ["a", "b"], [prompt], 1, 0, warmup_runs=1, warmup_s=warmup_s)
     assert set(warmup_s) == {"a", "b"} and warmup_s["a"] >= 0.05 > warmup_s["b"]
     assert runs["a"][0].wall_s == 1.0
+
+
+def test_each_methods_warm_up_is_a_set_up_phase_with_what_it_compiled() -> None:
+    """`bench.phases.phase` around each warm-up: its seconds and the graphs dynamo compiled
+    in it, so a method whose warm-up compiles (a recompile too) is named in results.md."""
+    prompt = Prompt("p0", "syn", "test", "", [3, 4], None)
+
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    step = torch.compile(doubled, fullgraph=True, backend="eager")  # dynamo, no inductor
+
+    def decode(name, group, seeds):
+        if name == "a":
+            step(torch.ones(3))  # compiles on its first call: the warm-up's
+        return [[1]], 1.0, DecodeStats(target_calls=1)
+
+    phases: list = []
+
+    def warm_up(name: str):
+        return phase(phases, "warm-up", method=name, batch_size=1)
+
+    run_methods(decode, ["a", "b"], [prompt], 1, 0, warmup_runs=1, warm_up=warm_up)
+    assert [(r["method"], r["batch_size"], r["graphs"]) for r in phases] == [
+        ("a", 1, 1),
+        ("b", 1, 0),
+    ]
+    assert all(r["seconds"] >= 0 and r["compile_s"] >= 0 for r in phases)
+    assert phases[0]["compile_s"] > 0 == phases[1]["compile_s"]

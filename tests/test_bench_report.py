@@ -219,3 +219,42 @@ def test_results_md_reports_the_untimed_warm_up_and_hf_statics_compile(tmp_path:
     assert "| method | batch 1 | batch 4 |" in warm
     assert "| sd | 0.50 | 0.75 |" in warm and "| hf_static | 1.25 | – |" in warm
     assert any("compiled its decode step in 12.3 s" in line for line in warm)
+    assert not any("Set-up phases" in line for line in warm)  # none recorded
+
+
+def test_results_md_says_how_long_each_set_up_phase_took_and_what_it_compiled(
+    tmp_path: Path,
+) -> None:
+    """results.json's `setup_phases` (bench/phases.py) as one table in the warm-up section:
+    the set-up phases one by one, the methods' warm-ups summed per batch size, and the
+    warm-ups that compiled graphs named (where a recompile shows)."""
+    results = hand_made_results()
+    results["batches"] = {"1": {"methods": {}, "sd_gamma": 3, "groups": 2,
+                                "warmup_s": {"sd": 0.5, "sprinter": 8.4}}}  # fmt: skip
+    counts = {"cache_hits": 0, "cache_misses": 0}
+    results["setup_phases"] = [
+        {"phase": "latency profile", "seconds": 23.2, "compile_s": 22.0, "graphs": 12,
+         "cache_hits": 10, "cache_misses": 2},
+        {"phase": "alpha and the profile's check", "seconds": 7.5, "compile_s": 0.0,
+         "graphs": 0, **counts},
+        {"phase": "hf_static compile", "seconds": 28.0, "compile_s": 27.0, "graphs": 2,
+         "cache_hits": 2, "cache_misses": 0},
+        {"phase": "warm-up", "method": "sd", "batch_size": 1, "seconds": 0.5,
+         "compile_s": 0.0, "graphs": 0, **counts},
+        {"phase": "warm-up", "method": "sprinter", "batch_size": 1, "seconds": 8.4,
+         "compile_s": 8.0, "graphs": 1, "cache_hits": 0, "cache_misses": 1},
+    ]  # fmt: skip
+    write_results(tmp_path, results)
+    assert read_json(tmp_path / "results.json")["setup_phases"] == results["setup_phases"]
+    lines = (tmp_path / "results.md").read_text().splitlines()
+    warm = lines[lines.index("## Warm-up (untimed)") :]
+    assert "| phase | seconds | compiling (s) | graphs compiled | from the compile cache |" in warm
+    assert "| latency profile | 23.20 | 22.00 | 12 | 10 of 12 |" in warm
+    assert "| alpha and the profile's check | 7.50 | 0.00 | 0 | – |" in warm
+    assert "| hf_static compile | 28.00 | 27.00 | 2 | 2 of 2 |" in warm
+    assert "| warm-ups at batch 1 | 8.90 | 8.00 | 1 | 0 of 1 |" in warm
+    assert "Warm-ups that compiled graphs: sprinter at batch 1 (1)." in warm
+    del results["batches"]["1"]["warmup_s"]  # phases alone still get the section
+    write_results(tmp_path, results)
+    text = (tmp_path / "results.md").read_text()
+    assert "## Warm-up (untimed)" in text and "| latency profile | 23.20 |" in text

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from omegaconf import DictConfig
 
 from sprinter_train.bench.hf_static import StaticPeer
 from sprinter_train.bench.methods import HF_STATIC, at_batch_size
 from sprinter_train.bench.peer import PeerRun, run_hf_assisted
+from sprinter_train.bench.phases import phase, runner_compile_seconds
 from sprinter_train.bench.prepare import Setup
 from sprinter_train.bench.runs import Decoded, GroupRun, engine_decode, run_methods
 from sprinter_train.data.prompts import Prompt
@@ -45,7 +47,9 @@ def decode_all(
     static = static_peer(cfg, setup)
     if static is not None and static.compile:  # compiled before any run, whatever warmup_runs
         first = setup.prompts[0].input_ids
-        plan.settings[HF_STATIC]["compile_s"] = static.warm_up(first, int(b.max_new_tokens))
+        with phase(setup.phases, "hf_static compile"):  # HF's own torch.compile: dynamo's tally
+            plan.settings[HF_STATIC]["compile_s"] = static.warm_up(first, int(b.max_new_tokens))
+    on_runners = runner_compile_seconds(setup.engine)
 
     def decode_peer(name: str, group: list[Prompt], seeds: list[int]) -> Decoded:
         (prompt,), (seed,) = group, seeds
@@ -78,6 +82,12 @@ def decode_all(
         def decode(name: str, group: list[Prompt], seeds: list[int], on_engine=on_engine):
             return (decode_peer if name in plan.peers else on_engine)(name, group, seeds)
 
+        def warm_up(name: str, size: int = size) -> AbstractContextManager[None]:
+            """A method's warm-up as a set-up phase: a peer's compiles are HF's (dynamo's own
+            tally), the engine's its runners' (their captures included)."""
+            measure = {} if name in plan.peers else {"compile_seconds": on_runners}
+            return phase(setup.phases, "warm-up", method=name, batch_size=size, **measure)
+
         seconds: dict[str, float] = {}
         runs[size] = run_methods(
             decode,
@@ -89,6 +99,7 @@ def decode_all(
             setup.device if b.energy and size == 1 else None,
             int(b.min_timed_runs),
             seconds,
+            warm_up,
         )
         if warmups is not None:
             warmups[size] = seconds

@@ -22,6 +22,7 @@ from sprinter_train.bench.methods import (
     plan_methods,
     verifier_hidden_layer,
 )
+from sprinter_train.bench.phases import Phases, phase, runner_compile_seconds
 from sprinter_train.bench.profile_check import ProfileCheck, check_profile
 from sprinter_train.bench.provenance import cores
 from sprinter_train.core.sampling import SamplingConfig
@@ -60,6 +61,9 @@ class Setup:
     plan: MethodPlan
     gamma_source: str = ""  # how the gammas were chosen (gamma_source), as results.md says it
     profile_history: list[str] = dataclasses.field(default_factory=list)  # reused / measured
+    # the untimed set-up phases so far (bench/phases.py): decode_all adds hf_static's and
+    # the warm-ups
+    phases: Phases = dataclasses.field(default_factory=list)
 
     @property
     def names(self) -> list[str]:
@@ -90,17 +94,21 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     )
     began = time.perf_counter()
     history: list[str] = []  # what this run did for its profile, as results.md says it
-    profile = latency_profile(cfg, models, device, batch_sizes, engine, history)
+    phases: Phases = []
+    compiling = runner_compile_seconds(engine)
+    with phase(phases, "latency profile", compiling):
+        profile = latency_profile(cfg, models, device, batch_sizes, engine, history)
     log.info(
         "bench: latency profile ready in %.1f s (%.1f s of it compiling)",
         time.perf_counter() - began,
         sum(r.compile_seconds for r in engine.present_runners.values()),
     )
     identities = {role: model_identity(getattr(models, role)) for role in ("target", "draft")}
-    alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg, identities)
-    profile, verdict = checked_profile(
-        cfg, engine, models, device, batch_sizes, profile, prompts[0], history
-    )
+    with phase(phases, "alpha and the profile's check", compiling):
+        alpha, alpha_source = estimate_alpha(engine, prompts[0], cfg, identities)
+        profile, verdict = checked_profile(
+            cfg, engine, models, device, batch_sizes, profile, prompts[0], history
+        )
     engine.timings.set_priors(**profile.priors())  # then corrected by the run's forwards
     log.info(
         "bench: profile, alpha %.3f and the profile's check in %.1f s",
@@ -127,7 +135,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     tally_scores(plan)  # the trained verifiers' mean scores, for results.md's domain check
     return Setup(
         models, prompts, engine, device, dtype, batch_sizes, profile, verdict, alpha,
-        alpha_source, gammas, plan, gamma_source(cfg, verdict), history,
+        alpha_source, gammas, plan, gamma_source(cfg, verdict), history, phases,
     )  # fmt: skip
 
 

@@ -164,11 +164,13 @@ def batch_sections(results: dict[str, Any]) -> list[str]:
 
 def warmup_lines(results: dict[str, Any]) -> list[str]:
     """Seconds each method's untimed warm-up took per batch size (compilation and CUDA-graph
-    capture land here, never in tokens/s), and hf_static's compile before its warm-up."""
+    capture land here, never in tokens/s), hf_static's compile before its warm-up, and the
+    set-up phases (`phase_lines`)."""
     batches = results.get("batches") or {}
     sizes = sorted((s for s in batches if batches[s].get("warmup_s")), key=int)
+    phases = results.get("setup_phases") or []
     if not sizes:
-        return []
+        return ["## Warm-up (untimed)", "", *phase_lines(phases)] if phases else []
     names = dict.fromkeys(n for s in sizes for n in batches[s]["warmup_s"])
     lines = [
         "## Warm-up (untimed)",
@@ -185,6 +187,56 @@ def warmup_lines(results: dict[str, Any]) -> list[str]:
     compile_s = (results.get("settings") or {}).get("hf_static", {}).get("compile_s")
     if compile_s is not None:
         lines += ["", f"hf_static compiled its decode step in {compile_s:.1f} s before that."]
+    return [*lines, "", *phase_lines(phases)]
+
+
+PHASE_SUMS = ("seconds", "compile_s", "graphs", "cache_hits", "cache_misses")
+
+
+def phase_rows(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The set-up phases (`bench.phases`) as the table lists them: one by one, the methods'
+    warm-ups summed per batch size (each method's own seconds are in the table above)."""
+    rows: list[dict[str, Any]] = []
+    by_size: dict[Any, dict[str, Any]] = {}
+    for record in phases:
+        if record.get("method") is None:
+            rows.append(record)
+            continue
+        size = record.get("batch_size")
+        if size not in by_size:
+            by_size[size] = {"phase": f"warm-ups at batch {size}"}
+            rows.append(by_size[size])
+        for key in PHASE_SUMS:
+            by_size[size][key] = by_size[size].get(key, 0) + record.get(key, 0)
+    return rows
+
+
+def phase_lines(phases: list[dict[str, Any]]) -> list[str]:
+    """How long each untimed set-up phase took and what it compiled (graphs dynamo compiled;
+    look-ups the on-disk compile cache served), and the warm-ups that compiled graphs."""
+    if not phases:
+        return []
+    lines = [
+        "Set-up phases (compiling: the runners' compiles and captures; hf_static's: dynamo's "
+        "own tally):",
+        "",
+        "| phase | seconds | compiling (s) | graphs compiled | from the compile cache |",
+        "|---|---|---|---|---|",
+    ]
+    for row in phase_rows(phases):
+        lookups = row.get("cache_hits", 0) + row.get("cache_misses", 0)
+        cached = f"{row.get('cache_hits', 0)} of {lookups}" if lookups else "–"
+        lines.append(
+            f"| {row['phase']} | {cell(row.get('seconds'), '{:.2f}')} | "
+            f"{cell(row.get('compile_s'), '{:.2f}')} | {row.get('graphs', 0)} | {cached} |"
+        )
+    compiled = [
+        f"{r['method']} at batch {r.get('batch_size')} ({r['graphs']})"
+        for r in phases
+        if r.get("method") is not None and r.get("graphs")
+    ]
+    if compiled:
+        lines += ["", "Warm-ups that compiled graphs: " + ", ".join(compiled) + "."]
     return [*lines, ""]
 
 

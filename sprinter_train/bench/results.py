@@ -29,8 +29,8 @@ def summarise_runs(
     warmups: dict[int, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """results.json's figures: the batch-1 run with quality and law distances, one section
-    per batch size (with each method's untimed warm-up seconds, compilation included), and
-    what the run was measured with (profile, alpha, settings, traits)."""
+    per batch size (with each method's untimed warm-up seconds, compilation included), what
+    the run was measured with (profile, alpha, settings, traits) and its set-up phases."""
     b, models, plan, names = cfg.bench, setup.models, setup.plan, setup.names
     tokenizer, greedy = models.tokenizer, setup.engine.sampling.greedy
     scores = tallies(plan)  # before the law distances' rounds add to them
@@ -81,6 +81,8 @@ def summarise_runs(
                 "history": setup.profile_history,
             },
             "settings": plan.settings,
+            # the untimed set-up phases: seconds, compile seconds, graphs (bench/phases.py)
+            "setup_phases": list(setup.phases),
             "traits": {n: as_record(traits_of(cfg.methods[n], n)) for n in plan.policies},
             "skipped": plan.skipped,
             "models": {

@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -67,10 +69,12 @@ def run_methods(
     energy_device: torch.device | None = None,
     min_timed_runs: int = 1,
     warmup_s: dict[str, float] | None = None,
+    warm_up: Callable[[str], AbstractContextManager[Any]] | None = None,
 ) -> dict[str, list[GroupRun]]:
     """Every method on every group, methods interleaved per group; energy metered per group
     when `energy_device` is given; each method's warm-up seconds (compilation included: they
-    are never in its tokens/s) written into `warmup_s` when given.
+    are never in its tokens/s) written into `warmup_s` when given, and its warm-up run
+    inside `warm_up(method)` when given (`bench.phases.phase`: what it compiled).
 
     With fewer groups than `min_timed_runs` (a batch size near the prompt count leaves one
     or two), the groups are decoded again until each method has that many timed runs, the
@@ -81,8 +85,9 @@ def run_methods(
     first = [prompts[i] for i in chunks[0]]
     for name in names:
         start = time.perf_counter()
-        for run in range(warmup_runs):
-            decode(name, first, [seed + run + i for i in range(len(first))])
+        with nullcontext() if warm_up is None else warm_up(name):
+            for run in range(warmup_runs):
+                decode(name, first, [seed + run + i for i in range(len(first))])
         elapsed = time.perf_counter() - start
         # a GPU's first calls compile and capture for tens of seconds: say so as it goes, so
         # a run cut short shows where its time went
