@@ -15,7 +15,8 @@ Ops are counted with a TorchDispatchMode (views included: they cost host time, n
 the body of every static-layout forward (the static backend's `step`, what a GPU compiles and
 replays) is not counted. `--captured` plays the GPU's hand-captured graphs on the host
 (`graphs.HostGraph`): what a graph replays is not counted, its input copies are, and each
-replay counts as one op (its launch).
+replay counts as one op (its launch). `steady` is the ops a round after the first: the first
+round holds the generation's set-up and the prompts' eager prefill, paid once a generation.
 """
 
 from __future__ import annotations
@@ -57,10 +58,22 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count(engine: Engine, policy: Any, prompt: list[int], tokens: int) -> tuple[Counter, Any]:
-    """The ops outside the bodies of one generation, and its stats (after a warm-up one)."""
+def count(
+    engine: Engine, policy: Any, prompt: list[int], tokens: int
+) -> tuple[Counter, Any, float]:
+    """The ops outside the bodies of one generation, its stats (after a warm-up one), and
+    its ops a round after the first (`steady`: the first holds the generation's set-up and
+    the prompts' prefill, paid once a generation, not once a round)."""
     engine.generate([prompt], policy, tokens)
     counter = OpCounter()
+    first: list[int] = []
+    commit = engine.commit
+
+    def commit_marked(*args: Any, **kwargs: Any) -> Any:
+        done = commit(*args, **kwargs)
+        if not first:  # the first round's ops, and the replays so far
+            first.extend((sum(counter.ops.values()), HostGraph.replays))
+        return done
 
     def uncounted(step: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -82,12 +95,15 @@ def count(engine: Engine, policy: Any, prompt: list[int], tokens: int) -> tuple[
                 graphs_of = runner.graphs
                 uncounting.enter_context(patch.object(graphs_of, "step", uncounted(graphs_of.step)))
         uncounting.enter_context(patch.object(HostGraph, "replay", uncounted(HostGraph.replay)))
+        uncounting.enter_context(patch.object(engine, "commit", commit_marked))
         replays = HostGraph.replays
         with counter:
             result = engine.generate([prompt], policy, tokens)[0]
+    later = sum(counter.ops.values()) - first[0] + HostGraph.replays - first[1]
     if HostGraph.replays > replays:
         counter.ops["graph replay"] += HostGraph.replays - replays
-    return counter.ops, result.stats
+    steady = later / max(result.stats.rounds - 1, 1)
+    return counter.ops, result.stats, steady
 
 
 def main() -> None:
@@ -106,15 +122,15 @@ def main() -> None:
     layout = {"static": True, "min_capacity": 256, "captured": args.captured}
     engine = build_engine(target, sampling, vocab, draft=draft, layout=layout, timings=Timings())
     prompt = [5, 17, 9, 33, 2, 8]
-    print("method        ops/round  target calls  draft calls  ops/forward  most frequent")
+    print("method        ops/round  steady  target calls  draft calls  ops/forward  most frequent")
     for policy in (TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)):
-        ops, stats = count(engine, policy, prompt, args.tokens)
+        ops, stats, steady = count(engine, policy, prompt, args.tokens)
         total = sum(ops.values())
         forwards = stats.target_calls + stats.draft_calls
         top = ", ".join(f"{name} {n}" for name, n in ops.most_common(args.top))
         print(
-            f"{policy.name:<13} {total / stats.target_calls:9.1f}  {stats.target_calls:12d}"
-            f"  {stats.draft_calls:11d}  {total / forwards:11.1f}  {top}"
+            f"{policy.name:<13} {total / stats.target_calls:9.1f}  {steady:6.1f}"
+            f"  {stats.target_calls:12d}  {stats.draft_calls:11d}  {total / forwards:11.1f}  {top}"
         )
 
 

@@ -17,7 +17,7 @@ import torch
 from sprinter_train.bench.latency import measure_runner_times
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.sampling import inverse_cdf, warp_probs
-from sprinter_train.decoding import backends, graphs, static_cache
+from sprinter_train.decoding import backends, graphs, static_cache, static_shapes
 from sprinter_train.decoding import runner as runner_module
 from sprinter_train.decoding.after_warp import Draw
 from sprinter_train.decoding.builder import build_engine, decoding_problems, runner_layout
@@ -141,7 +141,7 @@ def test_static_layout_emits_the_dynamic_layouts_tokens_for_every_method(
 def test_a_full_cache_packs_early_and_grows_without_changing_tokens(models, monkeypatch) -> None:
     """At a capacity bucket of 8 slots the buffers fill within a round or two: the engine packs
     when `crowded` and `reserve` grows the buffers past a bucket."""
-    monkeypatch.setattr(static_cache, "MIN_CAPACITY", 8)
+    monkeypatch.setattr(static_shapes, "MIN_CAPACITY", 8)
     # the buffers start at 8 slots (prompt + budget would ask for 47)
     monkeypatch.setattr("sprinter_train.decoding.loop.CAPACITY_SLACK", -40)
     dynamic = engine(models, SAMPLING, None).generate(ROWS, SVIP(0.25, 4, 0.15), 40)
@@ -596,6 +596,27 @@ def test_captured_forwards_emit_the_static_layouts_tokens_for_every_method(
     assert all(r.layout == "static:captured" and len(r.graphs) > 0 for r in runners)
     assert replayed.replays > 10 * sum(r.graphs.captures for r in runners)
     assert all(r.compile_seconds > 0 for r in runners)  # each capture: compile time
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("policy", [SpeculativeDecoding(gamma=3), HeuristicSD(gamma_init=2)])
+def test_a_fixed_length_draft_round_replays_as_one_graph(
+    models, eos, sampling, policy, replayed
+) -> None:
+    """A round whose length is fixed before its first draft (`draft_graph`) replays its
+    drafts as one graph and the verify as another: at most two replays a round, against one
+    a draft step, with the per-step static layout's tokens (rows leaving at EOS, the row
+    bucket shrinking)."""
+    plain = engine(models, sampling, eos, static=True).generate(ROWS, policy, NEW_TOKENS)
+    captured = engine(models, sampling, eos, static=True, captured=True)
+    captured.generate(ROWS, policy, NEW_TOKENS)  # every shape captured
+    before = replayed.replays
+    out = captured.generate(ROWS, policy, NEW_TOKENS)
+    stats = out[0].stats
+    assert [r.tokens for r in out] == [r.tokens for r in plain]
+    assert stats.draft_calls > stats.rounds  # drafting steps ran, several a round
+    assert replayed.replays - before <= 2 * stats.rounds
+    assert stats.draft_calls == plain[0].stats.draft_calls
 
 
 def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed) -> None:

@@ -83,7 +83,7 @@ class RowStreams:
         block = self._block
         if block is None or n > self._room:
             block = self._refill(n)
-        index = self._offset[:, None]
+        index = self._offset.unsqueeze(1)
         if n != 1:
             index = index + torch.arange(n, device=self.device)
         return block.gather(1, index)

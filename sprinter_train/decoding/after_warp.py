@@ -62,9 +62,13 @@ class Check:
         counts: torch.Tensor,
         u: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        """(token, accepted): the next token and each row's accepted drafts."""
+        """(token, accepted, emitted): the next token, each row's accepted drafts, and the
+        round's tokens (its accepted drafts, then the token, at most G + 1 a row)."""
         accepted, token = speculative_step(probs, q, drafts, counts, u)
-        return token, accepted
+        emitted = torch.cat([drafts, drafts[:, :1]], 1).scatter(
+            1, accepted[:, None], token[:, None]
+        )
+        return token, accepted, emitted
 
 
 AfterWarp = Draw | Check

@@ -181,16 +181,19 @@ class StaticBackend(Backend):
         )
         return final, chosen
 
-    def prepare(self, cache: StaticRowCache, request: ForwardRequest) -> tuple[torch.Tensor, bool]:
+    def prepare(
+        self, cache: StaticRowCache, request: ForwardRequest, more: int = 0
+    ) -> tuple[torch.Tensor, bool]:
         """Make room for the block and set the span it attends over; (ids padded to the row
         bucket, whether this shape is new to a compiled step: its first call is compile
-        time)."""
+        time). `more`: one-token blocks the same call appends after it (a draft round in one
+        graph), within the same room and span."""
         width = request.width
-        cache.reserve(width)
-        span = cache.attend(width, self.coarse_spans)
-        key = (cache.bucket, width, cache.capacity, span)
-        compiling = self.compiled and key not in self._shapes_seen
-        self._shapes_seen.add(key)
+        cache.reserve(width + more)
+        span = cache.attend(width + more, self.coarse_spans)
+        keys = {(cache.bucket, w, cache.capacity, span) for w in {width, 1 if more else width}}
+        compiling = self.compiled and not keys <= self._shapes_seen
+        self._shapes_seen |= keys
         ids = cache.pad_rows(request.ids)
         if self.compiled and not ids.is_inference():
             # dynamo guards on a tensor's dispatch keys: an input made outside inference mode

@@ -60,20 +60,22 @@ class ForwardClock:
         while self._shapes:
             rows, width, timing = self._shapes[0]
             if isinstance(timing, tuple):
-                start, end = timing
+                start, end, forwards = timing
                 if not end.query():
                     break
-                timing = start.elapsed_time(end) / 1000.0
+                timing = start.elapsed_time(end) / 1000.0 / forwards
             done.append((rows, width, float(timing)))
             self._shapes.popleft()
         return done
 
     @contextmanager
     def timed(
-        self, shape: tuple[int, int] | None = None, compiling: bool = False
+        self, shape: tuple[int, int] | None = None, compiling: bool = False, forwards: int = 1
     ) -> Iterator[None]:
         """Time the block: CUDA events on a GPU (read later, no sync), the wall clock on CPU;
-        a forward's (rows, width) `shape` is kept with its time for `forward_times`.
+        a forward's (rows, width) `shape` is kept with its time for `forward_times`; a block
+        of several `forwards` of that shape (a draft round in one graph) keeps each with its
+        share of the time, so the cost model still prices one forward.
         `compiling`: the block compiles a new shape; its wall time goes to `compile_seconds`
         alone (after a sync, as a warm-up is timed). A block that compiled or captured a
         graph unforeseen is moved there too (with a warning when dynamo recompiled a shape
@@ -103,12 +105,12 @@ class ForwardClock:
             end.record()
             self._events.append((start, end))
             if shape is not None:
-                self._shapes.append((*shape, (start, end)))
+                self._shapes.extend([(*shape, (start, end, forwards))] * forwards)
         else:
             elapsed = time.perf_counter() - began
             self._cpu_seconds += elapsed
             if shape is not None:
-                self._shapes.append((*shape, elapsed))
+                self._shapes.extend([(*shape, elapsed / forwards)] * forwards)
 
     def _add_compile(self, began: float, work: tuple[int, int]) -> None:
         """Count the block since `began` (once the device is done) as compile time, and the

@@ -104,12 +104,7 @@ class Engine(RoundLoop):
         predict each of those drafts and the token past them: (B, A + 1, ...). `restricted`:
         see `ModelRunner.forward`; `warp`: the caller will warp the logits (`warped`); `then`:
         and do this with them (`after_warp`: a draw or a speculative check)."""
-        lack = [row.tokens[held:] for row, held in zip(batch.rows, batch.held[role], strict=True)]
-        if not batch.caches[role].slots and max(len(x) for x in lack) > 1:
-            # a prompt's prefill, one row at a time (see ModelRunner.prime); the last token
-            # goes through the batched forward below, which returns its logits
-            self.runner(role).prime(batch.caches[role], [x[:-1] for x in lack])
-            lack = [x[-1:] for x in lack]
+        lack = self.lacking(batch, role)
         sizes = [len(x) for x in lack]
         extra = 0 if after is None else after.shape[1]
         width = max(sizes) + extra
@@ -124,6 +119,16 @@ class Engine(RoundLoop):
             counts = counts + after_counts
         counts = counts * active  # a row not active feeds nothing
         return self.forward(batch, role, ids, counts, keep, restricted, warp, then)
+
+    def lacking(self, batch: Batch, role: str) -> list[list[int]]:
+        """Each row's committed tokens `role`'s cache lacks, after a prompt's prefill (one row
+        at a time, see ModelRunner.prime): its last token is left for the batched forward,
+        which returns its logits."""
+        lack = [row.tokens[held:] for row, held in zip(batch.rows, batch.held[role], strict=True)]
+        if not batch.caches[role].slots and max(len(x) for x in lack) > 1:
+            self.runner(role).prime(batch.caches[role], [x[:-1] for x in lack])
+            lack = [x[-1:] for x in lack]
+        return lack
 
     def forward(
         self,
@@ -252,7 +257,7 @@ class Engine(RoundLoop):
         `then`: see `feed` (its results in `batch.verified`)."""
         if batch.verified is not None:  # its outputs are transient (see `forward`)
             raise RuntimeError("a round ran the target twice; its first outputs are gone")
-        if not rnd.steps:
+        if not rnd.drafted:
             out = self.feed(batch, "target", active, warp=True, then=then)
         else:
             drafts = then.drafts if isinstance(then, Check) else rnd.tokens()

@@ -72,6 +72,8 @@ class RowOutput:
     drawn: torch.Tensor | None = None
     # (rows,) the drafts each row's `Check` accepted, in the captured graph; None: not checked
     accepted: torch.Tensor | None = None
+    # (rows, G + 1) the round's tokens `Check` emits (accepted drafts, then `drawn`)
+    emitted: torch.Tensor | None = None
 
 
 class Head:

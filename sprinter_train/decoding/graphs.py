@@ -36,7 +36,9 @@ A captured graph holds more than the body (`CapturedBackend.record`): the block'
 ids and mask with their bookkeeping, the outputs at the kept offsets, the head, the
 broken-logits watch, the sampling's warp and what the engine does with it (`after_warp`: the
 draft's and the target's draw, the verify's speculative check), so that little of a round is
-left to host ops outside the graphs (`benchmarks/host_ops.py --captured` counts them).
+left to host ops outside the graphs (`benchmarks/host_ops.py --captured` counts them). A
+draft round of fixed length is one graph of all its steps (`draft_graph.record_round`,
+through the same `CapturedSteps`), so its steps need no host op between them.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import torch
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.after_warp import AfterWarp
 from sprinter_train.decoding.backends import Backend, StaticBackend
+from sprinter_train.decoding.draft_graph import RoundPlan, RoundRequest, record_round
 from sprinter_train.decoding.forward import ForwardRequest, RowOutput, broken_first, pick
 from sprinter_train.decoding.static_cache import StaticRowCache
 
@@ -219,9 +222,31 @@ class CapturedBackend(Backend):
         with self.clock.timed((request.rows, request.width), compiling):
             logits, hidden, picked, *warped = self._replayed(cache, ids, request)
             cache.append(request.counts, request.width)
-        probs, drawn, accepted = (*warped, None, None, None)[:3]
+        probs, drawn, accepted, emitted = (*warped, None, None, None, None)[:4]
         support = self.head.support if request.restricted else None
-        return RowOutput(logits, hidden, support, picked, probs, drawn, accepted)
+        return RowOutput(logits, hidden, support, picked, probs, drawn, accepted, emitted)
+
+    def run_round(
+        self, cache: StaticRowCache, request: RoundRequest
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A draft round in one graph (`draft_graph.record_round`): (drafts, their laws,
+        drafts a row), handed back uncopied: the verify reads them before the next round."""
+        more = request.gamma - 1
+        ids, compiling = self.static.prepare(cache, request, more)
+        with self.clock.timed((request.rows, 1), compiling, request.gamma):
+            self.watch.replayed = True
+            outputs = self.graphs(
+                ids,
+                cache.pad_rows(request.plan),
+                cache.pad_rows(request.u),
+                kv=cache.kv,
+                recorded=RoundPlan(request.warp, request.gamma),
+                span=cache.kv.span,
+            )
+            cache.append(request.plan, request.width + more)
+        if request.rows == cache.bucket:
+            return outputs
+        return tuple(t[: request.rows] for t in outputs)
 
     def _replayed(
         self, cache: StaticRowCache, ids: torch.Tensor, request: ForwardRequest
@@ -242,13 +267,22 @@ class CapturedBackend(Backend):
         )
         rows, copies = request.rows, {}
         if request.transient:
-            return tuple(t[:rows] for t in outputs)
+            return outputs if rows == cache.bucket else tuple(t[:rows] for t in outputs)
         for t in outputs:  # an output returned twice (hidden layer -1) copied once
             if id(t) not in copies:
                 copies[id(t)] = t[:rows].clone()
         return tuple(copies[id(t)] for t in outputs)
 
     def record(
+        self, *inputs: torch.Tensor, kv: Any, recorded: Recorded | RoundPlan, span: int
+    ) -> tuple[torch.Tensor, ...]:
+        """What a graph records: one forward (`record_forward`) or a whole draft round
+        (`draft_graph.record_round`)."""
+        if isinstance(recorded, RoundPlan):
+            return record_round(self, *inputs, kv=kv, recorded=recorded, span=span)
+        return self.record_forward(*inputs, kv=kv, recorded=recorded, span=span)
+
+    def record_forward(
         self,
         ids: torch.Tensor,
         keep: torch.Tensor,
@@ -258,7 +292,7 @@ class CapturedBackend(Backend):
         recorded: Recorded,
         span: int,
     ) -> tuple[torch.Tensor, ...]:
-        """What a graph records, over the row bucket and attending over `span` slots: the
+        """What a forward's graph records, over the row bucket and attending over `span` slots: the
         block's position ids and mask, recorded in the cache's slot map
         (`SlotMappedKV.block`), the body, the outputs at the kept offsets, the head, the
         warped laws when the request warps (row by row, so the inert rows change

@@ -33,6 +33,7 @@ from sprinter_train.decoding.backends import (
 )
 from sprinter_train.decoding.cache import RowCache
 from sprinter_train.decoding.clock import ForwardClock
+from sprinter_train.decoding.draft_graph import RoundRequest
 from sprinter_train.decoding.forward import (
     NO_POSITION,
     BrokenWatch,
@@ -42,7 +43,7 @@ from sprinter_train.decoding.forward import (
     broken_first,
 )
 from sprinter_train.decoding.graphs import CapturedBackend, CapturedSteps
-from sprinter_train.decoding.static_cache import KVPool, supports_static
+from sprinter_train.decoding.static_cache import KVPool, StaticRowCache, supports_static
 from sprinter_train.models.body import body
 from sprinter_train.models.lean import LeanDraft, uses_lean
 
@@ -154,6 +155,19 @@ class ModelRunner:
     def graphs(self) -> CapturedSteps | None:
         """The captured graphs of a captured runner."""
         return self.backend.graphs if isinstance(self.backend, CapturedBackend) else None
+
+    @property
+    def captures_rounds(self) -> bool:
+        """Whether a draft round of fixed length runs as one graph (`run_round`)."""
+        return isinstance(self.backend, CapturedBackend)
+
+    @torch.inference_mode()
+    def run_round(
+        self, cache: RowCache, request: RoundRequest
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A draft round in one graph (`draft_graph`; a runner that `captures_rounds`)."""
+        assert isinstance(self.backend, CapturedBackend) and isinstance(cache, StaticRowCache)
+        return self.backend.run_round(cache, request)
 
     @property
     def seconds(self) -> float:

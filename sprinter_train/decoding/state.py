@@ -238,18 +238,32 @@ class DraftStep:
 
 @dataclass
 class Round:
-    """The drafts of one round: step j holds every row's j-th draft where `counts` > j."""
+    """The drafts of one round: step j holds every row's j-th draft where `counts` > j.
+
+    A round drafted in one captured graph (`draft_graph`) keeps no steps, only what the
+    verify reads: `drafts` (B, G) and their laws `probs` (B, G, V), stacked in the graph."""
 
     steps: list[DraftStep] = field(default_factory=list)
     counts: torch.Tensor | None = None  # (B,) drafts kept per row
     calls: dict[str, int] = field(default_factory=dict)  # draft-side calls per role so far
+    drafts: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+
+    @property
+    def drafted(self) -> bool:
+        """Whether any drafting step ran (else the target's own round)."""
+        return bool(self.steps) or self.drafts is not None
 
     def tokens(self) -> torch.Tensor:
         """(B, G) drafted tokens (entries past a row's count are not its drafts)."""
+        if self.drafts is not None:
+            return self.drafts
         return torch.stack([s.tokens for s in self.steps], 1)
 
     def q(self) -> torch.Tensor:
         """(B, G, V): steps on one restricted head are stacked on it and spread once."""
+        if self.probs is not None:
+            return self.probs
         support = self.steps[0].support if self.steps else None
         if support is not None and all(s.support is support for s in self.steps):
             heads = torch.stack([s.head_q for s in self.steps], 1)

@@ -33,23 +33,8 @@ and changes where it and the keys and values live:
 Masked slots get exactly zero attention weight, so a row's arithmetic is that of the dynamic
 layout over more (ignored) columns: the tokens do not change.
 
-A forward attends over the filled slots only, not the whole capacity: every slot a row holds,
-and the block it writes, lies below the write counter plus the block's width, so the keys,
-values and mask a forward hands the attention are cut to an attention span
-(`attention_span`, `SlotMappedKV.span`) at least that long, a bucket of it so that shapes
-repeat. A step's attention then costs what the tokens held cost, whatever the capacity. The
-span is a shape, so it multiplies the shapes a compiled or captured forward sees:
-
-- run eagerly, the spans follow the capacity buckets (64, 128, then multiples of 128), so a
-  forward attends over fewer than 128 slots past the filled ones;
-- compiled, the span is one more dimension dynamo makes symbolic once it has seen it
-  change (one recompile), so the spans share a graph; a new span's first forward is counted
-  as compile time, as a new shape's is;
-- captured, each span is one more recorded graph (a CUDA graph has one shape), so the spans
-  there are powers of two from `MIN_CAPACITY` (`coarse`): at most log2(capacity / 64) + 1 of
-  them per (row bucket, width), each under twice the filled slots (or 64). The trade-off:
-  more graphs to record and hold, for a replay whose attention stops growing with the
-  capacity (docs/results/static-capacity.md).
+A forward attends over the filled slots only, not the whole capacity: the span and its
+trade-off are `static_shapes`'s.
 """
 
 from __future__ import annotations
@@ -62,40 +47,12 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from sprinter_train.decoding.cache import RowCache, pack_index, write_groups
+from sprinter_train.decoding.static_shapes import (  # the buckets, re-exported for callers
+    attention_span,
+    capacity_bucket,
+    row_bucket,
+)
 from sprinter_train.models.families import kv_layout
-
-MIN_CAPACITY = 64  # smallest capacity bucket: short generations share one shape
-CAPACITY_STEP = 128  # capacity buckets past it are its multiples (see capacity_bucket)
-MAX_ROW_BUCKET = 64  # rows are rounded to powers of two up to here, to multiples of it past it
-
-
-def row_bucket(rows: int) -> int:
-    """The batch size a forward of `rows` rows runs at: the next power of two (<= 64), then
-    the next multiple of 64."""
-    if rows <= MAX_ROW_BUCKET:
-        return 1 << max(rows - 1, 0).bit_length()
-    return -(-rows // MAX_ROW_BUCKET) * MAX_ROW_BUCKET
-
-
-def capacity_bucket(slots: int) -> int:
-    """The capacity a cache of at least `slots` slots gets: a power of two >= MIN_CAPACITY up
-    to CAPACITY_STEP, then the next multiple of CAPACITY_STEP. Not powers of two all the way:
-    a capacity far past the tokens held costs memory, and every forward whose attention span
-    reaches it (docs/results/design-figures.md, "Static capacities")."""
-    if slots <= CAPACITY_STEP:
-        return max(MIN_CAPACITY, 1 << max(slots - 1, 0).bit_length())
-    return -(-slots // CAPACITY_STEP) * CAPACITY_STEP
-
-
-def attention_span(filled: int, capacity: int, coarse: bool = False) -> int:
-    """The slots a forward attends over when no row holds or writes a slot at or past
-    `filled`: the capacity bucket of `filled` (`coarse`: the next power of two >=
-    MIN_CAPACITY, fewer distinct spans), never past `capacity`."""
-    if coarse:
-        span = max(MIN_CAPACITY, 1 << max(filled - 1, 0).bit_length())
-    else:
-        span = capacity_bucket(filled)
-    return min(span, capacity)
 
 
 def supports_static(model: torch.nn.Module) -> bool:
@@ -260,7 +217,7 @@ class StaticRowCache(RowCache):
 
     @property
     def lengths(self) -> torch.Tensor:
-        return self.kv.lengths[: self._rows]
+        return self.kv.lengths if self._rows == self.bucket else self.kv.lengths[: self._rows]
 
     def _allocate(self, rows: int, capacity: int) -> SlotMappedKV:
         """Buffers for (rows, capacity): the pool's, cleared, when it has them."""
@@ -348,12 +305,12 @@ class StaticRowCache(RowCache):
         self.settled = min(counts)
 
     def truncate(self, lengths: torch.Tensor, floor: int = 0) -> None:
-        """In place."""
+        """In place; over the whole slot map when the rows fill the bucket (fewer host ops)."""
         with torch.inference_mode():
             held = self.lengths
             torch.minimum(held, lengths, out=held)
-            position = self.position
-            position.masked_fill_(position >= held[:, None], -1)
+            position = self.kv.position if self._rows == self.bucket else self.position
+            position.masked_fill_(position >= held.unsqueeze(1), -1)
         self.settled = min(self.settled, floor)
 
     def select(self, rows: torch.Tensor) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from sprinter_train.decoding.after_warp import Check, Draw
+from sprinter_train.decoding.draft_graph import captured_round
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.goodput import round_goodput
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
@@ -146,7 +147,7 @@ def verify(engine: Engine, batch: Batch, rnd: Round) -> Emitted:
     """Speculative sampling over every row's drafts: its accepted prefix, then a correction
     from norm(max(0, p - q)) at its first rejection or a bonus token from p."""
     everyone = torch.ones(len(batch), dtype=torch.bool, device=engine.device)
-    if not rnd.steps:  # the target's own token, drawn in its graph where it has one
+    if not rnd.drafted:  # the target's own token, drawn in its graph where it has one
         draw = Draw(batch.streams.peek()[:, 0])
         p = engine.target_probs(batch, rnd, everyone, draw)
         token = engine.draw(p, batch.verified, batch, draw, everyone)
@@ -160,12 +161,20 @@ def verify(engine: Engine, batch: Batch, rnd: Round) -> Emitted:
     p = engine.target_probs(batch, rnd, everyone, check)
     out = batch.verified
     if out.accepted is None:  # not checked in a graph: the same check here
-        token, accepted = check.apply(p, *check.tensors)
+        _, accepted, tokens = check.apply(p, *check.tensors)
     else:
-        accepted, token = out.accepted, out.drawn
+        accepted, tokens = out.accepted, out.emitted
     batch.streams.advance(G + 1, rnd.counts + 1)
-    tokens = torch.cat([drafts, drafts[:, :1]], 1).scatter(1, accepted[:, None], token[:, None])
     return Emitted(tokens, accepted + 1, accepted, rnd.counts, accepted)
+
+
+def fixed_round(engine: Engine, batch: Batch, limits: list[int]) -> Round:
+    """`draft_round` of limits[r] drafts a row, no rule stopping a row early: one graph of
+    the draft's runner where it captures its forwards (`draft_graph`), so the round has no
+    host op between its steps; the per-step loop otherwise. Same tokens; the round keeps
+    no steps, only what `verify` reads."""
+    rnd = captured_round(engine, batch, limits)
+    return draft_round(engine, batch, limits) if rnd is None else rnd
 
 
 def gamma_round(engine: Engine, batch: Batch, gamma: int) -> Emitted:
@@ -173,7 +182,7 @@ def gamma_round(engine: Engine, batch: Batch, gamma: int) -> Emitted:
     forward at all)."""
     if gamma == 0:
         return verify(engine, batch, Round())
-    return verify(engine, batch, draft_round(engine, batch, batch.room(gamma)))
+    return verify(engine, batch, fixed_round(engine, batch, batch.room(gamma)))
 
 
 def companion_features(q: torch.Tensor, c: torch.Tensor, x: torch.Tensor) -> tuple:

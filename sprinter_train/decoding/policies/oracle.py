@@ -86,7 +86,7 @@ class OracleLength(Method):
         p = engine.target_probs(batch, rnd, everyone, check)
         out = batch.verified
         if out.accepted is None:
-            token, accepted = check.apply(p, *check.tensors)
+            token, accepted, _ = check.apply(p, *check.tensors)
         else:
             accepted, token = out.accepted, out.drawn
         batch.streams.advance(width, 2 * room + 1 - rnd.counts)  # as sd's round would

@@ -7,7 +7,7 @@ from typing import ClassVar, Protocol
 
 from sprinter_train.core.rules import heuristic_next_gamma
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.policies.base import Method, Traits, draft_round, gamma_round, verify
+from sprinter_train.decoding.policies.base import Method, Traits, fixed_round, gamma_round, verify
 from sprinter_train.decoding.state import Batch, Emitted, Round, Row
 
 
@@ -98,7 +98,7 @@ class HeuristicSD(Method):
             max(0, min(row.memory.setdefault("gamma", self.gamma_init), row.remaining - 1))
             for row in batch.rows
         ]
-        return verify(engine, batch, draft_round(engine, batch, limits))
+        return verify(engine, batch, fixed_round(engine, batch, limits))
 
     def update(self, row: Row, drafted: int, accepted: int) -> None:
         if drafted:
