@@ -17,6 +17,12 @@ from sprinter_train.verifier.data import split_features
 from sprinter_train.verifier.select import Candidate, choose, fit_logistic
 
 FEATURES = "train.features=[hidden,q,draft_entropy,draft_margin,draft_entropy_raw]"
+# every decode-time group the synthetic records hold (the default's token_embedding needs
+# the harvest's draft, which synthetic records have none of)
+DECODE_TIME = (
+    "train.features=[hidden,q,draft_entropy,draft_margin,draft_entropy_raw,run_position,"
+    "accept_so_far]"
+)
 
 
 def entropy_decides(cols: dict[str, np.ndarray], rng: np.random.Generator) -> None:
@@ -197,7 +203,7 @@ def test_the_kept_head_scores_alike_in_training_and_in_the_decoders_scorer(
     from tests.synthetic import write_synthetic_records
 
     write_synthetic_records(tmp_path / "artifacts" / "syn", rows=2048, d=D)
-    cfg = train_cfg(compose_cfg, tmp_path, f"train.select.tie={tie}", features=None)
+    cfg = train_cfg(compose_cfg, tmp_path, f"train.select.tie={tie}", features=DECODE_TIME)
     result = run_stage(cfg)["verifier_lam1"]
     assert tie == "0.0" or result["selected"] == "scalars"
     checkpoint = load_verifier(verifier_path(cfg.checkpoint_dir, 1.0))
