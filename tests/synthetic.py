@@ -23,6 +23,12 @@ from sprinter_train.harvest.schema import SCHEMA_VERSION, SEQUENCE_SCHEMA, recor
 from sprinter_train.harvest.shards import shard_files
 
 TARGET_D = 4  # width of the synthetic target hidden state (noise: nothing is planted in it)
+# the default features less token_embedding: synthetic token ids come from no draft, so the
+# embedding the default reads cannot be looked up (stage=train refuses it, naming the draft)
+SYNTHETIC_FEATURES = (
+    "train.features=[hidden,q,draft_entropy,draft_margin,draft_entropy_raw,run_position,"
+    "accept_so_far]"
+)
 
 
 def planted_direction(d: int, seed: int) -> np.ndarray:

@@ -46,7 +46,7 @@ from tests.decoding_helpers import (
     tiny_trio,
 )
 from tests.sd_learned_helpers import after_draw, before_draw
-from tests.synthetic import write_synthetic_records
+from tests.synthetic import SYNTHETIC_FEATURES, write_synthetic_records
 
 
 def drafts_first(engine: Engine, policy: LearnedLength, prompt: list[int]) -> bool:
@@ -83,6 +83,7 @@ def test_the_prior_is_the_train_splits_mean_label_and_skips_rounds_it_would_not_
         "train.batch_size=512",
         "train.learning_curve=[]",
         "train.label=accept_prob",
+        SYNTHETIC_FEATURES,
     )
     write_synthetic_records(cfg.experiment_dir, rows=4096, d=D, shard_rows=2048, noise=0.3)
     run_stage(cfg)

@@ -30,7 +30,7 @@ from sprinter_train.evaluation.scores import predictor_descriptions
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path
 from tests.chain_helpers import TINY_CHAIN
-from tests.synthetic import write_synthetic_records
+from tests.synthetic import SYNTHETIC_FEATURES, write_synthetic_records
 
 TINY = (
     *TINY_CHAIN,
@@ -318,11 +318,13 @@ def test_evaluate_scores_the_same_rows_as_the_exported_verifier(chained) -> None
     """report AUC = AUC of the checkpoint's own scores on the test rows (no hidden re-ordering)."""
     from sprinter_train.harvest.reader import open_records
     from sprinter_train.verifier.data import split_features
+    from sprinter_train.verifier.train import make_embedder
 
     cfg = chained["cfg"]
     records = open_records(cfg.experiment_dir)
     checkpoint = load_verifier(verifier_path(cfg.checkpoint_dir, 1.5))
-    features, rows = split_features(records, "test", checkpoint.spec)
+    embedder = make_embedder(cfg, checkpoint.spec, records)  # the default reads the token's
+    features, rows = split_features(records, "test", checkpoint.spec, embedder)
     y = records.frame["ratio"].to_numpy()[rows] <= 1.0
     report = read_json(Path(cfg.experiment_dir) / "eval" / "report.json")
     assert report["auc"]["verifier_lam1.5"] == pytest.approx(
@@ -440,7 +442,7 @@ def test_missing_inputs_name_the_stage_that_makes_them(tmp_path, chained) -> Non
     with pytest.raises(MissingInputError, match=r"stage=train experiment=syn train.lam=1\b"):
         run_stage(compose_at(tmp_path, "stage=evaluate", "experiment=syn"))
     # verifiers but no table, on records with a companion
-    run_stage(compose_at(tmp_path, "stage=train", "experiment=syn"))
+    run_stage(compose_at(tmp_path, "stage=train", "experiment=syn", SYNTHETIC_FEATURES))
     with pytest.raises(MissingInputError, match="stage=tables experiment=syn"):
         run_stage(compose_at(tmp_path, "stage=evaluate", "experiment=syn"))
     run_stage(compose_at(tmp_path, "stage=tables", "experiment=syn"))

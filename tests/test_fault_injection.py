@@ -43,7 +43,7 @@ from sprinter_train.sv.table import SVTable, TableMismatchError, check_table_mod
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from tests.decoding_helpers import FixedLogits
 from tests.distill_helpers import TINY_DISTILL
-from tests.synthetic import write_synthetic_records
+from tests.synthetic import SYNTHETIC_FEATURES, write_synthetic_records
 
 REPO = Path(__file__).resolve().parents[1]
 NAN = float("nan")
@@ -129,6 +129,7 @@ def test_sigterm_during_training_exits_143_and_reports_no_success(tmp_path: Path
         "train.max_epochs=100000",
         "train.patience=100000",
         "train.learning_curve=[]",
+        SYNTHETIC_FEATURES,
     )
     try:
         # Lightning writes hparams.yaml once fit has begun

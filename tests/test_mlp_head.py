@@ -25,7 +25,7 @@ from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.module import VerifierModule
 from sprinter_train.verifier.scorer import CheckpointVerifier
 from tests.scorer_helpers import DRAFT, D, draft_step, new_batch, write_records
-from tests.synthetic import write_synthetic_records
+from tests.synthetic import SYNTHETIC_FEATURES, write_synthetic_records
 
 
 def mlp_module(d: int, hidden: int = 8) -> VerifierModule:
@@ -85,6 +85,7 @@ def trained(compose_cfg, tmp_path: Path):
         "train.head=mlp",
         "train.mlp.hidden=16",
         "train.learning_curve=[]",
+        SYNTHETIC_FEATURES,
     )
     return cfg, run_stage(cfg)
 

@@ -9,7 +9,7 @@ import pytest
 from nbclient import NotebookClient
 
 from sprinter_train.__main__ import run_stage
-from tests.synthetic import write_synthetic_records
+from tests.synthetic import SYNTHETIC_FEATURES, write_synthetic_records
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "analysis.ipynb"
 
@@ -30,6 +30,7 @@ def test_the_notebook_executes_on_a_tiny_experiment(compose_cfg, tmp_path) -> No
         "experiment=nb",
         f"checkpoints_root={tmp_path / 'checkpoints'}",
         "train.batch_size=512",
+        SYNTHETIC_FEATURES,
     )
     for stage in ("train", "tables", "evaluate"):
         run_stage(compose_cfg(f"stage={stage}", *common))

@@ -26,7 +26,7 @@ from sprinter_train.verifier.data import VerifierDataModule, split_features
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.labels import labels_at
 from sprinter_train.verifier.module import VerifierModule
-from tests.synthetic import write_synthetic_records
+from tests.synthetic import SYNTHETIC_FEATURES, write_synthetic_records
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,6 +44,12 @@ def train_cfg(compose_cfg, tmp_path: Path, *overrides: str):
         "experiment=syn",
         f"checkpoints_root={tmp_path / 'checkpoints'}",
         "train.batch_size=512",
+        # a test naming its own features or configuration (train=paper) keeps them
+        *(
+            ()
+            if any(o.startswith(("train=", "train.features=")) for o in overrides)
+            else (SYNTHETIC_FEATURES,)
+        ),
         *overrides,
     )
 
@@ -169,6 +175,7 @@ def test_hydra_multirun_sweeps_lambda(tmp_path, synthetic) -> None:
         "device=cpu",
         "num_threads=1",
         "train.batch_size=1024",
+        SYNTHETIC_FEATURES,
     ]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
