@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
-from sprinter_train.decoding.forward import broken_first, pick
+from sprinter_train.decoding.forward import BlockShape, broken_first, pick
 from sprinter_train.decoding.state import Batch, Round, spread
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class RoundRequest:
+class RoundRequest(BlockShape):
     """Up to `gamma` drafts a row: the first step feeds ids[r, :plan[r, 0]] (what the draft's
     cache lacks) and keeps offset plan[r, 1]; row r drafts plan[r, 2] tokens at most, drawn
     at u[r, k] (rows, gamma), its next numbers."""
@@ -42,14 +42,6 @@ class RoundRequest:
     plan: torch.Tensor
     u: torch.Tensor
     warp: SamplingConfig
-
-    @property
-    def rows(self) -> int:
-        return self.ids.shape[0]
-
-    @property
-    def width(self) -> int:
-        return self.ids.shape[1]
 
     @property
     def gamma(self) -> int:

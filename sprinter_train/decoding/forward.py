@@ -21,8 +21,22 @@ from sprinter_train.models.lean import LeanDraft
 NO_POSITION = 2**62  # the watch's "no broken logits seen"
 
 
+class BlockShape:
+    """The rows and width of a request's block of token ids (rows, width)."""
+
+    ids: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.ids.shape[1]
+
+
 @dataclass(frozen=True)
-class ForwardRequest:
+class ForwardRequest(BlockShape):
     """Append ids[r, :counts[r]] to row r and return the outputs at block offsets keep[r, k]
     (clamped into the block, so a row's unused entries may point anywhere).
 
@@ -40,14 +54,6 @@ class ForwardRequest:
     warp: SamplingConfig | None = None
     then: AfterWarp | None = None
     transient: bool = False
-
-    @property
-    def rows(self) -> int:
-        return self.ids.shape[0]
-
-    @property
-    def width(self) -> int:
-        return self.ids.shape[1]
 
     @property
     def after_warp(self) -> AfterWarp | None:
