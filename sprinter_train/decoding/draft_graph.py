@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
-from sprinter_train.decoding.forward import BlockShape, broken_first, pick
+from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.after_warp import Draw
+from sprinter_train.decoding.forward import BlockShape, Recorded
 from sprinter_train.decoding.state import Batch, Round, spread
 
 if TYPE_CHECKING:
@@ -66,30 +67,24 @@ def record_round(
     span: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What a draft round's graph records over the row bucket: `recorded.gamma` steps of the
-    per-step loop, each the static forward on the restricted head, its warp and draw and the
-    broken-logits watch (as `CapturedBackend.record_forward`), then the loop's bookkeeping;
-    (drafts (rows, G), their laws (rows, G, V), drafts a row)."""
-    static, head = backend.static, backend.head
-    kv.span = span
+    per-step loop, each what a step's own graph records (`record_forward`: the static
+    forward on the restricted head, its warp, the draw and the broken-logits watch), then
+    the loop's bookkeeping; (drafts (rows, G), their laws (rows, G, V), drafts a row)."""
+    head = backend.head
+    step = Recorded(restricted=True, warp=recorded.warp, then=Draw)
     limit = plan[:, 2]
     active = limit > 0
     counts, keep, block = plan[:, 0] * active, plan[:, 1:2], ids
     drafted = torch.zeros_like(limit)
     tokens, laws = [], []
     for _ in range(recorded.gamma):
-        width = block.shape[1]
-        positions, mask = kv.block(counts, width)
-        final, chosen = static.step(block, positions, mask, kv)
-        picked, _ = pick(final, chosen, keep, width, True)  # no hidden state is read
-        logits, support = head.logits(picked, True)
-        q = warp_probs(logits, recorded.warp)[:, 0]
-        drawn = inverse_cdf(q, u.gather(1, drafted[:, None])[:, 0])
-        token = drawn if support is None else support[drawn]
-        torch.minimum(
-            backend.broken, broken_first(logits, positions, keep, counts), out=backend.broken
+        drawn_at = u.gather(1, drafted[:, None])[:, 0]
+        _, _, _, probs, drawn = backend.record_forward(
+            block, keep, counts, drawn_at, kv=kv, recorded=step, span=span
         )
+        token = drawn if head.support is None else head.support[drawn]
         tokens.append(token)
-        laws.append(q)
+        laws.append(probs[:, 0])
         drafted = drafted + active
         active = active & (drafted < limit)
         block, counts, keep = token[:, None], active.long(), torch.zeros_like(keep)

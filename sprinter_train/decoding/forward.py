@@ -61,6 +61,21 @@ class ForwardRequest(BlockShape):
         return None if self.warp is None else self.then
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What a captured graph freezes of a request (part of its key): the head, the warp and
+    the kind of work after it."""
+
+    restricted: bool
+    warp: SamplingConfig | None
+    then: type[AfterWarp] | None
+
+    @classmethod
+    def of(cls, request: ForwardRequest) -> Recorded:
+        then = request.after_warp
+        return cls(request.restricted, request.warp, None if then is None else type(then))
+
+
 @dataclass
 class RowOutput:
     logits: torch.Tensor  # (rows, keep, V) float32 on the shared vocabulary

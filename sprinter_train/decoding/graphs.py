@@ -51,11 +51,16 @@ from typing import Any
 
 import torch
 
-from sprinter_train.core.sampling import SamplingConfig, warp_probs
-from sprinter_train.decoding.after_warp import AfterWarp
+from sprinter_train.core.sampling import warp_probs
 from sprinter_train.decoding.backends import Backend, StaticBackend
 from sprinter_train.decoding.draft_graph import RoundPlan, RoundRequest, record_round
-from sprinter_train.decoding.forward import ForwardRequest, RowOutput, broken_first, pick
+from sprinter_train.decoding.forward import (
+    ForwardRequest,
+    Recorded,
+    RowOutput,
+    broken_first,
+    pick,
+)
 from sprinter_train.decoding.static_cache import StaticRowCache
 
 log = logging.getLogger(__name__)
@@ -179,21 +184,6 @@ class CapturedSteps:
 
     def __len__(self) -> int:
         return sum(entry is not None for entry in self._graphs.values())
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """What a captured graph freezes of a request (part of its key): the head, the warp and
-    the kind of work after it."""
-
-    restricted: bool
-    warp: SamplingConfig | None
-    then: type[AfterWarp] | None
-
-    @classmethod
-    def of(cls, request: ForwardRequest) -> Recorded:
-        then = request.after_warp
-        return cls(request.restricted, request.warp, None if then is None else type(then))
 
 
 class CapturedBackend(Backend):
