@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -90,6 +90,13 @@ def target_perplexity(model: nn.Module, context_ids: list[int], output_ids: list
     log_probs = torch.log_softmax(predicting, dim=-1)
     nll = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return math.exp(nll.mean().item())
+
+
+def scored_mean(values: Iterable[float]) -> float:
+    """The mean of the figures that exist: an empty output's NaN (nothing scored) is not a
+    figure; NaN when none is."""
+    kept = [v for v in values if v == v]
+    return sum(kept) / len(kept) if kept else float("nan")
 
 
 def target_perplexities(

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from sprinter_train.bench.judge import Judge, build_judge, win_tie, win_tie_rate
-from sprinter_train.bench.quality import rouge_l, target_perplexities
+from sprinter_train.bench.quality import rouge_l, scored_mean, target_perplexities
 from sprinter_train.bench.runs import GroupRun
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.state import DecodeStats
@@ -152,7 +152,7 @@ def texts(runs: Runs, tokenizer) -> dict[str, list[str]]:
 def rouge_vs_target(text: dict[str, list[str]], name: str) -> float:
     """Mean ROUGE-L (F1, in points) of a method's outputs against target_only's, row by row."""
     pairs = zip(text[name], text["target_only"], strict=True)
-    return 100 * _mean(rouge_l(t, ref) for t, ref in pairs)
+    return 100 * scored_mean(rouge_l(t, ref) for t, ref in pairs)
 
 
 def summarise_batch(runs: Runs, tokenizer) -> dict[str, dict[str, Any]]:
@@ -212,7 +212,7 @@ def summarise(runs: Runs, models: Roles, tokenizer, cfg: DictConfig) -> dict[str
             "rouge_l_ref": 100 * sum(rouge_l(t, ref) for t, ref in refs) / len(refs)
             if refs
             else None,
-            "target_ppl": _mean(ppls),
+            "target_ppl": scored_mean(ppls),
         }
         if "target_only" in runs:
             row["rouge_l_vs_target"] = rouge_vs_target(text, name)
@@ -243,8 +243,3 @@ def greedy_differences(runs: Runs, greedy: bool) -> dict[str, int | None]:
         name: sum(list(a) != list(b) for (_, a), b in zip(rows(rs), reference, strict=True))
         for name, rs in runs.items()
     }
-
-
-def _mean(values) -> float:
-    values = [v for v in values if v == v]  # drop NaN (empty outputs)
-    return sum(values) / len(values) if values else float("nan")

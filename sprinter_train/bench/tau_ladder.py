@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from sprinter_train.bench.quality import target_perplexities
+from sprinter_train.bench.quality import scored_mean, target_perplexities
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.state import Policy
 
@@ -60,11 +60,6 @@ def at_tau(policy: Policy, tau: float) -> Policy:
     return dataclasses.replace(policy, **changes)  # type: ignore[type-var]
 
 
-def _mean(values: Sequence[float]) -> float:
-    kept = [v for v in values if v == v]  # an empty output's NaN is not a figure
-    return sum(kept) / len(kept) if kept else float("nan")
-
-
 def climb(
     policy: Policy,
     engine: Engine,
@@ -90,7 +85,7 @@ def climb(
             for ids, seed in zip(prompts, seeds, strict=True)
         ]
         pairs = list(zip(prompts, outputs, strict=True))
-        ppl = _mean(target_perplexities(target, pairs, nll_batch_size))
+        ppl = scored_mean(target_perplexities(target, pairs, nll_batch_size))
         ratio = ppl / base_ppl if ppl == ppl else None
         met = ratio is not None and ratio <= bar
         entry["tried"].append({"tau": value, "target_ppl": ppl, "ratio": ratio, "met": met})
