@@ -38,24 +38,22 @@ def synthetic(tmp_path: Path) -> dict:
     )
 
 
-def train_cfg(compose_cfg, tmp_path: Path, *overrides: str):
+def train_cfg(
+    compose_cfg, tmp_path: Path, *overrides: str, features: str | None = SYNTHETIC_FEATURES
+):
+    """`features`: None keeps the configuration's own (train=paper's)."""
     return compose_cfg(
         "stage=train",
         "experiment=syn",
         f"checkpoints_root={tmp_path / 'checkpoints'}",
         "train.batch_size=512",
-        # a test naming its own features or configuration (train=paper) keeps them
-        *(
-            ()
-            if any(o.startswith(("train=", "train.features=")) for o in overrides)
-            else (SYNTHETIC_FEATURES,)
-        ),
+        *([features] if features else []),
         *overrides,
     )
 
 
 def test_linear_verifier_recovers_the_planted_direction(compose_cfg, tmp_path, synthetic) -> None:
-    cfg = train_cfg(compose_cfg, tmp_path, "train=paper", "train.lam=1")  # the Lightning head
+    cfg = train_cfg(compose_cfg, tmp_path, "train=paper", "train.lam=1", features=None)  # Lightning
     result = run_stage(cfg)["verifier_lam1"]
     assert result["test"]["auc_q_le_p"] > 0.95
     checkpoint = load_verifier(verifier_path(cfg.checkpoint_dir, 1.0))

@@ -101,7 +101,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     log.info(
         "bench: latency profile ready in %.1f s (%.1f s of it compiling)",
         time.perf_counter() - began,
-        sum(r.compile_seconds for r in engine.present_runners.values()),
+        compiling(),
     )
     identities = {role: model_identity(getattr(models, role)) for role in ("target", "draft")}
     with phase(phases, "alpha and the profile's check", compiling):

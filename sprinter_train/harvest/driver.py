@@ -209,17 +209,15 @@ def harvest_prompts(
     return joined.take(index), [sequences[i] for i in range(len(prompts))]
 
 
-def throughput(rows: int, phase_seconds: dict[str, float], shards: int) -> dict[str, Any]:
+def throughput(rows: int, phase_seconds: dict[str, float]) -> dict[str, Any]:
     """This rank's records/s over both phases and over the teacher-forced one alone, and their
     ratio: what generating the draft-, target-continued and interleaved mixes costs beside a
-    harvest that only teacher-forces given sequences (none when no shard was written)."""
-    if not shards or not rows:
-        return {}
+    harvest that only teacher-forces given sequences (none when nothing was written)."""
     generation = phase_seconds.get("generation", 0.0)
     forced = phase_seconds.get("teacher_forced", 0.0)
-    both = generation + forced
-    if forced <= 0 or both <= 0:
+    if not rows or forced <= 0:
         return {}
+    both = generation + forced
     return {
         "generation_seconds": generation,
         "teacher_forced_seconds": forced,
@@ -431,7 +429,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
             "records_written": new_rows,
             "seconds": seconds,
             "world_size": world,
-            **throughput(rows, phases, len(todo)),
+            **throughput(rows, phases),
         }
         log.info("harvest: %s", result)
     fabric.barrier()

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from sprinter_train.bench import provenance
 from sprinter_train.bench.decode import decode_all
 from sprinter_train.bench.methods import at_batch_size
+from sprinter_train.bench.phases import runner_compile_seconds
 from sprinter_train.bench.prepare import Setup, prepare
 from sprinter_train.bench.report import check_targets, plot_results, write_results
 from sprinter_train.bench.results import input_hashes, summarise_runs
@@ -98,7 +99,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     tighten_taus(cfg, setup, results)
     results["provenance"] = provenance.finish(
         started,
-        compile_seconds=sum(r.compile_seconds for r in setup.engine.present_runners.values()),
+        compile_seconds=runner_compile_seconds(setup.engine)(),
         models=provenance.model_hashes(
             {
                 "target": setup.models.target,
