@@ -258,3 +258,27 @@ def test_results_md_says_how_long_each_set_up_phase_took_and_what_it_compiled(
     write_results(tmp_path, results)
     text = (tmp_path / "results.md").read_text()
     assert "## Warm-up (untimed)" in text and "| latency profile | 23.20 |" in text
+
+
+def test_results_md_prices_target_onlys_call_against_the_profile_prefills_apart(
+    tmp_path: Path,
+) -> None:
+    results = hand_made_results()
+    results["latency_profile"]["by_batch"] = {
+        "1": {"target_ms": {"1": 30.0, "2": 32.0}, "draft_ms": 3.0, "companion_ms": None}
+    }
+    base = row(1.0, None, None)
+    base["prefill_s"] = {"target": 0.25, "draft": 0.0, "companion": 0.0}
+    base["cost_ms"] = {"target_call": 45.0}
+    results["methods"] = {"target_only": base, **results["methods"]}
+    write_results(tmp_path, results)
+    lines = (tmp_path / "results.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| method | wall s"))
+    assert "| target | of it prefill |" in header and header.endswith("| target ms a call |")
+    breakdown = [line for line in lines if line.startswith("| target_only | 2.00")]
+    assert breakdown == ["| target_only | 2.00 | 1.00 | 0.25 | 0.50 | 0.00 | 0.10 | 0.40 | 45.00 |"]
+    assert "| sd | 2.00 | 1.00 | – |" in "\n".join(lines)  # a run written before: no prefill
+    assert (
+        "target_only's target call, prefills apart: 45.00 ms, 1.50x the latency profile's "
+        "1-token forward (30.00 ms)." in lines
+    )

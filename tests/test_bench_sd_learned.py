@@ -210,12 +210,14 @@ def test_costs_per_drafted_token_and_methods_without_rounds() -> None:
     stats = DecodeStats(
         drafted=10, draft_calls=6, verifier_calls=6, draft_seconds=0.3, verifier_seconds=0.02
     )
+    stats.target_calls, stats.target_seconds, stats.target_prefill_seconds = 4, 0.5, 0.1
     assert costs_ms(stats) == pytest.approx(
         {
             "verifier_per_draft": 2.0,
             "companion_per_draft": None,
             "draft_per_draft": 30.0,
             "draft_step": 50.0,
+            "target_call": 100.0,  # the prefill's 0.1 s is not a call's
         }
     )
     peer = DecodeStats(target_calls=5, draft_calls=9)  # HF's: calls, no seconds, no rounds

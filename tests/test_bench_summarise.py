@@ -52,7 +52,13 @@ def hand_made_runs() -> dict[str, list[GroupRun]]:
     verifier and an empty output on p1."""
     return {
         "target_only": [
-            run(PROMPTS[0], "abc", 1.0, DecodeStats(target_calls=3, target_seconds=0.25), 1.5),
+            run(
+                PROMPTS[0],
+                "abc",
+                1.0,
+                DecodeStats(target_calls=3, target_seconds=0.25, target_prefill_seconds=0.125),
+                1.5,
+            ),
             run(PROMPTS[1], "xyz", 0.5, DecodeStats(target_calls=3, target_seconds=0.125), 1.5),
         ],
         "sd": [
@@ -121,6 +127,9 @@ def test_speed_calls_and_acceptance_follow_from_the_runs(models, compose_cfg) ->
         "verifier": 0.0,
     }
     assert base["time_breakdown_s"]["target"] == 0.375
+    # the prompts' prefill is inside the target's seconds: a call costs the rest
+    assert base["prefill_s"] == {"target": 0.125, "draft": 0.0, "companion": 0.0}
+    assert base["cost_ms"]["target_call"] == pytest.approx(1e3 * 0.25 / 6)
     assert sprinter["time_breakdown_s"]["verifier"] == 0.0625
     # energy only when every run of a method was metered
     assert base["joules_per_token"] == 0.5 and base["energy_note"] is None

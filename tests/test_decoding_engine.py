@@ -419,3 +419,18 @@ def test_sprinter_checks_its_rejected_rows_whatever_a_stale_any_says(models) -> 
     out = generate(stale)
     assert [r.tokens for r in out] == [r.tokens for r in expected]
     assert out[0].stats.target_calls > 0
+
+
+def test_the_prompts_prefill_is_kept_apart_within_each_models_forward_time(models) -> None:
+    """A decode call's cost (what the latency profile prices) is the model's forward time
+    less the prompts' prefill: the prefill is counted once a generation, inside it."""
+    engine = engine_for(models, GREEDY)
+    before = engine.runners["target"].prefill_seconds
+    stats = engine.generate(PROMPTS, SpeculativeDecoding(gamma=2), 6)[0].stats
+    assert 0 < stats.target_prefill_seconds < stats.target_seconds
+    assert 0 < stats.draft_prefill_seconds < stats.draft_seconds
+    spent = engine.runners["target"].prefill_seconds - before
+    assert stats.target_prefill_seconds == pytest.approx(spent)
+    again = engine.generate(PROMPTS, TargetOnly(), 6)[0].stats
+    assert 0 < again.target_prefill_seconds < again.target_seconds
+    assert again.draft_prefill_seconds == 0.0  # the draft never ran

@@ -70,20 +70,45 @@ def batch_table(batch: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def breakdown_table(methods: dict[str, Any]) -> str:
-    """Where the time goes: seconds in each model, and the rest (sampling, Python, HF)."""
+def breakdown_table(methods: dict[str, Any], profile: dict[str, Any] | None = None) -> str:
+    """Where the time goes: seconds in each model (the target's prompt prefills among them),
+    the rest (sampling, Python, HF), and one target call's ms with the prefills taken out;
+    beneath, target_only's call against the latency profile's 1-token forward (`profile`:
+    the profile at this batch size)."""
     lines = [
-        "| method | wall s | target | draft | companion | verifier | other |",
-        "|---|---|---|---|---|---|---|",
+        "| method | wall s | target | of it prefill | draft | companion | verifier | other "
+        "| target ms a call |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in methods.items():
         parts = row["time_breakdown_s"]
         other = row["wall_s"] - sum(parts.values())
-        cells = [f"{row['wall_s']:.2f}"] + [
-            f"{parts[k]:.2f}" for k in ("target", "draft", "companion", "verifier")
-        ]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {other:.2f} |")
-    return "\n".join(lines)
+        prefill = (row.get("prefill_s") or {}).get("target")
+        call = (row.get("cost_ms") or {}).get("target_call")
+        cells = [f"{row['wall_s']:.2f}", f"{parts['target']:.2f}", cell(prefill, "{:.2f}")]
+        cells += [f"{parts[k]:.2f}" for k in ("draft", "companion", "verifier")]
+        cells += [f"{other:.2f}", cell(call, "{:.2f}")]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + target_call_lines(methods, profile))
+
+
+def target_call_lines(methods: dict[str, Any], profile: dict[str, Any] | None) -> list[str]:
+    """target_only's target call (one token a row, prefills apart) over the profile's 1-token
+    forward at the same batch size: whether the timed run pays what the profile measured."""
+    call = ((methods.get("target_only") or {}).get("cost_ms") or {}).get("target_call")
+    ms = ((profile or {}).get("target_ms") or {}).get("1")
+    if not call or not ms:
+        return []
+    return [
+        "",
+        f"target_only's target call, prefills apart: {call:.2f} ms, {call / ms:.2f}x the "
+        f"latency profile's 1-token forward ({ms:.2f} ms).",
+    ]
+
+
+def profile_at(results: dict[str, Any], size: str) -> dict[str, Any] | None:
+    """The latency profile at one batch size (None where the run has none there)."""
+    return ((results.get("latency_profile") or {}).get("by_batch") or {}).get(size)
 
 
 def latency_table(profile: dict[str, Any]) -> str:
@@ -154,7 +179,7 @@ def batch_sections(results: dict[str, Any]) -> list[str]:
             "the batch. Time breakdown (`other`: wall minus the models' forwards: sampling and "
             "Python):",
             "",
-            breakdown_table(batch["methods"]),
+            breakdown_table(batch["methods"], profile_at(results, size)),
             "",
         ]
     if len(batches) > 1:
@@ -610,7 +635,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
         "Time breakdown (seconds inside each model's forward; `other` is sampling, Python and, for",
         "the HF peers, everything, since their model time is not separated):",
         "",
-        breakdown_table(results["methods"]),
+        breakdown_table(results["methods"], profile_at(results, "1")),
         "",
     ]
     if results.get("targets"):

@@ -90,8 +90,10 @@ def draft_runs(stats: DecodeStats) -> dict[str, int | float | None]:
 
 def costs_ms(stats: DecodeStats) -> dict[str, float | None]:
     """Milliseconds per drafted token in the verifier and the companion (what a learned or
-    table-driven length pays to choose) and in the draft, and one drafting step's (a batched
-    forward of every drafting row); None where the method has no such part or drafted none."""
+    table-driven length pays to choose) and in the draft, one drafting step's (a batched
+    forward of every drafting row) and one target call's with the prompts' prefills taken
+    out (what the latency profile prices); None where the method has no such part or drafted
+    none."""
 
     def per(seconds: float, count: int) -> float | None:
         return 1e3 * seconds / count if count and seconds > 0 else None
@@ -101,6 +103,7 @@ def costs_ms(stats: DecodeStats) -> dict[str, float | None]:
         "companion_per_draft": per(stats.companion_seconds, stats.drafted),
         "draft_per_draft": per(stats.draft_seconds, stats.drafted),
         "draft_step": per(stats.draft_seconds, stats.draft_calls),
+        "target_call": per(stats.target_seconds - stats.target_prefill_seconds, stats.target_calls),
     }
 
 
@@ -127,6 +130,11 @@ def speed(runs: list[GroupRun]) -> dict[str, Any]:
             "draft": stats.draft_seconds,
             "companion": stats.companion_seconds,
             "verifier": stats.verifier_seconds,
+        },
+        "prefill_s": {
+            "target": stats.target_prefill_seconds,
+            "draft": stats.draft_prefill_seconds,
+            "companion": stats.companion_prefill_seconds,
         },
         "draft_runs": draft_runs(stats),
         "cost_ms": costs_ms(stats),

@@ -38,7 +38,9 @@ class ForwardClock:
         self.compile_seconds = 0.0  # first calls of new compiled shapes (not in `seconds`)
         self.compiles = 0  # graphs dynamo compiled in this runner's forwards
         self._cpu_seconds = 0.0
+        self._cpu_prefill = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._prefill_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         # (rows, block width, seconds or CUDA events) of the latest forwards (not prefills)
         self._shapes: deque[tuple[int, int, Any]] = deque(maxlen=256)
 
@@ -50,6 +52,16 @@ class ForwardClock:
             self._cpu_seconds += sum(a.elapsed_time(b) for a, b in self._events) / 1000.0
             self._events.clear()
         return self._cpu_seconds
+
+    @property
+    def prefill_seconds(self) -> float:
+        """The part of `seconds` spent filling empty caches with prompts (drains its CUDA
+        events): a decode call's cost is the rest over the calls."""
+        if self._prefill_events:
+            synchronize(self.device)
+            self._cpu_prefill += sum(a.elapsed_time(b) for a, b in self._prefill_events) / 1000.0
+            self._prefill_events.clear()
+        return self._cpu_prefill
 
     def forward_times(self) -> list[tuple[int, int, float]]:
         """(rows, block width, seconds) of each forward since the last call whose time is
@@ -70,12 +82,17 @@ class ForwardClock:
 
     @contextmanager
     def timed(
-        self, shape: tuple[int, int] | None = None, compiling: bool = False, forwards: int = 1
+        self,
+        shape: tuple[int, int] | None = None,
+        compiling: bool = False,
+        forwards: int = 1,
+        prefill: bool = False,
     ) -> Iterator[None]:
         """Time the block: CUDA events on a GPU (read later, no sync), the wall clock on CPU;
         a forward's (rows, width) `shape` is kept with its time for `forward_times`; a block
         of several `forwards` of that shape (a draft round in one graph) keeps each with its
         share of the time, so the cost model still prices one forward.
+        `prefill`: the block fills an empty cache (also kept as `prefill_seconds`).
         `compiling`: the block compiles a new shape; its wall time goes to `compile_seconds`
         alone (after a sync, as a warm-up is timed). A block that compiled or captured a
         graph unforeseen is moved there too (with a warning when dynamo recompiled a shape
@@ -104,11 +121,14 @@ class ForwardClock:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._events.append((start, end))
+            if prefill:
+                self._prefill_events.append((start, end))
             if shape is not None:
                 self._shapes.extend([(*shape, (start, end, forwards))] * forwards)
         else:
             elapsed = time.perf_counter() - began
             self._cpu_seconds += elapsed
+            self._cpu_prefill += elapsed if prefill else 0.0
             if shape is not None:
                 self._shapes.extend([(*shape, elapsed / forwards)] * forwards)
 

@@ -142,6 +142,7 @@ class RoundLoop:
         roles = list(self.present_runners)
         synchronize(self.device)
         before = {role: self.runners[role].seconds for role in roles}
+        prefilled = {role: self.runners[role].prefill_seconds for role in roles}
         compiling = sum(self.runners[role].compile_seconds for role in roles)
         start = time.perf_counter()
         while batch.rows and not all(row.finished for row in batch.rows):
@@ -156,5 +157,7 @@ class RoundLoop:
             spent = self.runners[role].seconds - before[role]
             spent -= getattr(batch.stats, f"unbilled_{role}_seconds", 0.0)
             setattr(batch.stats, f"{role}_seconds", spent)
+            prefill = self.runners[role].prefill_seconds - prefilled[role]
+            setattr(batch.stats, f"{role}_prefill_seconds", prefill)
         self.timings.feed(self.runners)  # every forward is done: none is left for later
         return [GenerationResult(row.generated, wall, batch.stats, row.from_draft) for row in done]

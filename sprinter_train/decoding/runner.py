@@ -175,6 +175,11 @@ class ModelRunner:
         return self.clock.seconds
 
     @property
+    def prefill_seconds(self) -> float:
+        """The part of `seconds` spent in `prime`, filling empty caches with prompts."""
+        return self.clock.prefill_seconds
+
+    @property
     def compile_seconds(self) -> float:
         """Time spent compiling and capturing new shapes (not in `seconds`)."""
         return self.clock.compile_seconds
@@ -205,7 +210,7 @@ class ModelRunner:
         if cache.slots:
             raise ValueError("prime fills an empty cache; this one holds tokens already")
         lengths = [len(tokens) for tokens in rows]
-        with self.clock.timed():
+        with self.clock.timed(prefill=True):
             groups = []
             for members in prefill_groups(lengths, self.padded_prefill, self.prefill_tokens):
                 width = max(lengths[r] for r in members)

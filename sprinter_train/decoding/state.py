@@ -35,6 +35,10 @@ class DecodeStats:
     draft_seconds: float = 0.0
     companion_seconds: float = 0.0
     verifier_seconds: float = 0.0
+    # the part of each model's seconds spent filling empty caches with prompts (`prime`)
+    target_prefill_seconds: float = 0.0
+    draft_prefill_seconds: float = 0.0
+    companion_prefill_seconds: float = 0.0
     compile_seconds: float = 0.0  # compiling new shapes, outside the wall time
     # work a policy is credited with for free (the oracle's look-ahead), outside the wall
     # time and the models' seconds: its calls are never counted
