@@ -260,12 +260,14 @@ def test_results_md_says_how_long_each_set_up_phase_took_and_what_it_compiled(
     assert "## Warm-up (untimed)" in text and "| latency profile | 23.20 |" in text
 
 
+@pytest.mark.parametrize("width", [int, str])  # as the run holds the profile, as JSON keeps it
 def test_results_md_prices_target_onlys_call_against_the_profile_prefills_apart(
-    tmp_path: Path,
+    tmp_path: Path, width
 ) -> None:
     results = hand_made_results()
+    by_width = {width(1): 30.0, width(2): 32.0}
     results["latency_profile"]["by_batch"] = {
-        "1": {"target_ms": {"1": 30.0, "2": 32.0}, "draft_ms": 3.0, "companion_ms": None}
+        "1": {"target_ms": by_width, "draft_ms": 3.0, "companion_ms": None}
     }
     base = row(1.0, None, None)
     base["prefill_s"] = {"target": 0.25, "draft": 0.0, "companion": 0.0}
