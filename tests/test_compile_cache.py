@@ -15,6 +15,7 @@ from torch._inductor import config as inductor_config
 from sprinter_train.bench.report import compile_line
 from sprinter_train.core import compile_cache
 from sprinter_train.core.compile_cache import cache_folder, compile_record, use_compile_cache
+from sprinter_train.core.validation import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION = f"torch-{torch.__version__}"
@@ -179,3 +180,11 @@ def test_a_shared_object_cut_short_by_a_killed_compile_is_swept(caches, tmp_path
     (folder / "empty.so").write_bytes(b"")
     use_compile_cache(str(tmp_path))
     assert whole.exists() and not cut.exists() and not (folder / "empty.so").exists()
+
+
+def test_a_folder_that_cannot_be_made_is_refused_naming_the_setting(caches, tmp_path) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"decoding.compile_cache=.*a-file.*Not a directory"):
+        use_compile_cache(str(taken))
+    assert compile_cache.ENV not in os.environ  # nothing was switched on

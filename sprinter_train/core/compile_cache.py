@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from sprinter_train.core.validation import ConfigError
+
 log = logging.getLogger(__name__)
 ENV = "TORCHINDUCTOR_CACHE_DIR"  # inductor reads it at every cache look-up
 # counters dynamo keeps per process: (group, key) of each cache's hits and misses
@@ -51,14 +53,32 @@ def use_compile_cache(setting: Any) -> Path | None:
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
 
+    if folder is not None:
+        writable_folder(folder, setting)
     inductor_config.fx_graph_cache = folder is not None
     functorch_config.enable_autograd_cache = folder is not None
     if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
         os.environ[ENV] = str(folder)
         for path in sweep_truncated(folder):
             log.warning("compile cache: removed %s, cut short by a killed compile", path)
     return folder
+
+
+def writable_folder(folder: Path, setting: Any) -> None:
+    """Make `folder` and check this process may write there, or fail naming the setting: a
+    cache that cannot be written would fail in the middle of the first compile."""
+    remedy = "name a folder this user can write, or null to turn the compile cache off"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ConfigError(
+            f"decoding.compile_cache={setting}: cannot make {folder} ({reason}); {remedy}"
+        ) from error
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"decoding.compile_cache={setting}: {folder} is not writable by this user; {remedy}"
+        )
 
 
 def truncated_elf(path: Path) -> bool:
