@@ -181,12 +181,24 @@ def main() -> None:
     records, verifiers, _ = load_inputs(cfg)
     frame = records.frame
     bench_path = args.bench or Path(cfg.experiment_dir) / "bench" / "results.json"
-    bench = json.loads(bench_path.read_text())
-    profile = bench["latency_profile"]["by_batch"]["1"]
+    if not bench_path.is_file():
+        raise SystemExit(
+            f"{bench_path} is missing: the costs come from a bench's latency profile (run "
+            f"stage=bench experiment={cfg.experiment}, or name one with --bench)"
+        )
+    try:
+        bench = json.loads(bench_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise SystemExit(f"{bench_path} is not a bench's results.json: {error}") from error
+    profile = ((bench.get("latency_profile") or {}).get("by_batch") or {}).get("1")
+    if profile is None:
+        raise SystemExit(f"{bench_path} has no latency profile at batch 1 (by_batch['1'])")
     gmax = int(bench["gamma_max"])
     costs = Costs([profile["target_ms"][str(k + 1)] for k in range(gmax + 1)], profile["draft_ms"])
 
     rows = np.flatnonzero(((frame.split == "test") & (frame.mix == "draft")).to_numpy())
+    if not len(rows):
+        raise SystemExit(f"{cfg.experiment}'s records hold no test rows of the draft mix")
     name = args.verifier
     if name not in verifiers:
         raise SystemExit(f"no verifier {name} in {cfg.checkpoint_dir}: {sorted(verifiers)}")
