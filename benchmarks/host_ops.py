@@ -10,6 +10,7 @@ engine can be judged without a GPU:
     python benchmarks/host_ops.py            # target_only, sd (gamma 3), svip
     python benchmarks/host_ops.py --tokens 128
     python benchmarks/host_ops.py --captured # the GPU's layout: forwards from captured graphs
+    python benchmarks/host_ops.py --captured --learned  # also sd_learned and sprinter
 
 Ops are counted with a TorchDispatchMode (views included: they cost host time, no launch);
 the body of every static-layout forward (the static backend's `step`, what a GPU compiles and
@@ -17,6 +18,8 @@ replays) is not counted. `--captured` plays the GPU's hand-captured graphs on th
 (`graphs.HostGraph`): what a graph replays is not counted, its input copies are, and each
 replay counts as one op (its launch). `steady` is the ops a round after the first: the first
 round holds the generation's set-up and the prompts' eager prefill, paid once a generation.
+`--learned` adds sd_learned and sprinter, each scoring with a linear verifier (seeded weights)
+on `train.features`, the default feature set: their verifier's ops are its own column.
 """
 
 from __future__ import annotations
@@ -34,14 +37,24 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sprinter_train.core.config import compose_config  # noqa: E402
 from sprinter_train.core.sampling import SamplingConfig  # noqa: E402
 from sprinter_train.decoding import graphs  # noqa: E402
 from sprinter_train.decoding.builder import build_engine  # noqa: E402
 from sprinter_train.decoding.engine import Engine  # noqa: E402
 from sprinter_train.decoding.graphs import HostGraph  # noqa: E402
-from sprinter_train.decoding.policies import SVIP, SpeculativeDecoding, TargetOnly  # noqa: E402
+from sprinter_train.decoding.policies import (  # noqa: E402
+    SVIP,
+    LearnedLength,
+    SpeculativeDecoding,
+    Sprinter,
+    TargetOnly,
+)
 from sprinter_train.decoding.timings import Timings  # noqa: E402
 from sprinter_train.models.tiny import build_tiny_model  # noqa: E402
+from sprinter_train.verifier.checkpoint import LinearVerifier, VerifierCheckpoint  # noqa: E402
+from sprinter_train.verifier.features import FeatureSpec  # noqa: E402
+from sprinter_train.verifier.scorer import CheckpointVerifier  # noqa: E402
 
 
 class OpCounter(TorchDispatchMode):
@@ -56,6 +69,27 @@ class OpCounter(TorchDispatchMode):
         if self.counting:
             self.ops[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
+
+
+def gpu_target_seconds(rows: int, tokens: int) -> float:
+    """A target forward's price on a GPU at batch 1: a 1.9 ms step, 0.2 ms a further token."""
+    return 1.9e-3 + 0.2e-3 * (tokens - 1)
+
+
+def default_verifier(draft: torch.nn.Module) -> CheckpointVerifier:
+    """A linear verifier on the default `train.features` of this draft, seeded weights: what
+    sd_learned and sprinter score with, counted as they run it."""
+    spec = FeatureSpec.from_cfg(compose_config("stage=train").train)
+    d = int(draft.config.hidden_size)
+    d_in = sum(part["width"] for part in spec.layout(d, embed_dim=d))
+    model = LinearVerifier(d_in)
+    with torch.no_grad():
+        model.linear.weight.normal_(
+            0.0, 0.1 / d_in**0.5, generator=torch.Generator().manual_seed(0)
+        )
+        model.linear.bias.fill_(0.0)  # scores either side of 0.5: runs end, rounds verify
+    meta = {"features": {"names": list(spec.names), "d_in": d_in, "settings": spec.describe()}}
+    return CheckpointVerifier(VerifierCheckpoint(model, meta, Path("host_ops")), draft)
 
 
 def count(
@@ -111,6 +145,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="new tokens of the generation")
     parser.add_argument("--top", type=int, default=8, help="most frequent ops listed")
     parser.add_argument("--captured", action="store_true", help="the GPU's captured layout")
+    parser.add_argument("--learned", action="store_true", help="sd_learned and sprinter too")
     args = parser.parse_args()
     if args.captured:
         graphs.CudaGraph = HostGraph  # the GPU's graphs, played on the host
@@ -120,16 +155,23 @@ def main() -> None:
     sampling = SamplingConfig(temperature=0.9, top_k=0, top_p=0.95)
     vocab = int(target.config.vocab_size)
     layout = {"static": True, "min_capacity": 256, "captured": args.captured}
-    engine = build_engine(target, sampling, vocab, draft=draft, layout=layout, timings=Timings())
+    # a fixed price, as a GPU's profile reads (ms): sd_learned's lengths depend on it, not on
+    # the host's own timings of the tiny models
+    timings = Timings(target=gpu_target_seconds, draft=lambda rows: 0.6e-3, learn=False)
+    engine = build_engine(target, sampling, vocab, draft=draft, layout=layout, timings=timings)
     prompt = [5, 17, 9, 33, 2, 8]
+    policies: list[Any] = [TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)]
+    if args.learned:
+        verifier = default_verifier(draft)
+        policies += [LearnedLength(verifier, None, 4), Sprinter(verifier, 0.55, 4)]
     print("method        ops/round  steady  target calls  draft calls  ops/forward  most frequent")
-    for policy in (TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)):
+    for policy in policies:
         ops, stats, steady = count(engine, policy, prompt, args.tokens)
         total = sum(ops.values())
         forwards = stats.target_calls + stats.draft_calls
         top = ", ".join(f"{name} {n}" for name, n in ops.most_common(args.top))
         print(
-            f"{policy.name:<13} {total / stats.target_calls:9.1f}  {steady:6.1f}"
+            f"{policy.name:<13} {total / max(stats.rounds, 1):9.1f}  {steady:6.1f}"
             f"  {stats.target_calls:12d}  {stats.draft_calls:11d}  {total / forwards:11.1f}  {top}"
         )
 

@@ -45,3 +45,15 @@ def test_a_captured_sd_round_is_two_graphs_and_few_host_ops() -> None:
     the round's host tensors, the two graphs' input copies and launches, and the commit."""
     steady = ops_per_round("--captured", column=2)
     assert 0 < steady["sd"] <= 60
+
+
+@pytest.mark.heavy  # runs the benchmark script
+def test_the_learned_methods_are_counted_with_their_verifier_on_the_default_features() -> None:
+    """`--learned` adds sd_learned and sprinter with a verifier on the default features; its
+    scores fall either side of sprinter's tau, so both draft, and sprinter's rounds also end
+    in the target's check."""
+    steady = ops_per_round("--captured", "--learned", column=2)
+    calls = ops_per_round("--captured", "--learned", column=3)
+    drafts = ops_per_round("--captured", "--learned", column=4)
+    for method in ("sd_learned", "sprinter"):
+        assert steady[method] > 0 and calls[method] > 0 and drafts[method] > 0, method
