@@ -17,8 +17,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def ops_per_round(*args: str, column: int = 1) -> dict[str, float]:
-    """A column of the script's table by method: ops a round (1), after the first (2)."""
+def table(*args: str) -> dict[str, list[float]]:
+    """The script's table by method: ops a round, after the first, target calls, draft calls."""
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "host_ops.py"), "--tokens", "16", *args],
         capture_output=True,
@@ -27,7 +27,12 @@ def ops_per_round(*args: str, column: int = 1) -> dict[str, float]:
         check=True,
     )
     rows = [line.split() for line in done.stdout.splitlines()[1:] if line.strip()]
-    return {row[0]: float(row[column]) for row in rows}
+    return {row[0]: [float(x) for x in row[1:5]] for row in rows}
+
+
+def ops_per_round(*args: str, column: int = 1) -> dict[str, float]:
+    """A column of the script's table by method: ops a round (1), after the first (2)."""
+    return {method: figures[column - 1] for method, figures in table(*args).items()}
 
 
 @pytest.mark.heavy  # runs the benchmark script both ways
@@ -52,8 +57,7 @@ def test_the_learned_methods_are_counted_with_their_verifier_on_the_default_feat
     """`--learned` adds sd_learned and sprinter with a verifier on the default features; its
     scores fall either side of sprinter's tau, so both draft, and sprinter's rounds also end
     in the target's check."""
-    steady = ops_per_round("--captured", "--learned", column=2)
-    calls = ops_per_round("--captured", "--learned", column=3)
-    drafts = ops_per_round("--captured", "--learned", column=4)
+    figures = table("--captured", "--learned")
     for method in ("sd_learned", "sprinter"):
-        assert steady[method] > 0 and calls[method] > 0 and drafts[method] > 0, method
+        _, steady, calls, drafts = figures[method]
+        assert steady > 0 and calls > 0 and drafts > 0, method
