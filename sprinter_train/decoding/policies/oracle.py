@@ -86,11 +86,10 @@ class OracleLength(Method):
         p = engine.target_probs(batch, rnd, everyone, check)
         out = batch.verified
         if out.accepted is None:
-            token, accepted, _ = check.apply(p, *check.tensors)
+            _, accepted, tokens = check.apply(p, *check.tensors)
         else:
-            accepted, token = out.accepted, out.drawn
+            accepted, tokens = out.accepted, out.emitted
         batch.streams.advance(width, 2 * room + 1 - rnd.counts)  # as sd's round would
-        tokens = torch.cat([drafts, drafts[:, :1]], 1).scatter(1, accepted[:, None], token[:, None])
         return Emitted(tokens, accepted + 1, accepted, rnd.counts, accepted)
 
 
