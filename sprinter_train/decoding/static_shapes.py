@@ -43,16 +43,17 @@ def capacity_bucket(slots: int) -> int:
     a capacity far past the tokens held costs memory, and every forward whose attention span
     reaches it (docs/results/design-figures.md, "Static capacities")."""
     if slots <= CAPACITY_STEP:
-        return max(MIN_CAPACITY, 1 << max(slots - 1, 0).bit_length())
+        return power_bucket(slots)
     return -(-slots // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def power_bucket(slots: int) -> int:
+    """The next power of two >= `slots`, at least MIN_CAPACITY."""
+    return max(MIN_CAPACITY, 1 << max(slots - 1, 0).bit_length())
 
 
 def attention_span(filled: int, capacity: int, coarse: bool = False) -> int:
     """The slots a forward attends over when no row holds or writes a slot at or past
     `filled`: the capacity bucket of `filled` (`coarse`: the next power of two >=
     MIN_CAPACITY, fewer distinct spans), never past `capacity`."""
-    if coarse:
-        span = max(MIN_CAPACITY, 1 << max(filled - 1, 0).bit_length())
-    else:
-        span = capacity_bucket(filled)
-    return min(span, capacity)
+    return min(power_bucket(filled) if coarse else capacity_bucket(filled), capacity)
