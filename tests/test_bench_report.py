@@ -3,10 +3,12 @@ same for every method (sprinter's verifier acceptances apart)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.report import UNSUPPORTED, write_results
 from sprinter_train.bench.summary import acceptance
 from sprinter_train.core.io import read_json
@@ -260,15 +262,14 @@ def test_results_md_says_how_long_each_set_up_phase_took_and_what_it_compiled(
     assert "## Warm-up (untimed)" in text and "| latency profile | 23.20 |" in text
 
 
-@pytest.mark.parametrize("width", [int, str])  # as the run holds the profile, as JSON keeps it
 def test_results_md_prices_target_onlys_call_against_the_profile_prefills_apart(
-    tmp_path: Path, width
+    tmp_path: Path,
 ) -> None:
     results = hand_made_results()
-    by_width = {width(1): 30.0, width(2): 32.0}
-    results["latency_profile"]["by_batch"] = {
-        "1": {"target_ms": by_width, "draft_ms": 3.0, "companion_ms": None}
-    }
+    profile = LatencyProfile({1: 30.0, 2: 32.0}, 3.0, None, 128, "cpu", "float32")
+    by_batch = profile.by_batch([1], 2)  # as the run holds it before writing results.json
+    assert by_batch == json.loads(json.dumps(by_batch))  # and as the file keeps it
+    results["latency_profile"]["by_batch"] = by_batch
     base = row(1.0, None, None)
     base["prefill_s"] = {"target": 0.25, "draft": 0.0, "companion": 0.0}
     base["cost_ms"] = {"target_call": 45.0}

@@ -165,10 +165,13 @@ class LatencyProfile:
     def by_batch(self, batch_sizes: Sequence[int], new_tokens: int) -> dict[str, dict[str, Any]]:
         """What results.json shows of the profile: per batch size, ms of a target forward over
         1..new_tokens tokens a row and of a draft and companion step (read as the run reads
-        them, interpolated where not measured)."""
+        them, interpolated where not measured), keyed by strings at every level, as JSON
+        keeps them, so the run's own results and a read-back file look alike."""
         return {
             str(b): {
-                "target_ms": {n: 1e3 * self.target_batch_s(b, n) for n in range(1, new_tokens + 1)},
+                "target_ms": {
+                    str(n): 1e3 * self.target_batch_s(b, n) for n in range(1, new_tokens + 1)
+                },
                 "draft_ms": self.draft_batch_ms(b),
                 "companion_ms": self.companion_batch_ms(b)
                 if self.companion_ms is not None

@@ -96,8 +96,7 @@ def target_call_lines(methods: dict[str, Any], profile: dict[str, Any] | None) -
     """target_only's target call (one token a row, prefills apart) over the profile's 1-token
     forward at the same batch size: whether the timed run pays what the profile measured."""
     call = ((methods.get("target_only") or {}).get("cost_ms") or {}).get("target_call")
-    by_width = (profile or {}).get("target_ms") or {}
-    ms = by_width.get("1", by_width.get(1))  # JSON's keys, or the run's own before writing
+    ms = ((profile or {}).get("target_ms") or {}).get("1")
     if not call or not ms:
         return []
     return [
@@ -108,10 +107,8 @@ def target_call_lines(methods: dict[str, Any], profile: dict[str, Any] | None) -
 
 
 def profile_at(results: dict[str, Any], size: str) -> dict[str, Any] | None:
-    """The latency profile at one batch size (None where the run has none there); keyed as
-    JSON keeps it or as the run holds it before writing."""
-    by_batch = (results.get("latency_profile") or {}).get("by_batch") or {}
-    return by_batch.get(size, by_batch.get(int(size)))
+    """The latency profile at one batch size (None where the run has none there)."""
+    return ((results.get("latency_profile") or {}).get("by_batch") or {}).get(size)
 
 
 def latency_table(profile: dict[str, Any]) -> str:
