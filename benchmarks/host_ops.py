@@ -52,9 +52,8 @@ from sprinter_train.decoding.policies import (  # noqa: E402
 )
 from sprinter_train.decoding.timings import Timings  # noqa: E402
 from sprinter_train.models.tiny import build_tiny_model  # noqa: E402
-from sprinter_train.verifier.checkpoint import LinearVerifier, VerifierCheckpoint  # noqa: E402
-from sprinter_train.verifier.features import FeatureSpec  # noqa: E402
 from sprinter_train.verifier.scorer import CheckpointVerifier  # noqa: E402
+from tests.sd_learned_helpers import linear_verifier  # noqa: E402
 
 
 class OpCounter(TorchDispatchMode):
@@ -77,19 +76,11 @@ def gpu_target_seconds(rows: int, tokens: int) -> float:
 
 
 def default_verifier(draft: torch.nn.Module) -> CheckpointVerifier:
-    """A linear verifier on the default `train.features` of this draft, seeded weights: what
-    sd_learned and sprinter score with, counted as they run it."""
-    spec = FeatureSpec.from_cfg(compose_config("stage=train").train)
-    d = int(draft.config.hidden_size)
-    d_in = sum(part["width"] for part in spec.layout(d, embed_dim=d))
-    model = LinearVerifier(d_in)
-    with torch.no_grad():
-        model.linear.weight.normal_(
-            0.0, 0.1 / d_in**0.5, generator=torch.Generator().manual_seed(0)
-        )
-        model.linear.bias.fill_(0.0)  # scores either side of 0.5: runs end, rounds verify
-    meta = {"features": {"names": list(spec.names), "d_in": d_in, "settings": spec.describe()}}
-    return CheckpointVerifier(VerifierCheckpoint(model, meta, Path("host_ops")), draft)
+    """A linear verifier on the default `train.features` of this draft, seeded weights small
+    enough that its scores fall either side of 0.5: what sd_learned and sprinter score with,
+    counted as they run it."""
+    train = compose_config("stage=train").train
+    return linear_verifier(draft, list(train.features), 0.1, dict(train.feature_settings))
 
 
 def count(
@@ -163,7 +154,7 @@ def main() -> None:
     policies: list[Any] = [TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)]
     if args.learned:
         verifier = default_verifier(draft)
-        policies += [LearnedLength(verifier, None, 4), Sprinter(verifier, 0.55, 4)]
+        policies += [LearnedLength(verifier, None, 4), Sprinter(verifier, 0.5, 4)]
     print("method        ops/round  steady  target calls  draft calls  ops/forward  most frequent")
     for policy in policies:
         ops, stats, steady = count(engine, policy, prompt, args.tokens)

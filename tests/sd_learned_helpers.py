@@ -15,18 +15,24 @@ from sprinter_train.verifier.scorer import CheckpointVerifier
 from tests.decoding_helpers import ATable, latency, step_cost  # noqa: F401  (the tests' costs)
 
 
-def linear_verifier(draft: torch.nn.Module, names: list[str], scale: float) -> CheckpointVerifier:
-    """A real exported verifier on these features, with seeded random weights times `scale`."""
-    spec = FeatureSpec.from_names(names)
+def linear_verifier(
+    draft: torch.nn.Module,
+    names: list[str],
+    scale: float,
+    settings: dict[str, float] | None = None,
+) -> CheckpointVerifier:
+    """A real exported verifier on these features (`settings`: the ones they need, as
+    train.feature_settings), with seeded random weights times `scale`."""
+    spec = FeatureSpec.from_names(names, settings)
     d = draft.config.hidden_size
-    widths = {"hidden": d, "token_embedding": d, "q": 1, "draft_entropy": 1}
-    d_in = sum(widths[n] for n in spec.names)
+    d_in = sum(part["width"] for part in spec.layout(d, embed_dim=d))
     model = LinearVerifier(d_in)
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         model.linear.weight.copy_(torch.randn((1, d_in), generator=gen) * scale / math.sqrt(d_in))
         model.linear.bias.zero_()
-    meta = {"lam": 1.0, "features": {"names": list(spec.names), "d_in": d_in}}
+    features = {"names": list(spec.names), "d_in": d_in, "settings": spec.describe()}
+    meta = {"lam": 1.0, "features": features}
     return CheckpointVerifier(VerifierCheckpoint(model, meta, Path("test")), draft)
 
 
