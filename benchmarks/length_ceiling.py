@@ -60,17 +60,18 @@ class Costs:
     def round_ms(self, drafts: int) -> float:
         return self.target[drafts] + drafts * self.draft
 
+    def latency(self, rows: int, width: int) -> float:
+        """The target over `width` tokens a row (the goodput model's `Seconds`)."""
+        return self.target[width - 1]
+
+    def step(self, rows: int) -> float:
+        """One drafting step (the goodput model's `StepCost`)."""
+        return self.draft
+
     def rises(self, expected: float, drafts: int, gain: float) -> bool:
         """Whether one more draft worth `gain` tokens raises the round's goodput."""
-
-        def latency(rows: int, width: int) -> float:
-            return self.target[width - 1]
-
-        def step(rows: int) -> float:
-            return self.draft
-
-        now = round_goodput(expected, drafts, 1, latency, step)
-        return bool(round_goodput(expected + gain, drafts + 1, 1, latency, step) > now)
+        now = round_goodput(expected, drafts, 1, self.latency, self.step)
+        return bool(round_goodput(expected + gain, drafts + 1, 1, self.latency, self.step) > now)
 
 
 def goodput(chains: list[tuple[np.ndarray, ...]], policy: Policy, costs: Costs, gmax: int) -> float:
