@@ -47,21 +47,24 @@ class ForwardClock:
     @property
     def seconds(self) -> float:
         """Time inside the forwards so far (drains the CUDA event list)."""
-        if self._events:
-            synchronize(self.device)
-            self._cpu_seconds += sum(a.elapsed_time(b) for a, b in self._events) / 1000.0
-            self._events.clear()
+        self._cpu_seconds += self._drained(self._events)
         return self._cpu_seconds
 
     @property
     def prefill_seconds(self) -> float:
         """The part of `seconds` spent filling empty caches with prompts (drains its CUDA
         events): a decode call's cost is the rest over the calls."""
-        if self._prefill_events:
-            synchronize(self.device)
-            self._cpu_prefill += sum(a.elapsed_time(b) for a, b in self._prefill_events) / 1000.0
-            self._prefill_events.clear()
+        self._cpu_prefill += self._drained(self._prefill_events)
         return self._cpu_prefill
+
+    def _drained(self, events: list[tuple[torch.cuda.Event, torch.cuda.Event]]) -> float:
+        """Seconds between each pair of `events`, once the device is done; the list emptied."""
+        if not events:
+            return 0.0
+        synchronize(self.device)
+        seconds = sum(a.elapsed_time(b) for a, b in events) / 1000.0
+        events.clear()
+        return seconds
 
     def forward_times(self) -> list[tuple[int, int, float]]:
         """(rows, block width, seconds) of each forward since the last call whose time is
