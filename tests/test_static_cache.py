@@ -13,8 +13,10 @@ import copy
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from sprinter_train.bench.latency import measure_runner_times
+from sprinter_train.core.compile_cache import step_of_its_own
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.sampling import inverse_cdf, warp_probs
 from sprinter_train.decoding import backends, graphs, static_cache, static_shapes
@@ -399,6 +401,28 @@ def test_the_target_forward_is_one_graph_at_every_bucket(models) -> None:
                 report = torch._dynamo.explain(body_step)(ids, positions, mask, cache.kv)
             assert report.graph_break_count == 0, (rows, width, report.break_reasons)
             assert report.graph_count == 1
+
+
+def test_spans_up_to_the_capacity_share_one_graph_once_the_span_is_symbolic(models) -> None:
+    """The buffers hold a slot past the capacity, so no span slice covers a whole buffer:
+    dynamo would otherwise guard on the slice being contiguous (`span == capacity`) and
+    compile a graph the shorter spans' one could serve, one the next process need not share.
+    Traced through AOTAutograd, whose guards these are, without inductor, on a code object
+    of this test's own."""
+    runner = ModelRunner(models["target"], VOCAB, static=True)
+    cache = runner.new_cache(1, 64)
+    counter = CompileCounterWithBackend("aot_eager")
+    own = step_of_its_own(runner.backend.body_step, "spans up to the capacity")
+    step = torch.compile(own, backend=counter, fullgraph=True, dynamic=None)
+    frames = []
+    for span in (8, 16, 40, cache.capacity):
+        cache.kv.span = span
+        positions, mask = cache.block(torch.tensor([2]), 2)
+        with torch.inference_mode():
+            step(torch.zeros((1, 2), dtype=torch.long), positions, mask, cache.kv)
+        frames.append(counter.frame_count)
+    assert frames == [1, 2, 2, 2]  # the first span static, the second symbolic, then reused
+    assert cache.kv.layers[0].keys.shape[2] == cache.capacity + 1
 
 
 def compiled_trio(models) -> dict[str, ModelRunner]:

@@ -108,7 +108,10 @@ class SlotMappedKV(Cache):
         heads, head_dim, dtype = shape
         # full-attention layers throughout: transformers' sliding-window layer keeps a python
         # count of its own that pack and truncate cannot rewind (the mask bounds the window)
-        super().__init__(layers=[StaticLayer(max_cache_len=capacity) for _ in heads])
+        # one slot past the capacity, never written nor attended: a span slice then never
+        # covers a whole buffer, so a compiled step never specialises on `span == capacity`
+        # (a contiguous slice) and one graph serves every span
+        super().__init__(layers=[StaticLayer(max_cache_len=capacity + 1) for _ in heads])
         self.early_initialization(rows, heads, head_dim, dtype, device)
         self.position = torch.full((rows, capacity), -1, dtype=torch.long, device=device)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
