@@ -209,7 +209,6 @@ class FixedLogits(torch.nn.Module):
 
 def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
     """A model that agrees with `model` often but not always (weights plus seeded noise)."""
-    """A model that agrees with `model` often but not always."""
     copy = build_tiny_model({}, seed=0)
     copy.load_state_dict(model.state_dict())
     gen = torch.Generator().manual_seed(seed)

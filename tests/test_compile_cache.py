@@ -9,13 +9,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch._functorch import config as functorch_config
 from torch._inductor import config as inductor_config
 
 from sprinter_train.bench.report import compile_line
 from sprinter_train.core import compile_cache
-from sprinter_train.core.compile_cache import cache_folder, compile_record, use_compile_cache
+from sprinter_train.core.compile_cache import (
+    cache_folder,
+    compile_record,
+    step_of_its_own,
+    use_compile_cache,
+)
 from sprinter_train.core.validation import ConfigError
+from sprinter_train.decoding.backends import shape_owner
+from sprinter_train.models.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION = f"torch-{torch.__version__}"
@@ -35,6 +43,7 @@ def caches(monkeypatch):
     with (
         inductor_config.patch(fx_graph_cache=graphs),
         functorch_config.patch(enable_autograd_cache=autograd),
+        torch.compiler.config.patch(job_id=torch.compiler.config.job_id),
     ):
         yield
 
@@ -54,8 +63,49 @@ def test_a_folder_turns_the_caches_on_there_and_null_turns_them_off(caches, tmp_
     assert folder == tmp_path / VERSION and folder.is_dir()
     assert os.environ[compile_cache.ENV] == str(folder)
     assert inductor_config.fx_graph_cache and functorch_config.enable_autograd_cache
+    assert torch.compiler.config.job_id == compile_cache.JOB  # dynamo's record of shapes too
     assert use_compile_cache(None) is None
     assert not inductor_config.fx_graph_cache and not functorch_config.enable_autograd_cache
+    assert torch.compiler.config.job_id is None
+
+
+def test_a_job_id_the_user_set_is_left_alone(caches, tmp_path) -> None:
+    torch.compiler.config.job_id = "theirs"
+    use_compile_cache(str(tmp_path))
+    assert torch.compiler.config.job_id == "theirs"
+    use_compile_cache(None)
+    assert torch.compiler.config.job_id == "theirs"
+
+
+class Stepper:
+    """Two instances stand for two models' backends."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        """Scales."""
+        return x * self.scale
+
+
+def test_each_owner_gets_a_step_code_of_its_own_named_the_same_in_every_process() -> None:
+    one, other = Stepper(2.0), Stepper(3.0)
+    a, b = step_of_its_own(one.step, "target"), step_of_its_own(other.step, "draft")
+    again = step_of_its_own(Stepper(2.0).step, "target")
+    assert a.__func__.__code__ is not b.__func__.__code__
+    assert a.__name__ != b.__name__ and a.__name__ == again.__name__  # a hash, not an address
+    assert a.__name__.startswith("step_") and a.__doc__ == Stepper.step.__doc__
+    x = torch.ones(3)
+    assert torch.equal(a(x), one.step(x)) and torch.equal(b(x), other.step(x))
+    # dynamo keeps its graphs and its record of shapes per code object: one list each
+    counter = CompileCounterWithBackend("eager")
+    compiled = [torch.compile(f, backend=counter, dynamic=None) for f in (a, b)]
+    for n in (4, 4, 5):
+        compiled[0](torch.ones(n))
+    assert counter.frame_count == 2  # static at 4, then symbolic
+    compiled[1](torch.ones(5))  # the other owner's first size: static, not the first's symbolic
+    compiled[1](torch.ones(6))
+    assert counter.frame_count == 4  # one code for both: 3 (the first's record made 5 symbolic)
 
 
 def test_the_record_counts_the_lookups_since_its_start(caches, tmp_path) -> None:
@@ -108,7 +158,9 @@ def test_a_second_bench_process_compiles_from_the_first_ones_cache(tmp_path) -> 
     first, again = (cache_ab.bench_in_a_fresh_process(tmp_path, run, TINY, 900) for run in RUNS)
     cold, warm = first["provenance"]["compile"], again["provenance"]["compile"]
     assert cold["cache_misses"] > 0 and not cold["cache_hit"]
-    assert warm["cache_hit"] and warm["cache_hits"] == cold["cache_misses"] + cold["cache_hits"]
+    # dynamo's record of changing dimensions spares the second the first's static graphs; what
+    # it does compile, the first compiled and left in the cache
+    assert warm["cache_hit"] and 0 < warm["cache_hits"] <= cold["cache_misses"]
     assert again["stage_compile"]["cache_hit"] and not first["stage_compile"]["cache_hit"]
     verdict = cache_ab.compare(first, again, bar=0.35)  # a margin over the issue's bar
     assert verdict["passed"], verdict["failures"]
@@ -188,3 +240,13 @@ def test_a_folder_that_cannot_be_made_is_refused_naming_the_setting(caches, tmp_
     with pytest.raises(ConfigError, match=r"decoding.compile_cache=.*a-file.*Not a directory"):
         use_compile_cache(str(taken))
     assert compile_cache.ENV not in os.environ  # nothing was switched on
+
+
+def test_models_of_other_shapes_own_other_steps_and_a_copy_shares_one() -> None:
+    """As the tiny_random pair: a 3-layer target, a 1-layer draft."""
+    model = build_tiny_model({"num_hidden_layers": 3})
+    target = shape_owner(model, -1)
+    assert shape_owner(build_tiny_model({"num_hidden_layers": 1}), -1) != target
+    assert shape_owner(build_tiny_model({"num_hidden_layers": 3}, seed=1), -1) == target
+    assert shape_owner(model, 2) != target  # another hidden state handed to verifiers
+    assert shape_owner(copy.deepcopy(model).to(torch.bfloat16), -1) != target

@@ -7,15 +7,23 @@ most of a compile. By default that folder is a temporary one (`/tmp/torchinducto
 which a fresh machine or container starts without. `decoding.compile_cache` names a
 folder that outlives them (default: the user's cache folder), which `gpu_bench.sh` can carry
 from one machine to the next; `null` turns the on-disk caches off. Every stage reports what it
-compiled and how much of it the cache served (`compile_record`). Results:
-docs/results/compile-cpu.md.
+compiled and how much of it the cache served (`compile_record`).
+
+The same folder keeps dynamo's record of which dimensions it found changing (its profile-guided
+state, kept per code object under a job id): a later process compiles those dimensions symbolic
+from the first call instead of a static graph first and the symbolic one on the next shape,
+so it traces fewer frames, and tracing is most of what a warm start still pays. A compiled
+step of its own per model (`step_of_its_own`) keeps one model's record from another's.
+Results: docs/results/compile-cpu.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import struct
+import types
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +36,7 @@ ENV = "TORCHINDUCTOR_CACHE_DIR"  # inductor reads it at every cache look-up
 # counters dynamo keeps per process: (group, key) of each cache's hits and misses
 HITS = (("inductor", "fxgraph_cache_hit"), ("aot_autograd", "autograd_cache_hit"))
 MISSES = (("inductor", "fxgraph_cache_miss"), ("aot_autograd", "autograd_cache_miss"))
+JOB = "sprinter_train"  # dynamo keeps its profile-guided state only under a job id
 
 
 def default_folder() -> Path:
@@ -57,11 +66,39 @@ def use_compile_cache(setting: Any) -> Path | None:
         writable_folder(folder, setting)
     inductor_config.fx_graph_cache = folder is not None
     functorch_config.enable_autograd_cache = folder is not None
+    use_shape_record(folder is not None)
     if folder is not None:
         os.environ[ENV] = str(folder)
         for path in sweep_truncated(folder):
             log.warning("compile cache: removed %s, cut short by a killed compile", path)
     return folder
+
+
+def use_shape_record(on: bool) -> None:
+    """Let dynamo keep and read its record of changing dimensions (under `JOB`, in the
+    cache folder), or stop it; a job id the user set is theirs and left alone."""
+    config = torch.compiler.config
+    if on and config.job_id is None:
+        config.job_id = JOB
+    elif not on and config.job_id == JOB:
+        config.job_id = None
+
+
+def step_of_its_own(method: Any, owner: str) -> Any:
+    """The bound `method` with a code object of its own, named after `owner`: dynamo keeps its
+    graphs, its recompile count and its record of changing dimensions per code object (the
+    record keyed by file, line and name), so the target's step and a draft's, one method
+    otherwise, would merge the shapes each has seen (a draft's hidden size taken for a
+    dimension that changes) and compile graphs neither needs."""
+    function = method.__func__
+    tag = hashlib.sha1(owner.encode()).hexdigest()[:12]
+    name = f"{function.__name__}_{tag}"
+    code = function.__code__.replace(co_name=name, co_qualname=f"{function.__qualname__}_{tag}")
+    own = types.FunctionType(
+        code, function.__globals__, name, function.__defaults__, function.__closure__
+    )
+    own.__doc__, own.__wrapped__ = function.__doc__, function
+    return types.MethodType(own, method.__self__)
 
 
 def writable_folder(folder: Path, setting: Any) -> None:

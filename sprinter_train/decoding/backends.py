@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from sprinter_train.core.compile_cache import step_of_its_own
 from sprinter_train.decoding.cache import DynamicRowCache
 from sprinter_train.decoding.clock import ForwardClock
 from sprinter_train.decoding.forward import BrokenWatch, ForwardRequest, Head, RowOutput, pick
@@ -143,7 +144,8 @@ class StaticBackend(Backend):
             self.name = "compiled:" + ("cudagraphs" if self.device.type == "cuda" else "packed")
         self.step: Any = self.body_step
         if compiled:
-            self.step = compiled_step(self.body_step, self.device, cudagraphs)
+            own = step_of_its_own(self.body_step, shape_owner(self.model, self.hidden_layer))
+            self.step = compiled_step(own, self.device, cudagraphs)
         self.min_capacity = min_capacity
         self.pool = KVPool() if pool is None else pool
         self.shrink_rows = shrink_rows
@@ -217,6 +219,28 @@ class StaticBackend(Backend):
         return RowOutput(logits, hidden, support, picked)
 
 
+def shape_owner(model: torch.nn.Module, hidden_layer: int) -> str:
+    """What decides a model's step's shapes, as a name (`step_of_its_own`): its class, the
+    config's sizes and the hidden state it hands verifiers. Two models alike in all of them
+    (a target and its companion copy) may share one record of shapes."""
+    config = getattr(model, "config", None)
+    sizes = [
+        getattr(config, key, None)
+        for key in (
+            "model_type",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+        )
+    ]
+    dtype = next(model.parameters()).dtype
+    return repr((type(model).__name__, *sizes, str(dtype), hidden_layer))
+
+
 def compiled_over_lean(device: torch.device) -> bool:
     """Whether a compiled runner runs a lean-capable draft compiled in the static layout
     rather than lean and eager: the lean buffers grow per step, so the lean path cannot
@@ -234,7 +258,9 @@ def compiled_step(step: Any, device: torch.device, cudagraphs: bool = True) -> A
     """`step` under `torch.compile(fullgraph=True)` with dynamo's automatic dynamic shapes:
     the first shape compiles static, and a dimension seen changing recompiles once as a
     symbolic one, so the bucketed shapes (rows x widths) share a few graphs and compile
-    faster than one graph per shape, with the same tokens. Dynamo's recompile limit is
+    faster than one graph per shape, with the same tokens; with a compile cache, a later
+    process compiles the dimensions an earlier one saw changing symbolic from the first call
+    (`core.compile_cache`; pass a step of its own per model). Dynamo's recompile limit is
     raised to cover them. On CUDA the graphs replay as CUDA graphs (`reduce-overhead`),
     which records one per concrete shape. On a CPU the linears call the eager path's
     prepacked oneDNN weights through one custom op (`models.packed.packed_linear`) at any
