@@ -256,6 +256,11 @@ def test_results_md_says_how_long_each_set_up_phase_took_and_what_it_compiled(
     assert "| hf_static compile | 28.00 | 27.00 | 2 | 2 of 2 |" in warm
     assert "| warm-ups at batch 1 | 8.90 | 8.00 | 1 | 0 of 1 |" in warm
     assert "Warm-ups that compiled graphs: sprinter at batch 1 (1)." in warm
+    assert not any("After the set-up" in line for line in warm)  # no record: nothing beyond
+    results["provenance"] = {"compile": {"seconds": 40.0, "cache_hits": 12, "cache_misses": 6}}
+    write_results(tmp_path, results)
+    warm = (tmp_path / "results.md").read_text().split("## Warm-up (untimed)")[1]
+    assert "the timed runs compiled more: 3 compile-cache look-ups" in warm  # 18 less 15
     del results["batches"]["1"]["warmup_s"]  # phases alone still get the section
     write_results(tmp_path, results)
     text = (tmp_path / "results.md").read_text()
