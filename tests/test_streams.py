@@ -73,3 +73,13 @@ def test_draws_are_the_numbers_at_each_rows_counter() -> None:
             streams = streams.select(torch.tensor(keep))
             seeds = [seeds[r] for r in keep]
             counter = [counter[r] for r in keep]
+
+
+def test_seeds_from_the_host_key_the_streams_the_device_would() -> None:
+    """A list of seeds is hashed in Python integers (one transfer, not a dozen device ops a
+    batch); a tensor of seeds on the device: the same keys, the same draws, wrapping as int64
+    does for negative and large seeds."""
+    seeds = [0, 1, -1, 7, 2**40 + 3, -(2**62), 2**63 - 1]
+    host, device = RowStreams(seeds), RowStreams(torch.tensor(seeds))
+    assert torch.equal(host.keys, device.keys)
+    assert torch.equal(host.uniform(BLOCK + 3), device.uniform(BLOCK + 3))

@@ -36,6 +36,23 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shift_right(x, 31)
 
 
+def _word(x: int) -> int:
+    """A Python int as the unsigned 64-bit word int64 arithmetic wraps it to."""
+    return x & ((1 << 64) - 1)
+
+
+def _signed(x: int) -> int:
+    """An unsigned 64-bit word as the int64 holding the same bits."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def mix64_int(x: int) -> int:
+    """`mix64` of one unsigned 64-bit word in Python integers (the same bits)."""
+    x = _word((x ^ (x >> 30)) * _MUL1)
+    x = _word((x ^ (x >> 27)) * _MUL2)
+    return x ^ (x >> 31)
+
+
 def _unit(bits: torch.Tensor) -> torch.Tensor:
     """The top 53 bits of each word as a float64 in [0, 1)."""
     return _shift_right(bits, 11).double() * (1.0 / (1 << 53))
@@ -49,10 +66,14 @@ class RowStreams:
     (known on the host: a call of n numbers advances a row by at most n)."""
 
     def __init__(self, seeds: torch.Tensor | list[int], device: torch.device | str = "cpu"):
-        seeds = torch.as_tensor(seeds, dtype=torch.int64, device=device).reshape(-1)
-        self.keys = mix64(seeds * _GOLDEN + 1)
-        self._origin = torch.zeros_like(seeds)
-        self._offset = torch.zeros_like(seeds)
+        if isinstance(seeds, torch.Tensor):
+            seeds = seeds.to(device=device, dtype=torch.int64).reshape(-1)
+            self.keys = mix64(seeds * _GOLDEN + 1)
+        else:  # hashed on the host: one transfer instead of a dozen device ops a batch
+            keys = [_signed(mix64_int(_word(int(s) * _GOLDEN + 1))) for s in seeds]
+            self.keys = torch.tensor(keys, dtype=torch.int64, device=device)
+        self._origin = torch.zeros_like(self.keys)
+        self._offset = torch.zeros_like(self.keys)
         self._block: torch.Tensor | None = None
         self._room = 0
 
