@@ -70,6 +70,7 @@ def eager_dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
 
 
+@pytest.mark.heavy  # dynamo traces every method's shapes of three models, prefills included
 def test_sprinter_reuses_the_shapes_the_other_methods_compiled(eager_dynamo, caplog) -> None:
     """target_only, sd, svip and sv compile the target's blocks; then, as the bench's
     hf_static peer does, another model type has its cache argument looked up; sprinter's

@@ -53,6 +53,15 @@ def test_a_captured_sd_round_is_two_graphs_and_few_host_ops() -> None:
 
 
 @pytest.mark.heavy  # runs the benchmark script
+def test_a_generations_set_up_and_prefill_keep_an_sd_round_within_60_host_ops() -> None:
+    """Over the whole 64-token generation (the script's default), the prompt's prefill and
+    the generation's set-up included, an sd round still averages at most 60 host ops: the
+    static layouts prefill through their step (one launch), a pooled cache clears in one
+    multi-tensor op, and the random streams' keys are hashed on the host."""
+    assert 0 < ops_per_round("--captured", "--tokens", "64")["sd"] <= 60
+
+
+@pytest.mark.heavy  # runs the benchmark script
 def test_the_learned_methods_are_counted_with_their_verifier_on_the_default_features() -> None:
     """`--learned` adds sd_learned and sprinter with a verifier on the default features; its
     scores fall either side of sprinter's tau, so both draft, and sprinter's rounds also end

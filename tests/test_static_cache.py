@@ -23,6 +23,7 @@ from sprinter_train.decoding import backends, graphs, static_cache, static_shape
 from sprinter_train.decoding import runner as runner_module
 from sprinter_train.decoding.after_warp import Draw
 from sprinter_train.decoding.builder import build_engine, decoding_problems, runner_layout
+from sprinter_train.decoding.clock import ForwardClock
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.forward import ForwardRequest
 from sprinter_train.decoding.policies import (
@@ -209,9 +210,10 @@ def test_reused_buffers_and_unshrinking_rows_keep_the_tokens(models, eos) -> Non
     "static", [pytest.param(False, marks=pytest.mark.heavy), True], ids=["dynamic", "static"]
 )
 def test_a_padded_prefill_emits_the_by_length_prefills_tokens(models, eos, sampling, static):
-    """The GPU's prefill (rows right-padded into one forward, no mask) changes no token of any
-    method: the causal mask hides the padding after a prompt from the prompt, and the padded
-    slots are marked empty (float32, prompts of four lengths, rows leaving at EOS)."""
+    """The GPU's prefill (rows right-padded into one forward, no mask; in the static layout
+    one block through its step) changes no token of any method: the causal mask hides the
+    padding after a prompt from the prompt, and the padded slots are marked empty (float32,
+    prompts of four lengths, rows leaving at EOS)."""
     calls = []
     real = runner_module.body
 
@@ -224,13 +226,45 @@ def test_a_padded_prefill_emits_the_by_length_prefills_tokens(models, eos, sampl
         padded = engine(models, sampling, eos, static=static, padded_prefill=True)
         expected = by_length.generate(ROWS, fresh, NEW_TOKENS)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(runner_module, "body", counted)
+            patch.setattr(runner_module, "body", counted)  # the model's own forward
+            patch.setattr(backends, "body", counted)  # the static layouts' step
             runner = padded.target
             before = len(calls)
             runner.prime(runner.new_cache(len(ROWS)), [row[:-1] for row in ROWS])
             assert len(calls) - before == 1  # one forward for every prompt
         out = padded.generate(ROWS, again, NEW_TOKENS)
         assert [r.tokens for r in out] == [r.tokens for r in expected], fresh.name
+
+
+def test_one_group_of_prompts_fills_the_static_cache_through_its_step(models, caplog) -> None:
+    """Prompts in one group (a GPU's padded prefill) fill the static cache as one block
+    through the runner's own step, not the model's own forward and a copy: the same keys and
+    values in the filled slots and the same slot map as the by-length prefill (three groups
+    here, the eager path); a prompt width that compiles is compile time, unwarned (a prompt
+    length is new by nature, not a shape dynamo forgot)."""
+    rows = [[3, 5, 7, 9], [4, 6], [8]]
+    block = ModelRunner(models["target"], VOCAB, static=True, padded_prefill=True)
+    by_length = ModelRunner(models["target"], VOCAB, static=True)
+    steps = []
+    step = block.backend.step
+    block.backend.step = lambda *inputs: (steps.append(1), step(*inputs))[1]
+    ours, theirs = block.new_cache(3, 16), by_length.new_cache(3, 16)
+    block.prime(ours, rows)
+    by_length.prime(theirs, rows)
+    assert steps == [1]
+    assert ours.slots == theirs.slots == 4 and ours.settled == theirs.settled == 1
+    assert torch.equal(ours.position, theirs.position)
+    assert torch.equal(ours.lengths, theirs.lengths)
+    for r, s in (ours.position >= 0).nonzero().tolist():
+        for (keys, values), (k, v) in zip(ours.buffers, theirs.buffers, strict=True):
+            torch.testing.assert_close(keys[r, :, s], k[r, :, s])
+            torch.testing.assert_close(values[r, :, s], v[r, :, s])
+    compiled = {"graphs": 0}
+    clock = ForwardClock(torch.device("cpu"), lambda: (compiled["graphs"], 0), lambda: "static")
+    with caplog.at_level("WARNING"), clock.timed(prefill=True):
+        compiled["graphs"] += 1  # the block compiled a graph
+    assert clock.compile_seconds > 0 and clock.prefill_seconds == 0
+    assert "recompiled" not in caplog.text
 
 
 def test_prefill_groups_by_length_or_padded_within_a_budget() -> None:

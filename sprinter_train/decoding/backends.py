@@ -33,6 +33,7 @@ class Backend:
     (`hidden_layer`), the runner's clock and broken-logits watch."""
 
     name = "dynamic"
+    prefills = False  # fills an empty cache through `prefill` (one group of prompts)
 
     def __init__(
         self,
@@ -58,6 +59,11 @@ class Backend:
     def compile_work(self) -> tuple[int, int]:
         """(graphs dynamo compiled for this backend, CUDA graphs it captured) so far."""
         return 0, 0
+
+    def prefill(self, cache: Any, ids: torch.Tensor, lengths: list[int]) -> None:
+        """Fill an empty cache with the right-padded prompts `ids` in one forward (where
+        `prefills`)."""
+        raise NotImplementedError
 
 
 class DynamicBackend(Backend):
@@ -143,6 +149,8 @@ class StaticBackend(Backend):
         if compiled:
             self.name = "compiled:" + ("cudagraphs" if self.device.type == "cuda" else "packed")
         self.step: Any = self.body_step
+        # under `reduce-overhead` every prompt width would record a CUDA graph of its own
+        self.prefills = not (compiled and cudagraphs and self.device.type == "cuda")
         if compiled:
             own = step_of_its_own(self.body_step, shape_owner(self.model, self.hidden_layer))
             self.step = compiled_step(own, self.device, cudagraphs)
@@ -182,6 +190,25 @@ class StaticBackend(Backend):
             cache_name=self.cache_name,
         )
         return final, chosen
+
+    def prefill(self, cache: StaticRowCache, ids: torch.Tensor, lengths: list[int]) -> None:
+        """Fill an empty cache with one block of every row's prompt, right-padded to the
+        longest (`lengths` real tokens a row; the slots past them left empty), through
+        `step`: the decode's own body, compiled where it is, one graph for any width past
+        one, instead of the model's own eager forward and a copy into the buffers. Only where
+        `prefills`: not through CUDA graphs `torch.compile` records per shape."""
+        width = ids.shape[1]
+        cache.reserve(width)
+        cache.attend(width, self.coarse_spans)
+        counts = torch.as_tensor(lengths, device=self.device)
+        positions, mask = cache.block(counts, width)
+        ids = cache.pad_rows(ids)
+        if width > 1:  # symbolic from the first prompt on: one graph for every width past one
+            torch._dynamo.maybe_mark_dynamic(ids, 1)
+            torch._dynamo.maybe_mark_dynamic(positions, 1)
+        self.step(ids, positions, mask, cache.kv)
+        cache.append(counts, width)
+        cache.settled = min(lengths)
 
     def prepare(
         self, cache: StaticRowCache, request: ForwardRequest, more: int = 0

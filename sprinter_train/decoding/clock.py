@@ -99,7 +99,8 @@ class ForwardClock:
         `compiling`: the block compiles a new shape; its wall time goes to `compile_seconds`
         alone (after a sync, as a warm-up is timed). A block that compiled or captured a
         graph unforeseen is moved there too (with a warning when dynamo recompiled a shape
-        it knew): a compile is never timed as a forward."""
+        it knew, never for a prefill, whose width is a prompt's): a compile is never timed
+        as a forward."""
         work = self.work()
         if compiling:
             synchronize(self.device)
@@ -114,7 +115,7 @@ class ForwardClock:
         yield
         after = self.work()
         if after != work:
-            if after[0] > work[0]:
+            if after[0] > work[0] and not prefill:  # a prompt's width is new by nature
                 log.warning(
                     "%s recompiled a shape it had compiled (rows, width %s)", self.name(), shape
                 )

@@ -196,6 +196,7 @@ class CapturedBackend(Backend):
     def __init__(self, static: StaticBackend) -> None:
         super().__init__(static.model, static.head, static.hidden_layer, static.clock, static.watch)
         self.static = static
+        self.prefills = static.prefills
         static.coarse_spans = True
         self.name = ("compiled" if static.compiled else "static") + ":captured"
         self.graphs = CapturedSteps(self.record)
@@ -206,6 +207,11 @@ class CapturedBackend(Backend):
 
     def compile_work(self) -> tuple[int, int]:
         return self.static.compile_work()[0], self.graphs.captures
+
+    def prefill(self, cache: StaticRowCache, ids: torch.Tensor, lengths: list[int]) -> None:
+        """Uncaptured (`StaticBackend.prefill`): a graph a prompt width would be one capture
+        per prompt length."""
+        self.static.prefill(cache, ids, lengths)
 
     def run(self, cache: StaticRowCache, request: ForwardRequest) -> RowOutput:
         ids, compiling = self.static.prepare(cache, request)

@@ -82,7 +82,9 @@ class ModelRunner:
     (inert rows cost next to nothing there, a new bucket a new CUDA graph). `captured`
     (default: compiled on a GPU; any static runner when true) replays each shape's forward
     as a graph captured by hand (`graphs.CapturedBackend`), not through `reduce-overhead`.
-    `padded_prefill`, `prefill_tokens`: see `prefill_groups`.
+    `padded_prefill`, `prefill_tokens`: see `prefill_groups`; a static layout runs a prefill
+    of one group (every padded one within the budget) through its own step, compiled where
+    the layout is (`StaticBackend.prefill`), and others through the model's own forward.
     """
 
     def __init__(
@@ -201,7 +203,8 @@ class ModelRunner:
     @torch.inference_mode()
     def prime(self, cache: RowCache, rows: list[list[int]]) -> None:
         """Fill an empty cache with each row's tokens, a few rows a forward (`prefill_groups`),
-        then lay the groups' caches side by side (short rows end in empty slots).
+        then lay the groups' caches side by side (short rows end in empty slots); one group
+        on a static layout: one block through its step, straight into the buffers.
 
         Rows are right-padded to their group's longest prompt with no attention mask: under
         the causal mask a prompt token sees only the tokens before it, never the padding
@@ -210,9 +213,16 @@ class ModelRunner:
         if cache.slots:
             raise ValueError("prime fills an empty cache; this one holds tokens already")
         lengths = [len(tokens) for tokens in rows]
+        grouped = prefill_groups(lengths, self.padded_prefill, self.prefill_tokens)
         with self.clock.timed(prefill=True):
+            if self.backend.prefills and len(grouped) == 1:  # the static layouts' own step
+                width = max(lengths)
+                padded = [tokens + [0] * (width - len(tokens)) for tokens in rows]
+                ids = torch.as_tensor(padded, dtype=torch.long, device=self.device)
+                self.backend.prefill(cache, ids, lengths)
+                return
             groups = []
-            for members in prefill_groups(lengths, self.padded_prefill, self.prefill_tokens):
+            for members in grouped:
                 width = max(lengths[r] for r in members)
                 padded = [rows[r] + [0] * (width - lengths[r]) for r in members]
                 ids = torch.as_tensor(padded, dtype=torch.long, device=self.device)
