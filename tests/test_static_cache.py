@@ -459,6 +459,25 @@ def test_spans_up_to_the_capacity_share_one_graph_once_the_span_is_symbolic(mode
     assert cache.kv.layers[0].keys.shape[2] == cache.capacity + 1
 
 
+def test_a_compiled_step_is_two_graphs_whatever_its_spans_capacities_and_widths(models):
+    """What a run changes call to call is symbolic from the first call (`backends.SYMBOLIC`,
+    the width from the first prompt's), so a prefill and then forwards of widths 1 and 4 over
+    growing spans and a capacity that grows compile two graphs: width one, and past it."""
+    runner = ModelRunner(models["target"], VOCAB, static=True)
+    counter = CompileCounterWithBackend("aot_eager")
+    own = step_of_its_own(runner.backend.body_step, "two graphs")
+    runner.backend.step = torch.compile(own, backend=counter, fullgraph=True, dynamic=None)
+    cache = runner.new_cache(1, 16)
+    capacity = cache.capacity
+    # inputs made in inference mode, as a compiled runner's are (`StaticBackend.prepare`)
+    with torch.compiler.config.patch(dynamic_sources=backends.SYMBOLIC), torch.inference_mode():
+        runner.prime(cache, [list(range(3, 14))])
+        for width in [1, 4] * 12:  # past the first capacity (64 slots)
+            ids = torch.full((1, width), 5)
+            runner.run(cache, ForwardRequest(ids, torch.tensor([width]), torch.tensor([[0]])))
+    assert cache.capacity > capacity and counter.frame_count == 2
+
+
 def compiled_trio(models) -> dict[str, ModelRunner]:
     """The target compiled (inductor), the draft in the static layout run eagerly."""
     return {

@@ -281,13 +281,27 @@ def compiled_graphs() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
+# what changes from call to call in a run, symbolic in a compiled step from its first call
+# (dynamo's sources, in `body_step`'s own names): the attention span and the mask as long, and
+# the buffers' capacity; the block's width follows the first prompt (`StaticBackend.prefill`)
+SYMBOLIC = ",".join(
+    (
+        "L['kv'].span",
+        "L['mask']:1",
+        r"L\['kv'\]\.layers\[\d+\]\.keys:2",
+        r"L\['kv'\]\.layers\[\d+\]\.values:2",
+    )
+)
+
+
 def compiled_step(step: Any, device: torch.device, cudagraphs: bool = True) -> Any:
     """`step` under `torch.compile(fullgraph=True)` with dynamo's automatic dynamic shapes:
-    the first shape compiles static, and a dimension seen changing recompiles once as a
-    symbolic one, so the bucketed shapes (rows x widths) share a few graphs and compile
-    faster than one graph per shape, with the same tokens; with a compile cache, a later
-    process compiles the dimensions an earlier one saw changing symbolic from the first call
-    (`core.compile_cache`; pass a step of its own per model). Dynamo's recompile limit is
+    the dimensions every run changes (`SYMBOLIC`) are symbolic from the first call, and any
+    other seen changing (the row bucket) recompiles once as a symbolic one, so the bucketed
+    shapes share a few graphs (one for width 1, one past it) and compile faster than one
+    graph per shape, with the same tokens; with a compile cache, a later process also
+    compiles those others symbolic at once (`core.compile_cache`; pass a step of its own per
+    model). Dynamo's recompile limit is
     raised to cover them. On CUDA the graphs replay as CUDA graphs (`reduce-overhead`),
     which records one per concrete shape. On a CPU the linears call the eager path's
     prepacked oneDNN weights through one custom op (`models.packed.packed_linear`) at any
@@ -299,6 +313,9 @@ def compiled_step(step: Any, device: torch.device, cudagraphs: bool = True) -> A
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, limit)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, limit)
+    compiler = torch.compiler.config
+    if SYMBOLIC not in compiler.dynamic_sources:
+        compiler.dynamic_sources = ",".join(x for x in (compiler.dynamic_sources, SYMBOLIC) if x)
     if device.type == "cuda" and cudagraphs:
         return torch.compile(step, fullgraph=True, dynamic=None, mode="reduce-overhead")
     return torch.compile(step, fullgraph=True, dynamic=None)
