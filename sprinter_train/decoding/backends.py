@@ -301,14 +301,14 @@ def compiled_step(step: Any, device: torch.device, cudagraphs: bool = True) -> A
     shapes share a few graphs (one for width 1, one past it) and compile faster than one
     graph per shape, with the same tokens; with a compile cache, a later process also
     compiles those others symbolic at once (`core.compile_cache`; pass a step of its own per
-    model). Dynamo's recompile limit is
-    raised to cover them. On CUDA the graphs replay as CUDA graphs (`reduce-overhead`),
-    which records one per concrete shape. On a CPU the linears call the eager path's
-    prepacked oneDNN weights through one custom op (`models.packed.packed_linear`) at any
-    row count: inductor's own packing (`freezing`) needs a static row dimension, which the
-    symbolic graphs lack, and without it small verify blocks fall back to a slow matmul
-    path (docs/results/design-figures.md). `cudagraphs` false: no `reduce-overhead` on CUDA, for a caller
-    that captures the graphs itself (`graphs.CapturedBackend`, the default on a GPU)."""
+    model). Dynamo's recompile limit is raised to cover them. On CUDA the graphs replay as
+    CUDA graphs (`reduce-overhead`), which records one per concrete shape. On a CPU the
+    linears call the eager path's prepacked oneDNN weights through one custom op
+    (`models.packed.packed_linear`) at any row count: inductor's own packing (`freezing`)
+    needs a static row dimension, which the symbolic graphs lack, and without it small
+    verify blocks fall back to a slow matmul path (docs/results/design-figures.md).
+    `cudagraphs` false: no `reduce-overhead` on CUDA, for a caller that captures the graphs
+    itself (`graphs.CapturedBackend`, the default on a GPU)."""
     limit = 256  # row buckets x widths x capacities of a run stay far below this
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, limit)
