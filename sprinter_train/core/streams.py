@@ -16,7 +16,11 @@ draft step's sampling: docs/results/design-figures.md, "Random streams"). The nu
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
+
+Word = TypeVar("Word", torch.Tensor, int)  # int64 tensors, or one int64 as a Python int
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MUL1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -24,33 +28,25 @@ _MUL2 = -7723592293110705685  # 0x94D049BB133111EB
 BLOCK = 64  # numbers per row hashed at once
 
 
-def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+def _shift_right(x: Word, bits: int) -> Word:
     """Logical right shift of int64 (torch's >> is arithmetic on negative values)."""
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def mix64(x: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's output function: a bijection of 64-bit words with full avalanche."""
-    x = (x ^ _shift_right(x, 30)) * _MUL1
-    x = (x ^ _shift_right(x, 27)) * _MUL2
-    return x ^ _shift_right(x, 31)
-
-
-def _word(x: int) -> int:
-    """A Python int as the unsigned 64-bit word int64 arithmetic wraps it to."""
-    return x & ((1 << 64) - 1)
-
-
-def _signed(x: int) -> int:
-    """An unsigned 64-bit word as the int64 holding the same bits."""
+def _int64(x: Word) -> Word:
+    """`x` wrapped to int64 as tensor arithmetic wraps it (a tensor already is)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    x &= (1 << 64) - 1
     return x - (1 << 64) if x >= 1 << 63 else x
 
 
-def mix64_int(x: int) -> int:
-    """`mix64` of one unsigned 64-bit word in Python integers (the same bits)."""
-    x = _word((x ^ (x >> 30)) * _MUL1)
-    x = _word((x ^ (x >> 27)) * _MUL2)
-    return x ^ (x >> 31)
+def mix64(x: Word) -> Word:
+    """SplitMix64's output function: a bijection of 64-bit words with full avalanche; on an
+    int64 tensor, or on one Python int with the same bits (a key hashed on the host)."""
+    x = _int64((x ^ _shift_right(x, 30)) * _MUL1)
+    x = _int64((x ^ _shift_right(x, 27)) * _MUL2)
+    return x ^ _shift_right(x, 31)
 
 
 def _unit(bits: torch.Tensor) -> torch.Tensor:
@@ -70,7 +66,7 @@ class RowStreams:
             seeds = seeds.to(device=device, dtype=torch.int64).reshape(-1)
             self.keys = mix64(seeds * _GOLDEN + 1)
         else:  # hashed on the host: one transfer instead of a dozen device ops a batch
-            keys = [_signed(mix64_int(_word(int(s) * _GOLDEN + 1))) for s in seeds]
+            keys = [mix64(_int64(int(s) * _GOLDEN + 1)) for s in seeds]
             self.keys = torch.tensor(keys, dtype=torch.int64, device=device)
         self._origin = torch.zeros_like(self.keys)
         self._offset = torch.zeros_like(self.keys)
