@@ -216,19 +216,20 @@ class ModelRunner:
         grouped = prefill_groups(lengths, self.padded_prefill, self.prefill_tokens)
         with self.clock.timed(prefill=True):
             if self.backend.prefills and len(grouped) == 1:  # the static layouts' own step
-                width = max(lengths)
-                padded = [tokens + [0] * (width - len(tokens)) for tokens in rows]
-                ids = torch.as_tensor(padded, dtype=torch.long, device=self.device)
-                self.backend.prefill(cache, ids, lengths)
+                self.backend.prefill(cache, self.right_padded(rows), lengths)
                 return
             groups = []
             for members in grouped:
-                width = max(lengths[r] for r in members)
-                padded = [rows[r] + [0] * (width - lengths[r]) for r in members]
-                ids = torch.as_tensor(padded, dtype=torch.long, device=self.device)
+                ids = self.right_padded([rows[r] for r in members])
                 _, _, kv = body(self.model, ids, past_key_values=DynamicCache(), use_cache=True)
                 groups.append((members, kv))
             cache.absorb(groups, lengths)
+
+    def right_padded(self, rows: list[list[int]]) -> torch.Tensor:
+        """(rows, longest) token ids on the device, each row right-padded with zeros."""
+        width = max(len(tokens) for tokens in rows)
+        padded = [tokens + [0] * (width - len(tokens)) for tokens in rows]
+        return torch.as_tensor(padded, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def run(self, cache: RowCache, request: ForwardRequest) -> RowOutput:
