@@ -56,13 +56,28 @@ def test_heavy_and_slow():
 
 def test_quick_and_cheap():
     pass
+
+
+@pytest.mark.gpu
+def test_gpu_and_slow():
+    burn(0.6)
+"""
+
+# the burner's conftest: tests/conftest.py's, on a machine that says it has CUDA, so the gpu
+# test runs here rather than being skipped
+CONFTEST = """import torch
+
+from tests.conftest import *  # noqa: F403
+
+torch.cuda.is_available = lambda: True
 """
 
 
 @pytest.mark.heavy  # another pytest process
-def test_a_quick_test_over_its_cpu_budget_fails_and_a_heavy_one_does_not(tmp_path) -> None:
-    """The budget of tests/conftest.py, run on three tests against a budget of 0.3 CPU s."""
-    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+def test_a_quick_test_over_its_cpu_budget_fails_and_a_heavy_or_gpu_one_does_not(tmp_path) -> None:
+    """The budget of tests/conftest.py, run on four tests against a budget of 0.3 CPU s: a
+    gpu test runs on a GPU machine alone, where compiling is what it checks."""
+    (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_burn.py").write_text(BURNER)
     done = subprocess.run(
         [
@@ -76,7 +91,7 @@ def test_a_quick_test_over_its_cpu_budget_fails_and_a_heavy_one_does_not(tmp_pat
             "quick_test_cpu_seconds=0.3",
             "--strict-markers",
             "-o",
-            "markers=heavy",
+            "markers=heavy\n    gpu",
             str(tmp_path),
         ],
         cwd=tmp_path,
@@ -85,6 +100,6 @@ def test_a_quick_test_over_its_cpu_budget_fails_and_a_heavy_one_does_not(tmp_pat
         text=True,
         timeout=300,
     )
-    assert "1 failed, 2 passed" in done.stdout, done.stdout[-3000:]
+    assert "1 failed, 3 passed" in done.stdout, done.stdout[-3000:]
     assert "test_quick_and_slow spent" in done.stdout
     assert "over the quick set's budget of 0.3 s" in done.stdout
