@@ -34,6 +34,32 @@ def test_every_role_takes_the_layout_and_the_draft_its_hidden_layer() -> None:
     assert engine.pack_every == 3 and engine.companion is not None
 
 
+def test_compile_drafts_false_leaves_the_drafts_uncompiled_and_captured_on_cuda() -> None:
+    cuda = torch.device("cuda")  # the layout is worked out for a device, none is used
+    compiled = {"compile": True, "compile_drafts": False}
+    assert runner_layout(compiled, cuda)["drafts"] == {"compiled": False, "captured": True}
+    assert runner_layout({**compiled, "capture": False}, cuda)["drafts"] == {
+        "compiled": False,
+        "captured": False,
+    }
+    kept = ({"compile": True}, {**compiled, "compile_drafts": True}, {**compiled, "compile": False})
+    assert [runner_layout(settings, cuda)["drafts"] for settings in kept] == [{}, {}, {}]
+    trio = tiny_trio()
+    engine = build_engine(
+        trio["target"],
+        GREEDY,
+        VOCAB,
+        draft=trio["draft"],
+        companion=trio["companion"],
+        layout=runner_layout(compiled, CPU),
+    )
+    assert {r: x.compiled for r, x in engine.present_runners.items()} == {
+        "target": True,
+        "draft": False,
+        "companion": False,
+    }
+
+
 def test_no_layout_is_the_runners_own_default_and_a_built_runner_is_kept() -> None:
     trio = tiny_trio()
     target = build_runner(trio["target"], VOCAB, {"static": True})

@@ -1,7 +1,7 @@
 """The one place that turns the decoding settings into runners and engines.
 
-The `decoding` section's layout keys (static_cache, compile, static_capacity, prefill,
-prefill_tokens, capture) are checked (`decoding_problems`) and resolved for a device
+The `decoding` section's layout keys (static_cache, compile, compile_drafts, static_capacity,
+prefill, prefill_tokens, capture) are checked (`decoding_problems`) and resolved for a device
 (`runner_layout`) here, and every stage, the bench, the Hugging Face callables and the
 benchmark scripts get their runners (`build_runner`) and engines (`build_engine`) from here,
 so a layout means the same thing wherever it is used. These functions take plain mappings:
@@ -23,6 +23,7 @@ from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.timings import Timings
 
 PREFILLS = ("auto", "by_length", "padded")  # decoding.prefill: see runner.prefill_groups
+DRAFTS = "drafts"  # a layout's settings that differ for the draft and companion runners
 
 
 def decoding_problems(decoding: Mapping[str, Any]) -> list[str]:
@@ -36,7 +37,7 @@ def decoding_problems(decoding: Mapping[str, Any]) -> list[str]:
         check_whole(problems, "decoding.prefill_tokens", decoding["prefill_tokens"], 1)
     if "prefill" in decoding and str(decoding["prefill"]) not in PREFILLS:
         problems.append(f"decoding.prefill={decoding['prefill']!r}: expected one of {PREFILLS}")
-    for key in ("static_cache", "compile", "capture"):
+    for key in ("static_cache", "compile", "compile_drafts", "capture"):
         if key in decoding and parse_switch(decoding[key]) is None:
             problems.append(f"decoding.{key}={decoding[key]!r}: expected auto, true or false")
     if (
@@ -67,7 +68,7 @@ def runner_layout(decoding: Mapping[str, Any], device: torch.device) -> dict[str
     static = compiled if static_on == "auto" else bool(static_on)
     capture = parse_switch(decoding.get("capture", "auto"))
     prefill = str(decoding.get("prefill", "auto"))
-    return {
+    layout = {
         "static": static,
         "compiled": compiled and static,
         "min_capacity": int(decoding.get("static_capacity", 0) or 0),
@@ -75,6 +76,22 @@ def runner_layout(decoding: Mapping[str, Any], device: torch.device) -> dict[str
         "prefill_tokens": int(decoding.get("prefill_tokens", 1 << 16)),
         "captured": None if capture == "auto" else bool(capture) and device.type == "cuda",
     }
+    return {**layout, DRAFTS: draft_changes(decoding, layout, device)}
+
+
+def draft_changes(
+    decoding: Mapping[str, Any], layout: Mapping[str, Any], device: torch.device
+) -> dict[str, Any]:
+    """What `decoding.compile_drafts=false` changes in the draft's and companion's layout
+    where the target compiles: their forwards stay uncompiled, and on CUDA replay from
+    graphs captured by hand (unless `capture=false`), so a cold start compiles the
+    target's graphs alone while a draft step still costs one graph launch. auto and true
+    leave them as the target's."""
+    switch = parse_switch(decoding.get("compile_drafts", "auto"))
+    if switch in ("auto", True) or not layout["compiled"]:
+        return {}
+    captured = layout["captured"]
+    return {"compiled": False, "captured": device.type == "cuda" if captured is None else captured}
 
 
 def build_runner(
@@ -83,13 +100,17 @@ def build_runner(
     layout: Mapping[str, Any] | None = None,
     hidden_layer: int = -1,
     lean: bool | None = None,
+    role: str = "target",
 ) -> ModelRunner:
     """A runner of `model` in `layout` (`runner_layout`'s keys; None or empty: the runner's
-    own defaults). `lean`: None lets the runner choose (see `ModelRunner`); the lean draft
-    keeps its own layout whatever `layout` says."""
-    return ModelRunner(
-        model, vocab_size, hidden_layer=hidden_layer, lean=lean, **dict(layout or {})
-    )
+    own defaults) for `role` (target, draft or companion: the two drafts take the layout's
+    `DRAFTS` changes). `lean`: None lets the runner choose (see `ModelRunner`); the lean
+    draft keeps its own layout whatever `layout` says."""
+    options = dict(layout or {})
+    changes = options.pop(DRAFTS, {})
+    if role != "target":
+        options.update(changes)
+    return ModelRunner(model, vocab_size, hidden_layer=hidden_layer, lean=lean, **options)
 
 
 def build_engine(
@@ -110,16 +131,16 @@ def build_engine(
     `hidden_layer`. A role given as a runner is taken as built: a harvest reuses its runners
     (their compiled graphs and KV buffers) across many engines."""
 
-    def runner(model: torch.nn.Module | ModelRunner, layer: int = -1) -> ModelRunner:
+    def runner(model: torch.nn.Module | ModelRunner, role: str, layer: int = -1) -> ModelRunner:
         if isinstance(model, ModelRunner):
             return model
-        return build_runner(model, vocab_size, layout, layer)
+        return build_runner(model, vocab_size, layout, layer, role=role)
 
     return Engine(
-        runner(target),
+        runner(target, "target"),
         sampling,
-        draft=None if draft is None else runner(draft, hidden_layer),
-        companion=None if companion is None else runner(companion),
+        draft=None if draft is None else runner(draft, "draft", hidden_layer),
+        companion=None if companion is None else runner(companion, "companion"),
         eos_token_id=eos_token_id,
         pack_every=pack_every,
         timings=timings,

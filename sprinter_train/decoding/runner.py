@@ -106,7 +106,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         cuda = self.device.type == "cuda"
         use_lean = uses_lean(model) if lean is None else lean
-        if lean is None and compiled and static and supports_static(model):
+        if lean is None and (compiled or captured) and static and supports_static(model):
             use_lean = use_lean and not compiled_over_lean(self.device)
         self.lean = LeanDraft(model) if use_lean else None
         self.static = static and self.lean is None and supports_static(model)

@@ -91,7 +91,7 @@ class ContinuationRunners:
         """The runner of `role` (draft or target), built once."""
         if role not in self._built:
             model = getattr(self.models, role).model
-            self._built[role] = build_runner(model, self.models.vocab_size, self.layout)
+            self._built[role] = build_runner(model, self.models.vocab_size, self.layout, role=role)
         return self._built[role]
 
     def engine(self, sampling: SamplingConfig, role: str, draft: bool = False) -> Engine:
