@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from omegaconf import OmegaConf
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.core import pidlock
-from sprinter_train.core.interrupt import StageInterrupted, note_completed
+from sprinter_train.core.interrupt import StageInterrupted, interruptible, note_completed
 from sprinter_train.core.io import CorruptInputError, read_json, write_json
 from sprinter_train.core.processes import pid_alive, start_time
 from sprinter_train.core.sampling import SamplingConfig
@@ -182,6 +183,25 @@ def test_lightning_and_keyboard_interrupts_are_not_successes(
     with pytest.raises(StageInterrupted) as stop:
         run_stage(compose_cfg("stage=train"))
     assert stop.value.exit_code == 128 + signum  # 143 or 130, not Lightning's 0 or 1
+
+
+def test_a_signal_landing_where_python_drops_exceptions_still_stops_the_stage() -> None:
+    """Python runs the handler wherever the main thread is; inside a weakref callback (as in
+    torch's compile, on the H200 lease) the raise is printed and dropped, so it must come
+    again rather than leave the stage running until a SIGKILL."""
+
+    class Held:
+        pass
+
+    began = time.monotonic()
+    with pytest.raises(StageInterrupted) as stop, interruptible("stage=bench"):
+        held = Held()
+        watch = weakref.ref(held, lambda _: os.kill(os.getpid(), signal.SIGTERM))
+        del held  # the callback runs here, and the handler raises inside it
+        while time.monotonic() - began < 10:  # the stage's own work
+            time.sleep(0.01)
+    assert watch() is None and stop.value.exit_code == 143
+    assert time.monotonic() - began < 5
 
 
 # -- 5. the background teacher dies with its distill run --------------------------------------

@@ -9,6 +9,7 @@ stopped), and what each stage recorded with `note_completed` is named in the rep
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _completed: dict[str, str] = {}  # what the running stage has finished and written, in order
+AGAIN_AFTER_S = 0.1  # an interrupt raised where Python drops exceptions comes again this late
 
 
 class StageInterrupted(BaseException):
@@ -58,6 +60,22 @@ def _raise(signum: int, frame: object) -> None:
     raise StageInterrupted(signum)
 
 
+def _dropped(previous: object) -> object:
+    """An unraisable hook: Python runs a signal handler wherever the main thread is, a weakref
+    callback or a `__del__` among them (torch's compile runs many), and drops what those
+    raise; so a dropped `StageInterrupted` has its signal sent again, once the stage's own
+    code runs. Other unraisables go to `previous`."""
+
+    def hook(unraisable: object) -> None:
+        error = getattr(unraisable, "exc_value", None)
+        if isinstance(error, StageInterrupted):
+            threading.Timer(AGAIN_AFTER_S, os.kill, (os.getpid(), error.signum)).start()
+            return
+        previous(unraisable)  # type: ignore[operator]
+
+    return hook
+
+
 def _is_lightning_sigterm(error: SystemExit) -> bool:
     module = sys.modules.get("pytorch_lightning.utilities.exceptions")
     return module is not None and isinstance(error, module.SIGTERMException)
@@ -66,13 +84,16 @@ def _is_lightning_sigterm(error: SystemExit) -> bool:
 @contextmanager
 def interruptible(stage: str) -> Iterator[None]:
     """Run a stage with SIGTERM and SIGINT raising StageInterrupted (the previous handlers are
-    restored after); a Lightning SIGTERMException or a KeyboardInterrupt becomes one too."""
+    restored after); a Lightning SIGTERMException or a KeyboardInterrupt becomes one too, and
+    one raised where Python drops exceptions comes again (`_dropped`)."""
     _completed.clear()
     signals = (signal.SIGTERM, signal.SIGINT)
     main = threading.current_thread() is threading.main_thread()
     previous = {s: signal.getsignal(s) for s in signals} if main else {}
     for s in previous:
         signal.signal(s, _raise)
+    unraisable = sys.unraisablehook
+    sys.unraisablehook = _dropped(unraisable)
     try:
         yield
     except StageInterrupted as stop:
@@ -84,6 +105,7 @@ def interruptible(stage: str) -> Iterator[None]:
             raise
         raise StageInterrupted(signal.SIGTERM, stage, list(_completed.values())) from None
     finally:
+        sys.unraisablehook = unraisable
         for s, handler in previous.items():
             signal.signal(s, handler)
         _completed.clear()
