@@ -205,6 +205,21 @@ def test_reused_buffers_and_unshrinking_rows_keep_the_tokens(models, eos) -> Non
     assert len(static.target.kv_pool) >= 1
 
 
+def test_a_kept_bucket_runs_one_prompt_in_two_rows_with_its_tokens(models, eos) -> None:
+    """A cache that keeps its row bucket (compiled on a GPU) starts at two rows, so one
+    prompt shares the row-symbolic graphs; the inert row changes no token."""
+    static = engine(models, SAMPLING, eos, static=True)
+    for runner in static.runners.values():
+        runner.backend.shrink_rows = False
+    assert static.target.new_cache(1, 10).bucket == 2
+    for policy in (TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)):
+        dynamic = engine(models, SAMPLING, eos).generate(
+            ROWS[:1], copy.deepcopy(policy), NEW_TOKENS
+        )
+        out = static.generate(ROWS[:1], copy.deepcopy(policy), NEW_TOKENS)
+        assert [r.tokens for r in out] == [r.tokens for r in dynamic], policy.name
+
+
 @pytest.mark.parametrize("sampling", SAMPLED_HEAVY, ids=["greedy", "sampled"])
 @pytest.mark.parametrize(
     "static", [pytest.param(False, marks=pytest.mark.heavy), True], ids=["dynamic", "static"]
@@ -370,7 +385,8 @@ def test_a_forward_attends_over_its_filled_span_with_the_whole_capacitys_tokens(
 
 def test_the_switches_resolve_and_are_validated() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    prefill = {"prefill_tokens": 1 << 16, "captured": None}  # capture: the runner's choice
+    # capture: the runner's choice; the drafts as the target (decoding.compile_drafts)
+    prefill = {"prefill_tokens": 1 << 16, "captured": None, "drafts": {}}
     layout = ("static", "compiled", "min_capacity", "padded_prefill")
     assert runner_layout({}, cpu) == {
         **dict.fromkeys(layout, False),
@@ -397,6 +413,7 @@ def test_the_switches_resolve_and_are_validated() -> None:
         "padded_prefill": True,
         "prefill_tokens": 9,
         "captured": None,
+        "drafts": {},
     }
     assert not runner_layout({"prefill": "by_length"}, cuda)["padded_prefill"]
     assert runner_layout({"static_capacity": 512}, cpu)["min_capacity"] == 512
@@ -404,6 +421,7 @@ def test_the_switches_resolve_and_are_validated() -> None:
     assert runner_layout({"capture": "true"}, cuda)["captured"] is True
     assert runner_layout({"capture": "true"}, cpu)["captured"] is False  # no CUDA graphs
     assert len(decoding_problems({"capture": "always"})) == 1
+    assert len(decoding_problems({"compile_drafts": "never"})) == 1
     assert len(decoding_problems({"static_capacity": -1})) == 1
     assert len(decoding_problems({"prefill": "sorted"})) == 1
     assert len(decoding_problems({"prefill_tokens": 0})) == 1
@@ -459,23 +477,28 @@ def test_spans_up_to_the_capacity_share_one_graph_once_the_span_is_symbolic(mode
     assert cache.kv.layers[0].keys.shape[2] == cache.capacity + 1
 
 
-def test_a_compiled_step_is_two_graphs_whatever_its_spans_capacities_and_widths(models):
+@pytest.mark.heavy  # compiles (aot_eager): past the quick set's budget
+def test_a_compiled_step_is_two_graphs_whatever_its_rows_spans_capacities_and_widths(models):
     """What a run changes call to call is symbolic from the first call (`backends.SYMBOLIC`,
-    the width from the first prompt's), so a prefill and then forwards of widths 1 and 4 over
-    growing spans and a capacity that grows compile two graphs: width one, and past it."""
+    the width from the first prompt's), so prefills and then forwards of widths 1 and 4 at
+    row buckets 2, 8 and 4, over growing spans and a capacity that grows, compile two graphs:
+    width one, and past it."""
     runner = ModelRunner(models["target"], VOCAB, static=True)
     counter = CompileCounterWithBackend("aot_eager")
     own = step_of_its_own(runner.backend.body_step, "two graphs")
     runner.backend.step = torch.compile(own, backend=counter, fullgraph=True, dynamic=None)
-    cache = runner.new_cache(1, 16)
-    capacity = cache.capacity
     # inputs made in inference mode, as a compiled runner's are (`StaticBackend.prepare`)
     with torch.compiler.config.patch(dynamic_sources=backends.SYMBOLIC), torch.inference_mode():
-        runner.prime(cache, [list(range(3, 14))])
-        for width in [1, 4] * 12:  # past the first capacity (64 slots)
-            ids = torch.full((1, width), 5)
-            runner.run(cache, ForwardRequest(ids, torch.tensor([width]), torch.tensor([[0]])))
-    assert cache.capacity > capacity and counter.frame_count == 2
+        for rows, rounds in ((2, 12), (8, 2), (4, 2)):  # the first past 64 slots, its capacity
+            cache = runner.new_cache(rows, 16)
+            capacity = cache.capacity
+            runner.prime(cache, [list(range(3, 14 + row % 3)) for row in range(rows)])
+            for width in [1, 4] * rounds:
+                ids = torch.full((rows, width), 5)
+                counts = torch.full((rows,), width)
+                runner.run(cache, ForwardRequest(ids, counts, torch.zeros(rows, 1, dtype=int)))
+            assert cache.capacity > capacity or rounds < 12
+    assert counter.frame_count == 2
 
 
 def compiled_trio(models) -> dict[str, ModelRunner]:

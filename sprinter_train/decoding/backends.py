@@ -282,14 +282,22 @@ def compiled_graphs() -> int:
 
 
 # what changes from call to call in a run, symbolic in a compiled step from its first call
-# (dynamo's sources, in `body_step`'s own names): the attention span and the mask as long, and
-# the buffers' capacity; the block's width follows the first prompt (`StaticBackend.prefill`)
+# (dynamo's sources, in `body_step`'s own names): the row bucket, the attention span and the
+# mask as long, and the buffers' capacity; the block's width follows the first prompt
+# (`StaticBackend.prefill`). A bucket of one row stays a shape of its own (dynamo specialises
+# size one), which a compiled runner on a GPU never uses (`StaticRowCache`'s `shrink`)
 SYMBOLIC = ",".join(
     (
+        "L['ids']:0",
+        "L['positions']:0",
+        "L['mask']:0",
         "L['kv'].span",
         "L['mask']:1",
-        r"L\['kv'\]\.layers\[\d+\]\.keys:2",
-        r"L\['kv'\]\.layers\[\d+\]\.values:2",
+        *(
+            rf"L\['kv'\]\.layers\[\d+\]\.{part}:{dim}"
+            for part in ("keys", "values")
+            for dim in (0, 2)
+        ),
     )
 )
 

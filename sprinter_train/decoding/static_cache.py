@@ -177,7 +177,7 @@ class StaticRowCache(RowCache):
     `lengths` are views of the live rows and slots of its buffers (live: a forward writes
     them in place); `rows` and `slots` are kept on the host. With a `pool`, buffers are taken
     from it and given back when replaced or when the cache is collected; `shrink=False`
-    keeps the row bucket when rows leave."""
+    keeps the row bucket when rows leave, and starts at two rows at least."""
 
     def __init__(
         self,
@@ -191,7 +191,10 @@ class StaticRowCache(RowCache):
         self.model = model
         self.device = torch.device(device)
         self.capacity = capacity_bucket(capacity)
-        self.bucket = row_bucket(rows)
+        # one that keeps its bucket (compiled on a GPU, where an inert row costs next to
+        # nothing) holds two rows at least: dynamo specialises a dimension of size one, so a
+        # one-row bucket would compile graphs no other bucket shares
+        self.bucket = row_bucket(rows) if shrink else max(row_bucket(rows), 2)
         self.shrink = shrink
         self.settled = 0
         self._rows = rows
