@@ -276,10 +276,19 @@ def test_one_group_of_prompts_fills_the_static_cache_through_its_step(models, ca
             torch.testing.assert_close(values[r, :, s], v[r, :, s])
     compiled = {"graphs": 0}
     clock = ForwardClock(torch.device("cpu"), lambda: (compiled["graphs"], 0), lambda: "static")
-    with caplog.at_level("WARNING"), clock.timed(prefill=True):
+    with caplog.at_level("INFO"), clock.timed(prefill=True):
         compiled["graphs"] += 1  # the block compiled a graph
     assert clock.compile_seconds > 0 and clock.prefill_seconds == 0
-    assert "recompiled" not in caplog.text
+    assert "recompiled" not in caplog.text and "static: compiled 1 graph(s) in" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO"):  # a new shape after the first graph: compiled, said once
+        for _ in range(2):
+            with clock.timed((1, 4), compiling=True):
+                compiled["graphs"] += 1
+    assert "compiling its step" not in caplog.text and caplog.text.count("compiled 1 graph") == 2
+    fresh = ForwardClock(torch.device("cpu"), lambda: (compiled["graphs"], 0), lambda: "static")
+    with caplog.at_level("INFO"), fresh.timed((2, 1), compiling=True):
+        assert "static: compiling its step for a new shape (rows, width (2, 1))" in caplog.text
 
 
 def test_prefill_groups_by_length_or_padded_within_a_budget() -> None:

@@ -103,6 +103,13 @@ class ForwardClock:
         as a forward."""
         work = self.work()
         if compiling:
+            if not self.compiles:  # the first graph: say why the progress stands still
+                log.info(
+                    "%s: compiling its step for a new shape (rows, width %s); later "
+                    "processes read the graphs from decoding.compile_cache",
+                    self.name(),
+                    shape,
+                )
             synchronize(self.device)
             began = time.perf_counter()
             yield
@@ -140,5 +147,9 @@ class ForwardClock:
         """Count the block since `began` (once the device is done) as compile time, and the
         graphs dynamo compiled in it (`work`: the count before)."""
         synchronize(self.device)
-        self.compile_seconds += time.perf_counter() - began
-        self.compiles += self.work()[0] - work[0]
+        seconds = time.perf_counter() - began
+        graphs = self.work()[0] - work[0]
+        self.compile_seconds += seconds
+        self.compiles += graphs
+        if graphs:
+            log.info("%s: compiled %d graph(s) in %.1f s", self.name(), graphs, seconds)
