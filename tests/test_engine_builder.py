@@ -8,25 +8,30 @@ from pathlib import Path
 import torch
 
 from sprinter_train.decoding.builder import build_engine, build_runner, runner_layout
+from sprinter_train.decoding.engine import Engine
 from tests.decoding_helpers import GREEDY, VOCAB, tiny_trio
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
 
 
-def test_every_role_takes_the_layout_and_the_draft_its_hidden_layer() -> None:
+def trio_engine(layout: dict, **options: int) -> Engine:
+    """An engine over the tiny target, draft and companion, each built in `layout`."""
     trio = tiny_trio()
-    layout = runner_layout({"static_cache": True}, CPU)
-    engine = build_engine(
+    return build_engine(
         trio["target"],
         GREEDY,
         VOCAB,
         draft=trio["draft"],
         companion=trio["companion"],
         layout=layout,
-        hidden_layer=1,
-        pack_every=3,
+        **options,
     )
+
+
+def test_every_role_takes_the_layout_and_the_draft_its_hidden_layer() -> None:
+    layout = runner_layout({"static_cache": True}, CPU)
+    engine = trio_engine(layout, hidden_layer=1, pack_every=3)
     assert {r: x.layout for r, x in engine.present_runners.items()} == dict.fromkeys(
         ("target", "draft", "companion"), "static"
     )
@@ -44,15 +49,7 @@ def test_compile_drafts_false_leaves_the_drafts_uncompiled_and_captured_on_cuda(
     }
     kept = ({"compile": True}, {**compiled, "compile_drafts": True}, {**compiled, "compile": False})
     assert [runner_layout(settings, cuda)["drafts"] for settings in kept] == [{}, {}, {}]
-    trio = tiny_trio()
-    engine = build_engine(
-        trio["target"],
-        GREEDY,
-        VOCAB,
-        draft=trio["draft"],
-        companion=trio["companion"],
-        layout=runner_layout(compiled, CPU),
-    )
+    engine = trio_engine(runner_layout(compiled, CPU))
     assert {r: x.compiled for r, x in engine.present_runners.items()} == {
         "target": True,
         "draft": False,
