@@ -251,6 +251,9 @@ def test_a_padded_prefill_emits_the_by_length_prefills_tokens(models, eos, sampl
         assert [r.tokens for r in out] == [r.tokens for r in expected], fresh.name
 
 
+CLOCK_LOG = "sprinter_train.decoding.clock"  # its own level: a stage run may raise the package's
+
+
 def test_one_group_of_prompts_fills_the_static_cache_through_its_step(models, caplog) -> None:
     """Prompts in one group (a GPU's padded prefill) fill the static cache as one block
     through the runner's own step, not the model's own forward and a copy: the same keys and
@@ -276,18 +279,20 @@ def test_one_group_of_prompts_fills_the_static_cache_through_its_step(models, ca
             torch.testing.assert_close(values[r, :, s], v[r, :, s])
     compiled = {"graphs": 0}
     clock = ForwardClock(torch.device("cpu"), lambda: (compiled["graphs"], 0), lambda: "static")
-    with caplog.at_level("INFO"), clock.timed(prefill=True):
+    with caplog.at_level("INFO", CLOCK_LOG), clock.timed(prefill=True):
         compiled["graphs"] += 1  # the block compiled a graph
     assert clock.compile_seconds > 0 and clock.prefill_seconds == 0
     assert "recompiled" not in caplog.text and "static: compiled 1 graph(s) in" in caplog.text
     caplog.clear()
-    with caplog.at_level("INFO"):  # a new shape after the first graph: compiled, said once
+    with caplog.at_level(
+        "INFO", CLOCK_LOG
+    ):  # a new shape after the first graph: compiled, said once
         for _ in range(2):
             with clock.timed((1, 4), compiling=True):
                 compiled["graphs"] += 1
     assert "compiling its step" not in caplog.text and caplog.text.count("compiled 1 graph") == 2
     fresh = ForwardClock(torch.device("cpu"), lambda: (compiled["graphs"], 0), lambda: "static")
-    with caplog.at_level("INFO"), fresh.timed((2, 1), compiling=True):
+    with caplog.at_level("INFO", CLOCK_LOG), fresh.timed((2, 1), compiling=True):
         assert "static: compiling its step for a new shape (rows, width (2, 1))" in caplog.text
 
 
