@@ -205,12 +205,16 @@ def test_reused_buffers_and_unshrinking_rows_keep_the_tokens(models, eos) -> Non
     assert len(static.target.kv_pool) >= 1
 
 
-def test_a_kept_bucket_runs_one_prompt_in_two_rows_with_its_tokens(models, eos) -> None:
+@pytest.mark.parametrize("captured", [False, True], ids=["static", "captured"])
+def test_a_kept_bucket_runs_one_prompt_in_two_rows_with_its_tokens(
+    models, eos, captured, replayed
+) -> None:
     """A cache that keeps its row bucket (compiled on a GPU) starts at two rows, so one
-    prompt shares the row-symbolic graphs; the inert row changes no token."""
-    static = engine(models, SAMPLING, eos, static=True)
+    prompt shares the row-symbolic graphs; the inert row changes no token, replayed from
+    captured graphs too (CUDA graph semantics played on the CPU)."""
+    static = engine(models, SAMPLING, eos, static=True, captured=captured)
     for runner in static.runners.values():
-        runner.backend.shrink_rows = False
+        getattr(runner.backend, "static", runner.backend).shrink_rows = False
     assert static.target.new_cache(1, 10).bucket == 2
     for policy in (TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)):
         dynamic = engine(models, SAMPLING, eos).generate(
@@ -218,6 +222,7 @@ def test_a_kept_bucket_runs_one_prompt_in_two_rows_with_its_tokens(models, eos) 
         )
         out = static.generate(ROWS[:1], copy.deepcopy(policy), NEW_TOKENS)
         assert [r.tokens for r in out] == [r.tokens for r in dynamic], policy.name
+    assert not captured or replayed.replays > 0
 
 
 @pytest.mark.parametrize("sampling", SAMPLED_HEAVY, ids=["greedy", "sampled"])
