@@ -289,9 +289,8 @@ def test_one_group_of_prompts_fills_the_static_cache_through_its_step(models, ca
     assert clock.compile_seconds > 0 and clock.prefill_seconds == 0
     assert "recompiled" not in caplog.text and "static: compiled 1 graph(s) in" in caplog.text
     caplog.clear()
-    with caplog.at_level(
-        "INFO", CLOCK_LOG
-    ):  # a new shape after the first graph: compiled, said once
+    # new shapes after the first graph: each compile said, the start not said again
+    with caplog.at_level("INFO", CLOCK_LOG):
         for _ in range(2):
             with clock.timed((1, 4), compiling=True):
                 compiled["graphs"] += 1
@@ -508,7 +507,8 @@ def test_a_compiled_step_is_two_graphs_whatever_its_rows_spans_capacities_and_wi
     runner.backend.step = torch.compile(own, backend=counter, fullgraph=True, dynamic=None)
     # inputs made in inference mode, as a compiled runner's are (`StaticBackend.prepare`)
     with torch.compiler.config.patch(dynamic_sources=backends.SYMBOLIC), torch.inference_mode():
-        for rows, rounds in ((2, 12), (8, 2), (4, 2)):  # the first past 64 slots, its capacity
+        grew = []
+        for rows, rounds in ((2, 12), (8, 2), (4, 2)):  # the first runs past its 64 slots
             cache = runner.new_cache(rows, 16)
             capacity = cache.capacity
             runner.prime(cache, [list(range(3, 14 + row % 3)) for row in range(rows)])
@@ -516,8 +516,8 @@ def test_a_compiled_step_is_two_graphs_whatever_its_rows_spans_capacities_and_wi
                 ids = torch.full((rows, width), 5)
                 counts = torch.full((rows,), width)
                 runner.run(cache, ForwardRequest(ids, counts, torch.zeros(rows, 1, dtype=int)))
-            assert cache.capacity > capacity or rounds < 12
-    assert counter.frame_count == 2
+            grew.append(cache.capacity > capacity)
+    assert grew[0] and counter.frame_count == 2
 
 
 def compiled_trio(models) -> dict[str, ModelRunner]:

@@ -13,8 +13,9 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 _completed: dict[str, str] = {}  # what the running stage has finished and written, in order
 AGAIN_AFTER_S = 0.1  # an interrupt raised where Python drops exceptions comes again this late
@@ -60,18 +61,18 @@ def _raise(signum: int, frame: object) -> None:
     raise StageInterrupted(signum)
 
 
-def _dropped(previous: object) -> object:
+def _dropped(previous: Callable[[Any], object]) -> Callable[[Any], None]:
     """An unraisable hook: Python runs a signal handler wherever the main thread is, a weakref
     callback or a `__del__` among them (torch's compile runs many), and drops what those
     raise; so a dropped `StageInterrupted` has its signal sent again, once the stage's own
     code runs. Other unraisables go to `previous`."""
 
-    def hook(unraisable: object) -> None:
+    def hook(unraisable: Any) -> None:
         error = getattr(unraisable, "exc_value", None)
         if isinstance(error, StageInterrupted):
             threading.Timer(AGAIN_AFTER_S, os.kill, (os.getpid(), error.signum)).start()
             return
-        previous(unraisable)  # type: ignore[operator]
+        previous(unraisable)
 
     return hook
 
