@@ -23,13 +23,14 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
-from sprinter_train.core import machine
+from sprinter_train.core import compile_cache, machine
 from sprinter_train.core.config import compose_config
 
 
@@ -109,6 +110,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords and "smoke" not in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _compile_folder() -> Iterator[None]:
+    """The compile-cache folder a test's stage pointed the process at is forgotten after it:
+    a later test's compiled runners must not load the graphs an earlier one saved there."""
+    before = compile_cache.folder_in_use()
+    yield
+    compile_cache._IN_USE[0] = before
 
 
 @pytest.fixture(autouse=True)

@@ -55,14 +55,23 @@ def companion_plan(prior_alpha: float | None, **settings: Any) -> CompanionPlan:
     return CompanionPlan(prior_alpha, **{**SV_PLAN, **settings})
 
 
-def engine_for(models, sampling: SamplingConfig, timings: Timings | None = None) -> Engine:
-    """The trio's engine, pricing at `timings` (default: `fixed_timings()`)."""
+def engine_for(
+    models,
+    sampling: SamplingConfig,
+    timings: Timings | None = None,
+    layout: dict[str, bool] | None = None,
+    eos: int | None = None,
+) -> Engine:
+    """The trio's engine, pricing at `timings` (default: `fixed_timings()`), every runner in
+    `layout` (`static`, `compiled`, `padded_prefill`; default: the runners' own)."""
     return build_engine(
         models["target"],
         sampling,
         VOCAB,
         draft=models["draft"],
         companion=models["companion"],
+        layout=layout,
+        eos_token_id=eos,
         timings=fixed_timings() if timings is None else timings,
     )
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from sprinter_train.core.compile_cache import step_of_its_own
 from sprinter_train.decoding import backends, graphs
 from sprinter_train.decoding.builder import build_engine
 from sprinter_train.decoding.policies import (
@@ -46,10 +47,12 @@ def new_model_type() -> torch.nn.Module:
     return PeerModel()
 
 
-def dynamo_only(step: Any, device: torch.device, cudagraphs: bool = True) -> Any:
-    """`backends.compiled_step` with dynamo's `eager` backend: the same guards and
-    recompiles, no inductor."""
-    return torch.compile(step, fullgraph=True, dynamic=None, backend="eager")
+def dynamo_only(body: Any, device: torch.device, cudagraphs: bool = True) -> Any:
+    """`compiled.compiled_step` with no compile-cache folder, on dynamo's `eager` backend:
+    the same guards and recompiles, no inductor; a code object of its own, as the plain
+    compile's (dynamo keeps its graphs per code object, and every `StaticBody` shares one)."""
+    own = step_of_its_own(body.forward, "compiled reuse")
+    return torch.compile(own, fullgraph=True, dynamic=None, backend="eager")
 
 
 @pytest.fixture

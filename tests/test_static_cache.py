@@ -22,8 +22,9 @@ from sprinter_train.core.sampling import inverse_cdf, warp_probs
 from sprinter_train.decoding import backends, graphs, static_cache, static_shapes
 from sprinter_train.decoding import runner as runner_module
 from sprinter_train.decoding.after_warp import Draw
-from sprinter_train.decoding.builder import build_engine, decoding_problems, runner_layout
+from sprinter_train.decoding.builder import decoding_problems, runner_layout
 from sprinter_train.decoding.clock import ForwardClock
+from sprinter_train.decoding.compiled import SYMBOLIC
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.forward import ForwardRequest
 from sprinter_train.decoding.policies import (
@@ -49,6 +50,7 @@ from sprinter_train.decoding.static_cache import (
     capacity_bucket,
     row_bucket,
 )
+from sprinter_train.models import body as body_module
 from sprinter_train.models.packed import pack_linears
 from tests.decoding_helpers import (
     GREEDY,
@@ -58,6 +60,7 @@ from tests.decoding_helpers import (
     VOCAB,
     ATable,
     assert_target_law_with_power,
+    engine_for,
     first_tokens,
     fixed_timings,
     ragged_rows,
@@ -79,16 +82,7 @@ def models() -> dict[str, torch.nn.Module]:
 def engine(models, sampling, eos: int | None, **layout: bool) -> Engine:
     """The trio's engine with every runner in the given layout (`static`, `compiled`,
     `padded_prefill`)."""
-    return build_engine(
-        models["target"],
-        sampling,
-        VOCAB,
-        draft=models["draft"],
-        companion=models["companion"],
-        layout=layout,
-        eos_token_id=eos,
-        timings=fixed_timings(),
-    )
+    return engine_for(models, sampling, layout=layout, eos=eos)
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +241,7 @@ def test_a_padded_prefill_emits_the_by_length_prefills_tokens(models, eos, sampl
         expected = by_length.generate(ROWS, fresh, NEW_TOKENS)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(runner_module, "body", counted)  # the model's own forward
-            patch.setattr(backends, "body", counted)  # the static layouts' step
+            patch.setattr(body_module, "body", counted)  # the static layouts' step
             runner = padded.target
             before = len(calls)
             runner.prime(runner.new_cache(len(ROWS)), [row[:-1] for row in ROWS])
@@ -287,14 +281,20 @@ def test_one_group_of_prompts_fills_the_static_cache_through_its_step(models, ca
     with caplog.at_level("INFO", CLOCK_LOG), clock.timed(prefill=True):
         compiled["graphs"] += 1  # the block compiled a graph
     assert clock.compile_seconds > 0 and clock.prefill_seconds == 0
-    assert "recompiled" not in caplog.text and "static: compiled 1 graph(s) in" in caplog.text
+    assert (
+        "recompiled" not in caplog.text
+        and "static: compiled or loaded 1 graph(s) in" in caplog.text
+    )
     caplog.clear()
     # new shapes after the first graph: each compile said, the start not said again
     with caplog.at_level("INFO", CLOCK_LOG):
         for _ in range(2):
             with clock.timed((1, 4), compiling=True):
                 compiled["graphs"] += 1
-    assert "compiling its step" not in caplog.text and caplog.text.count("compiled 1 graph") == 2
+    assert (
+        "compiling its step" not in caplog.text
+        and caplog.text.count("compiled or loaded 1 graph") == 2
+    )
     fresh = ForwardClock(torch.device("cpu"), lambda: (compiled["graphs"], 0), lambda: "static")
     with caplog.at_level("INFO", CLOCK_LOG), fresh.timed((2, 1), compiling=True):
         assert "static: compiling its step for a new shape (rows, width (2, 1))" in caplog.text
@@ -461,14 +461,14 @@ def test_the_target_forward_is_one_graph_at_every_bucket(models) -> None:
     target = copy.deepcopy(models["target"])
     assert pack_linears(target) > 0  # the bench's float32 target multiplies by packed copies
     runner = ModelRunner(target, VOCAB, static=True)
-    body_step = runner.backend.body_step
+    step = runner.backend.body
     for rows in (1, 2, 4):
         cache = runner.new_cache(rows, 16)
         for width in range(1, 6):
             ids = torch.zeros((rows, width), dtype=torch.long)
             positions, mask = cache.block(torch.full((rows,), width), width)
             with torch.inference_mode():
-                report = torch._dynamo.explain(body_step)(ids, positions, mask, cache.kv)
+                report = torch._dynamo.explain(step)(ids, positions, mask, cache.kv)
             assert report.graph_break_count == 0, (rows, width, report.break_reasons)
             assert report.graph_count == 1
 
@@ -482,7 +482,7 @@ def test_spans_up_to_the_capacity_share_one_graph_once_the_span_is_symbolic(mode
     runner = ModelRunner(models["target"], VOCAB, static=True)
     cache = runner.new_cache(1, 64)
     counter = CompileCounterWithBackend("aot_eager")
-    own = step_of_its_own(runner.backend.body_step, "spans up to the capacity")
+    own = step_of_its_own(runner.backend.body.forward, "spans up to the capacity")
     step = torch.compile(own, backend=counter, fullgraph=True, dynamic=None)
     frames = []
     for span in (8, 16, 40, cache.capacity):
@@ -497,16 +497,16 @@ def test_spans_up_to_the_capacity_share_one_graph_once_the_span_is_symbolic(mode
 
 @pytest.mark.heavy  # compiles (aot_eager): past the quick set's budget
 def test_a_compiled_step_is_two_graphs_whatever_its_rows_spans_capacities_and_widths(models):
-    """What a run changes call to call is symbolic from the first call (`backends.SYMBOLIC`,
+    """What a run changes call to call is symbolic from the first call (`SYMBOLIC`,
     the width from the first prompt's), so prefills and then forwards of widths 1 and 4 at
     row buckets 2, 8 and 4, over growing spans and a capacity that grows, compile two graphs:
     width one, and past it."""
     runner = ModelRunner(models["target"], VOCAB, static=True)
     counter = CompileCounterWithBackend("aot_eager")
-    own = step_of_its_own(runner.backend.body_step, "two graphs")
+    own = step_of_its_own(runner.backend.body.forward, "two graphs")
     runner.backend.step = torch.compile(own, backend=counter, fullgraph=True, dynamic=None)
     # inputs made in inference mode, as a compiled runner's are (`StaticBackend.prepare`)
-    with torch.compiler.config.patch(dynamic_sources=backends.SYMBOLIC), torch.inference_mode():
+    with torch.compiler.config.patch(dynamic_sources=SYMBOLIC), torch.inference_mode():
         grew = []
         for rows, rounds in ((2, 12), (8, 2), (4, 2)):  # the first runs past its 64 slots
             cache = runner.new_cache(rows, 16)
@@ -641,7 +641,7 @@ def test_a_recompile_of_a_known_shape_is_compile_time_not_a_forward(models, monk
     """Dynamo may compile again a shape the runner has seen (a guard failed): that forward's
     time goes to compile_seconds, with a warning, and never into the forward timings."""
     runner = ModelRunner(models["target"], VOCAB, static=True, compiled=True)
-    runner.backend.step = runner.backend.body_step  # the accounting alone: no real compile here
+    runner.backend.step = runner.backend.body  # the accounting alone: no real compile here
     counter = {"n": 0}
     monkeypatch.setattr(backends, "compiled_graphs", lambda: counter["n"])
     cache = runner.new_cache(1, 32)
@@ -652,7 +652,7 @@ def test_a_recompile_of_a_known_shape_is_compile_time_not_a_forward(models, monk
     before = runner.compile_seconds
     runner.run(cache, ForwardRequest(*one))  # known shape, no compile: a forward
     assert len(runner.forward_times()) == 1 and runner.compile_seconds == before
-    real = runner.backend.body_step
+    real = runner.backend.body
 
     def recompiling(*args, **kwargs):
         counter["n"] += 1

@@ -14,6 +14,9 @@ state, kept per code object under a job id): a later process compiles those dime
 from the first call instead of a static graph first and the symbolic one on the next shape,
 so it traces fewer frames, and tracing is most of what a warm start still pays. A compiled
 step of its own per model (`step_of_its_own`) keeps one model's record from another's.
+
+The folder also holds the decoding step's graphs saved whole, with their guards
+(`core.precompiled`, under `steps/`): a later process loads and runs those without tracing.
 Results: docs/results/compile-cpu.md.
 """
 
@@ -34,8 +37,17 @@ from sprinter_train.core.validation import ConfigError
 log = logging.getLogger(__name__)
 ENV = "TORCHINDUCTOR_CACHE_DIR"  # inductor reads it at every cache look-up
 # counters dynamo keeps per process: (group, key) of each cache's hits and misses
-HITS = (("inductor", "fxgraph_cache_hit"), ("aot_autograd", "autograd_cache_hit"))
-MISSES = (("inductor", "fxgraph_cache_miss"), ("aot_autograd", "autograd_cache_miss"))
+# (the saved graphs of `core.precompiled` count theirs under "precompiled")
+HITS = (
+    ("inductor", "fxgraph_cache_hit"),
+    ("aot_autograd", "autograd_cache_hit"),
+    ("precompiled", "hit"),
+)
+MISSES = (
+    ("inductor", "fxgraph_cache_miss"),
+    ("aot_autograd", "autograd_cache_miss"),
+    ("precompiled", "miss"),
+)
 JOB = "sprinter_train"  # dynamo keeps its profile-guided state only under a job id
 
 
@@ -67,11 +79,21 @@ def use_compile_cache(setting: Any) -> Path | None:
     inductor_config.fx_graph_cache = folder is not None
     functorch_config.enable_autograd_cache = folder is not None
     use_shape_record(folder is not None)
+    _IN_USE[0] = folder
     if folder is not None:
         os.environ[ENV] = str(folder)
         for path in sweep_truncated(folder):
             log.warning("compile cache: removed %s, cut short by a killed compile", path)
     return folder
+
+
+_IN_USE: list[Path | None] = [None]  # the folder `use_compile_cache` set, if any
+
+
+def folder_in_use() -> Path | None:
+    """The folder `use_compile_cache` pointed the caches at in this process (None: none,
+    or turned off): where `core.precompiled` keeps its saved graphs too."""
+    return _IN_USE[0]
 
 
 def use_shape_record(on: bool) -> None:
@@ -153,11 +175,29 @@ def compile_counters() -> dict[str, int]:
     }
 
 
+def note_precompiled(hits: int = 0, misses: int = 0, loaded: int = 0, seconds: float = 0.0) -> None:
+    """Count what `core.precompiled` loaded from the folder, ran of it (hits), compiled
+    (misses), and the seconds it spent loading and compiling, beside dynamo's own tallies:
+    its loads and compiles go through neither dynamo's frame timer nor inductor's cache
+    counters."""
+    from torch._dynamo.utils import counters
+
+    counters["precompiled"]["loaded"] += loaded
+    counters["precompiled"]["hit"] += hits
+    counters["precompiled"]["miss"] += misses
+    _PRECOMPILED_SECONDS[0] += seconds
+
+
+_PRECOMPILED_SECONDS = [0.0]  # this process's, see `note_precompiled`
+
+
 def dynamo_seconds() -> float:
-    """Seconds this process has spent compiling frames so far (dynamo's own tally)."""
+    """Seconds this process has spent compiling so far: dynamo's frames (its own tally) and
+    the saved graphs' loads and compiles (`note_precompiled`)."""
     from torch._dynamo.utils import calculate_time_spent
 
-    return float(calculate_time_spent().get("entire_frame_compile", 0.0))
+    frames = float(calculate_time_spent().get("entire_frame_compile", 0.0))
+    return frames + _PRECOMPILED_SECONDS[0]
 
 
 def compile_record(before: dict[str, int], seconds: float) -> dict[str, Any]:

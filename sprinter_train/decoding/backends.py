@@ -5,8 +5,8 @@
 - `LeanBackend`: the distilled draft through `models.lean.LeanDraft` over the lean buffers
   (the same arithmetic without Hugging Face's per-step mask and cache machinery).
 - `StaticBackend`: the model's body at a few static shapes over a `StaticRowCache`, run
-  eagerly or through `torch.compile` (`compiled_step`), one graph per (row bucket, width,
-  capacity), attending over the filled slots' span only (`static_cache.attention_span`).
+  eagerly or compiled (`compiled.compiled_step`: two graphs, one-token blocks and wider
+  ones), attending over the filled slots' span only (`static_cache.attention_span`).
 
 `ModelRunner` picks one from its settings when it is built; capture wraps the static one
 (`graphs.CapturedBackend`) rather than branching inside it.
@@ -18,13 +18,12 @@ from typing import Any
 
 import torch
 
-from sprinter_train.core.compile_cache import step_of_its_own
 from sprinter_train.decoding.cache import DynamicRowCache
 from sprinter_train.decoding.clock import ForwardClock
+from sprinter_train.decoding.compiled import compiled_graphs, compiled_step, loaded_graphs
 from sprinter_train.decoding.forward import BrokenWatch, ForwardRequest, Head, RowOutput, pick
 from sprinter_train.decoding.static_cache import KVPool, StaticRowCache
-from sprinter_train.models.body import body
-from sprinter_train.models.cache import cache_kwarg
+from sprinter_train.models.body import StaticBody, body
 from sprinter_train.models.lean import LeanDraft, StaticKV
 
 
@@ -129,10 +128,10 @@ class StaticBackend(Backend):
     """The body at static shapes over a `StaticRowCache`: the block and the mask padded to
     the cache's row bucket and capacity, the inert rows' outputs dropped, the attention cut
     to the span of the filled slots (`StaticRowCache.attend`; `coarse_spans`: powers of two,
-    fewer shapes). `compiled`: `step` is `body_step` under `compiled_step` (`cudagraphs`:
-    with `reduce-overhead` on CUDA). Caches start with at least `min_capacity` slots (fewer
-    shapes), take their buffers from `pool`, and keep their row bucket as rows leave unless
-    `shrink_rows`."""
+    fewer shapes). `compiled`: `step` is `body` (a `StaticBody`) under `compiled_step`
+    (`cudagraphs`: with `reduce-overhead` on CUDA). Caches start with at least
+    `min_capacity` slots (fewer shapes), take their buffers from `pool`, and keep their row
+    bucket as rows leave unless `shrink_rows`."""
 
     def __init__(
         self,
@@ -148,18 +147,16 @@ class StaticBackend(Backend):
         self.name = "static"
         if compiled:
             self.name = "compiled:" + ("cudagraphs" if self.device.type == "cuda" else "packed")
-        self.step: Any = self.body_step
+        self.body = StaticBody(self.model, self.hidden_layer)
+        self.step: Any = self.body
         # under `reduce-overhead` every prompt width would record a CUDA graph of its own
         self.prefills = not (compiled and cudagraphs and self.device.type == "cuda")
         if compiled:
-            own = step_of_its_own(self.body_step, shape_owner(self.model, self.hidden_layer))
-            self.step = compiled_step(own, self.device, cudagraphs)
+            self.step = compiled_step(self.body, self.device, cudagraphs)
         self.min_capacity = min_capacity
         self.pool = KVPool() if pool is None else pool
         self.shrink_rows = shrink_rows
         self.coarse_spans = False
-        # resolved here, not in the traced step: see `models.body.body`'s `cache_name`
-        self.cache_name = cache_kwarg(self.model.base_model)
         self._shapes_seen: set[tuple[int, int, int, int]] = set()
 
     def new_cache(self, rows: int, capacity: int = 0) -> StaticRowCache:
@@ -173,23 +170,8 @@ class StaticBackend(Backend):
         )
 
     def compile_work(self) -> tuple[int, int]:
-        return (compiled_graphs() if self.compiled else 0), 0
-
-    def body_step(
-        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, kv: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The body over one static-shape block (what `compiled` compiles)."""
-        final, chosen, _ = body(
-            self.model,
-            ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=kv,
-            hidden_layer=self.hidden_layer,
-            use_cache=True,
-            cache_name=self.cache_name,
-        )
-        return final, chosen
+        """Loading saved graphs is the compile of a process that finds them: counted too."""
+        return (compiled_graphs() + loaded_graphs() if self.compiled else 0), 0
 
     def prefill(self, cache: StaticRowCache, ids: torch.Tensor, lengths: list[int]) -> None:
         """Fill an empty cache with one block of every row's prompt, right-padded to the
@@ -203,9 +185,6 @@ class StaticBackend(Backend):
         counts = torch.as_tensor(lengths, device=self.device)
         positions, mask = cache.block(counts, width)
         ids = cache.pad_rows(ids)
-        if width > 1:  # symbolic from the first prompt on: one graph for every width past one
-            torch._dynamo.maybe_mark_dynamic(ids, 1)
-            torch._dynamo.maybe_mark_dynamic(positions, 1)
         self.step(ids, positions, mask, cache.kv)
         cache.append(counts, width)
         cache.settled = min(lengths)
@@ -246,84 +225,9 @@ class StaticBackend(Backend):
         return RowOutput(logits, hidden, support, picked)
 
 
-def shape_owner(model: torch.nn.Module, hidden_layer: int) -> str:
-    """What decides a model's step's shapes, as a name (`step_of_its_own`): its class, the
-    config's sizes and the hidden state it hands verifiers. Two models alike in all of them
-    (a target and its companion copy) may share one record of shapes."""
-    config = getattr(model, "config", None)
-    sizes = [
-        getattr(config, key, None)
-        for key in (
-            "model_type",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "vocab_size",
-        )
-    ]
-    dtype = next(model.parameters()).dtype
-    return repr((type(model).__name__, *sizes, str(dtype), hidden_layer))
-
-
 def compiled_over_lean(device: torch.device) -> bool:
     """Whether a compiled runner runs a lean-capable draft compiled in the static layout
     rather than lean and eager: the lean buffers grow per step, so the lean path cannot
     compile. Chosen on a GPU, where the compiled step wins; not on a CPU, where the lean
     prepacked eager step does (docs/results/design-figures.md)."""
     return device.type == "cuda"
-
-
-def compiled_graphs() -> int:
-    """Graphs dynamo has compiled in this process so far."""
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-
-
-# what changes from call to call in a run, symbolic in a compiled step from its first call
-# (dynamo's sources, in `body_step`'s own names): the row bucket, the attention span and the
-# mask as long, and the buffers' capacity; the block's width follows the first prompt
-# (`StaticBackend.prefill`). A bucket of one row stays a shape of its own (dynamo specialises
-# size one), which a compiled runner on a GPU never uses (`StaticRowCache`'s `shrink`)
-SYMBOLIC = ",".join(
-    (
-        "L['ids']:0",
-        "L['positions']:0",
-        "L['mask']:0",
-        "L['kv'].span",
-        "L['mask']:1",
-        *(
-            rf"L\['kv'\]\.layers\[\d+\]\.{part}:{dim}"
-            for part in ("keys", "values")
-            for dim in (0, 2)
-        ),
-    )
-)
-
-
-def compiled_step(step: Any, device: torch.device, cudagraphs: bool = True) -> Any:
-    """`step` under `torch.compile(fullgraph=True)` with dynamo's automatic dynamic shapes:
-    the dimensions every run changes (`SYMBOLIC`) are symbolic from the first call, and any
-    other seen changing (the row bucket) recompiles once as a symbolic one, so the bucketed
-    shapes share a few graphs (one for width 1, one past it) and compile faster than one
-    graph per shape, with the same tokens; with a compile cache, a later process also
-    compiles those others symbolic at once (`core.compile_cache`; pass a step of its own per
-    model). Dynamo's recompile limit is raised to cover them. On CUDA the graphs replay as
-    CUDA graphs (`reduce-overhead`), which records one per concrete shape. On a CPU the
-    linears call the eager path's prepacked oneDNN weights through one custom op
-    (`models.packed.packed_linear`) at any row count: inductor's own packing (`freezing`)
-    needs a static row dimension, which the symbolic graphs lack, and without it small
-    verify blocks fall back to a slow matmul path (docs/results/design-figures.md).
-    `cudagraphs` false: no `reduce-overhead` on CUDA, for a caller that captures the graphs
-    itself (`graphs.CapturedBackend`, the default on a GPU)."""
-    limit = 256  # row buckets x widths x capacities of a run stay far below this
-    config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, limit)
-    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, limit)
-    compiler = torch.compiler.config
-    if SYMBOLIC not in compiler.dynamic_sources:
-        compiler.dynamic_sources = ",".join(x for x in (compiler.dynamic_sources, SYMBOLIC) if x)
-    if device.type == "cuda" and cudagraphs:
-        return torch.compile(step, fullgraph=True, dynamic=None, mode="reduce-overhead")
-    return torch.compile(step, fullgraph=True, dynamic=None)

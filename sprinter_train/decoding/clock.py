@@ -22,7 +22,7 @@ from sprinter_train.core.runtime import synchronize
 
 log = logging.getLogger(__name__)
 
-# (graphs dynamo compiled for this runner so far, CUDA graphs it captured): see
+# (graphs compiled or loaded for this runner so far, CUDA graphs it captured): see
 # `Backend.compile_work`
 CompileWork = Callable[[], tuple[int, int]]
 
@@ -36,7 +36,7 @@ class ForwardClock:
         self.work = work
         self.name = name  # the layout, for the warning about a recompile
         self.compile_seconds = 0.0  # first calls of new compiled shapes (not in `seconds`)
-        self.compiles = 0  # graphs dynamo compiled in this runner's forwards
+        self.compiles = 0  # graphs compiled (or loaded) in this runner's forwards
         self._cpu_seconds = 0.0
         self._cpu_prefill = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -152,4 +152,4 @@ class ForwardClock:
         self.compile_seconds += seconds
         self.compiles += graphs
         if graphs:
-            log.info("%s: compiled %d graph(s) in %.1f s", self.name(), graphs, seconds)
+            log.info("%s: compiled or loaded %d graph(s) in %.1f s", self.name(), graphs, seconds)

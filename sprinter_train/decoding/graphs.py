@@ -6,7 +6,7 @@ still walks dynamo's guards and AOTAutograd's and cudagraph-trees' wrappers over
 graph's inputs, the model's parameters among them; at the sizes of the models decoded here
 that host bookkeeping, not the kernels, sets a step's pace (docs/results/design-figures.md). vLLM
 meets the same wall for its drafter and captures it with `torch.cuda.CUDAGraph` itself; so
-does this: inductor compiles the step without CUDA graphs (`backends.compiled_step`), and
+does this: inductor compiles the step without CUDA graphs (`compiled.compiled_step`), and
 `CapturedSteps` records one graph per (input shapes, KV cache, options), whose replay is a
 few input copies and one `cudaGraphLaunch`.
 

@@ -27,12 +27,11 @@ from sprinter_train.decoding.backends import (
     DynamicBackend,
     LeanBackend,
     StaticBackend,
-    compiled_graphs,
     compiled_over_lean,
-    compiled_step,
 )
 from sprinter_train.decoding.cache import RowCache
 from sprinter_train.decoding.clock import ForwardClock
+from sprinter_train.decoding.compiled import compiled_graphs, compiled_step
 from sprinter_train.decoding.draft_graph import RoundRequest
 from sprinter_train.decoding.forward import (
     NO_POSITION,
@@ -145,7 +144,7 @@ class ModelRunner:
     def layout(self) -> str:
         """How this model's forwards run: `compiled:captured`, `compiled:cudagraphs` (a GPU's
         `reduce-overhead`), `compiled:packed` (a CPU's prepacked linears, see
-        `backends.compiled_step`), `static:captured`, `static`, `lean` or `dynamic`."""
+        `compiled.compiled_step`), `static:captured`, `static`, `lean` or `dynamic`."""
         return self.backend.name
 
     @property

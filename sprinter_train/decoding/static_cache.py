@@ -14,7 +14,7 @@ and changes where it and the keys and values live:
   slack) and a row bucket (`row_bucket`); the mask is padded with zeros to the attention
   span (below) and the batch with inert rows (nothing held, only their own block slots
   visible, outputs dropped), so a forward's shapes depend on (row bucket, width, capacity,
-  attention span) alone and a compiled forward (`backends.compiled_step`) is reused across
+  attention span) alone and a compiled forward (`compiled.compiled_step`) is reused across
   rounds;
 - the block is written into the slot map on the device before the forward and the mask read
   from it (`SlotMappedKV.block`), at fixed addresses, so a captured graph records that work

@@ -48,6 +48,36 @@ def body(
     return final, chosen, returned_cache(out)
 
 
+class StaticBody(torch.nn.Module):
+    """`body` over one block of a static layout (ids, positions, mask, the `SlotMappedKV`),
+    as a module of its own: what a compiled static step compiles. Its forward reads nothing
+    but the model and two settings, so a graph saved with its guards
+    (`core.precompiled`) carries no other object of the process that compiled it."""
+
+    def __init__(self, model: torch.nn.Module, hidden_layer: int) -> None:
+        super().__init__()
+        self.model = model
+        self.hidden_layer = hidden_layer
+        # resolved here, not in the traced forward: see `body`'s `cache_name`
+        self.cache_name = cache_kwarg(model.base_model)
+
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, kv: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final hidden states, `hidden_layer`'s) of the block; the cache filled in place."""
+        final, chosen, _ = body(
+            self.model,
+            ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=kv,
+            hidden_layer=self.hidden_layer,
+            use_cache=True,
+            cache_name=self.cache_name,
+        )
+        return final, chosen
+
+
 def head_logits(model: torch.nn.Module, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Logits on the shared vocabulary for the given final hidden states."""
     return model.get_output_embeddings()(hidden)[..., :vocab_size]
