@@ -210,3 +210,29 @@ def test_a_compiled_engine_with_a_folder_emits_the_eager_tokens_run_after_run(
     again, runners = tokens({"static": True, "compiled": True})
     assert again == eager
     assert sum(r.backend.step.compiled for r in runners.values()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
+def test_on_cuda_saved_steps_replay_captured_with_the_dynamic_tokens(
+    tmp_path, later_process, monkeypatch, sampling
+) -> None:
+    """The GPU's default layout (compiled, captured by hand) with a compile-cache folder in
+    use: inductor's graphs saved, then loaded by a later process and captured again, emit
+    the dynamic layout's tokens on the same GPU (float32), the second run compiling none."""
+    monkeypatch.setattr(compile_cache, "_IN_USE", [tmp_path])
+    cuda = {role: model.to("cuda") for role, model in tiny_trio().items()}
+    layout = {"static": True, "compiled": True}
+    policies = [TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(h=0.25, max_gamma=4, c=0.15)]
+    expected = engine_for(cuda, sampling)
+    want = [[r.tokens for r in expected.generate(PROMPTS, p, NEW_TOKENS)] for p in policies]
+    for run in range(2):
+        engine = engine_for(cuda, sampling, layout=layout)
+        got = [[r.tokens for r in engine.generate(PROMPTS, p, NEW_TOKENS)] for p in policies]
+        assert got == want, run
+        runners = engine.present_runners.values()
+        assert all(r.layout == "compiled:captured" for r in runners)
+        steps = [r.backend.static.step for r in runners]
+        assert all(isinstance(s, PrecompiledStep) for s in steps)
+        assert (sum(s.compiled for s in steps) == 0) == (run == 1)
+        later_process()
