@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -127,6 +129,18 @@ def test_a_later_process_runs_the_saved_graphs_and_compiles_nothing(
     for got, want in zip(repeated, outputs, strict=True):
         assert torch.equal(got, want)
     assert again_runner.compile_seconds > 0  # the load is this process's compile
+
+
+def test_a_save_cut_short_leaves_nothing_a_later_load_keeps(tmp_path) -> None:
+    """A save writes a temporary file and renames it: one left by a killed process is
+    removed once stale, one that may still be under way stays, and neither is loaded."""
+    stale, fresh = tmp_path / "tmpstale", tmp_path / "tmpfresh"
+    for path in (stale, fresh):
+        path.write_bytes(b"half a graph")
+    old = time.time() - precompiled.STALE_S - 60
+    os.utime(stale, (old, old))
+    assert precompiled.load_folder(tmp_path) == []
+    assert not stale.exists() and fresh.exists()
 
 
 def test_a_graph_dynamo_cannot_save_falls_back_to_a_plain_compile(

@@ -40,6 +40,7 @@ from sprinter_train.core.compile_cache import note_precompiled
 
 log = logging.getLogger(__name__)
 SUFFIX = ".graph"  # a saved graph; the temporary file of a save cut short has another name
+STALE_S = 3600.0  # a temporary file this old is a save cut short, not one under way
 MANY = 4  # graphs compiled by one step in one process past which each new one is worth a warning
 
 
@@ -192,10 +193,14 @@ class PrecompiledStep:
 
 def load_folder(folder: Path) -> list[Kept]:
     """Every graph saved in `folder`, oldest first. One that cannot be loaded (another
-    machine's, a file cut short) is removed, and compiled again when a call needs it."""
+    machine's, a file cut short) is removed, and compiled again when a call needs it; so is
+    the temporary file of a save killed before its rename, once it is `STALE_S` old."""
     if not folder.is_dir():
         return []
     started = time.perf_counter()
+    for path in folder.iterdir():  # the temporary files of saves cut short
+        if path.suffix != SUFFIX and path.stat().st_mtime < time.time() - STALE_S:
+            path.unlink(missing_ok=True)
     kept = []
     for path in sorted(folder.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime):
         try:
