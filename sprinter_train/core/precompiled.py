@@ -140,16 +140,18 @@ class PrecompiledStep:
         """Trace and compile a graph for `args`, save it in the folder and keep it last;
         None when dynamo cannot save it (the step falls back to a plain compile)."""
         started = time.perf_counter()
-        compiler = torch.compile(
-            self.module.forward,
-            fullgraph=True,
-            dynamic=None,
-            backend=self.backend,
-            options={"guard_filter_fn": portable_guards},
-        )
-        try:
+        try:  # an older torch without AOT compile, or without this option, falls back too
+            compiler = torch.compile(
+                self.module.forward,
+                fullgraph=True,
+                dynamic=None,
+                backend=self.backend,
+                options={"guard_filter_fn": portable_guards},
+            )
             with torch.compiler.config.patch(dynamic_sources=self.dynamic_sources):
                 graph = compiler.aot_compile((args, {}))
+            if not (callable(graph.fn) and graph.guard_check(self.module, *args)):
+                raise RuntimeError("the graph's guards fail the inputs it was compiled for")
             self._save(graph)
         except Exception as error:  # noqa: BLE001 - the plain compile re-raises a real fault
             log.warning(
