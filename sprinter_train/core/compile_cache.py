@@ -191,6 +191,13 @@ def note_precompiled(hits: int = 0, misses: int = 0, loaded: int = 0, seconds: f
 _PRECOMPILED_SECONDS = [0.0]  # this process's, see `note_precompiled`
 
 
+def loaded_graphs() -> int:
+    """Graphs this process has loaded from a compile-cache folder (`note_precompiled`)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["precompiled"]["loaded"])
+
+
 def dynamo_seconds() -> float:
     """Seconds this process has spent compiling so far: dynamo's frames (its own tally) and
     the saved graphs' loads and compiles (`note_precompiled`)."""

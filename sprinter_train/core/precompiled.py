@@ -26,6 +26,7 @@ mode keeps a graph saved by one process valid for the next.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -93,7 +94,10 @@ class PrecompiledStep:
     ) -> None:
         self.module = module
         self.backend = backend
-        self.plain = plain  # makes the plain compile to fall back on (None: of the module)
+        # makes the plain compile to fall back on (default: of the module, on `backend`)
+        self.plain = plain or functools.partial(
+            torch.compile, module, fullgraph=True, dynamic=None, backend=backend
+        )
         self.folder = folder
         self.dynamic_sources = dynamic_sources
         self.kept: list[Kept] = []
@@ -161,11 +165,7 @@ class PrecompiledStep:
                 type(error).__name__,
                 error,
             )
-            self.fallback = (
-                self.plain()
-                if self.plain is not None
-                else torch.compile(self.module, fullgraph=True, dynamic=None, backend=self.backend)
-            )
+            self.fallback = self.plain()
             note_precompiled(seconds=time.perf_counter() - started)
             return None
         self.compiled += 1

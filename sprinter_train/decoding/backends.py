@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
+from sprinter_train.core.compile_cache import loaded_graphs
 from sprinter_train.decoding.cache import DynamicRowCache
 from sprinter_train.decoding.clock import ForwardClock
-from sprinter_train.decoding.compiled import compiled_graphs, compiled_step, loaded_graphs
+from sprinter_train.decoding.compiled import compiled_graphs, compiled_step
 from sprinter_train.decoding.forward import BrokenWatch, ForwardRequest, Head, RowOutput, pick
 from sprinter_train.decoding.static_cache import KVPool, StaticRowCache
 from sprinter_train.models.body import StaticBody, body

@@ -84,11 +84,6 @@ def compiled_graphs() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
-def loaded_graphs() -> int:
-    """Graphs this process has loaded from a compile-cache folder (`core.precompiled`)."""
-    return int(torch._dynamo.utils.counters["precompiled"]["loaded"])
-
-
 def device_kind(device: torch.device) -> str:
     """The device a compiled graph's kernels were built for: the GPU's name and compute
     capability, or the CPU's vector instruction set inductor compiles for."""
@@ -165,12 +160,13 @@ def compiled_step(body: StaticBody, device: torch.device, cudagraphs: bool = Tru
     compiler = torch.compiler.config
     if SYMBOLIC not in compiler.dynamic_sources:
         compiler.dynamic_sources = ",".join(x for x in (compiler.dynamic_sources, SYMBOLIC) if x)
-    reduce_overhead = device.type == "cuda" and cudagraphs
-    folder = step_folder(body, device)
-    if folder is not None and not reduce_overhead:
-        plain = functools.partial(plain_step, body, reduce_overhead)
-        return PrecompiledStep(body, folder, compiler.dynamic_sources, plain=plain)
-    return plain_step(body, reduce_overhead)
+    if device.type == "cuda" and cudagraphs:
+        return plain_step(body, reduce_overhead=True)
+    folder = step_folder(body, device)  # hashes the traced sources: only where it is read
+    if folder is None:
+        return plain_step(body, reduce_overhead=False)
+    plain = functools.partial(plain_step, body, False)
+    return PrecompiledStep(body, folder, compiler.dynamic_sources, plain=plain)
 
 
 def plain_step(body: StaticBody, reduce_overhead: bool) -> Any:
