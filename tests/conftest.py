@@ -113,11 +113,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _compile_folder() -> Iterator[None]:
-    """The compile-cache folder a test's stage pointed the process at is forgotten after it:
-    a later test's compiled runners must not load the graphs an earlier one saved there."""
+def _compile_state() -> Iterator[None]:
+    """What a test's compiled runners set process-wide is forgotten after it: the
+    compile-cache folder a stage pointed the process at (a later test's runners must not
+    load the graphs an earlier one saved there) and dynamo's symbolic sources
+    (`compiled.compiled_step` adds its own; a later test may count the graphs a static
+    first call compiles)."""
     before = compile_cache.folder_in_use()
-    yield
+    with torch.compiler.config.patch(dynamic_sources=torch.compiler.config.dynamic_sources):
+        yield
     compile_cache._IN_USE[0] = before
 
 
