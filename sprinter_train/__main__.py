@@ -27,7 +27,7 @@ from sprinter_train.core.interrupt import StageInterrupted, interruptible
 from sprinter_train.core.runtime import resolve_device
 from sprinter_train.decoding.builder import compiles
 from sprinter_train.stages import STAGES
-from sprinter_train.stages.settings import validate_config
+from sprinter_train.stages.settings import settle, validate_config
 
 log = logging.getLogger("sprinter_train")
 register_methods()  # before Hydra composes: cfg.methods holds every conf/methods/*.yaml
@@ -41,6 +41,7 @@ def run_stage(cfg: DictConfig) -> dict[str, Any]:
     if name not in STAGES:
         raise ValueError(f"unknown stage {name!r}; choose one of: {', '.join(STAGES)}")
     validate_config(cfg)
+    settle(cfg)  # switches as the bools they mean (`no` is False), for every stage alike
     if compiles(cfg.decoding, resolve_device(str(cfg.device))):  # before anything compiles
         use_compile_cache(cfg.decoding.get("compile_cache", "auto"))
     counters, seconds = compile_counters(), dynamo_seconds()

@@ -9,6 +9,7 @@ from torch._dynamo.utils import counters
 from transformers import PreTrainedModel
 
 from sprinter_train.bench.hf_static import StaticPeer
+from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.builder import decoding_problems
@@ -16,6 +17,7 @@ from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import TargetOnly
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
+from sprinter_train.stages.settings import config_problems
 
 CPU = torch.device("cpu")
 VOCAB = 128
@@ -121,8 +123,9 @@ def test_decoding_compile_resolves_and_is_checked() -> None:
         resolve_compile(True, CPU) is True and resolve_compile(False, torch.device("cuda")) is False
     )
     with pytest.raises(ValueError, match="auto, true or false"):
-        resolve_compile("yes", CPU)
+        resolve_compile("maybe", CPU)
+    assert resolve_compile("yes", CPU) is True and resolve_compile("off", CPU) is False
     assert decoding_problems({"compile": "auto", "pack_every": 8}) == []
     assert decoding_problems({"compile": True}) == decoding_problems({"compile": False}) == []
-    (line,) = decoding_problems({"compile": "maybe"})
-    assert "decoding.compile='maybe'" in line and "auto, true or false" in line
+    (line,) = config_problems(compose_config("stage=bench", "decoding.compile=maybe"))
+    assert "decoding.compile='maybe'" in line and "true or false" in line and "auto" in line

@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from sprinter_train import __main__ as entry
-from sprinter_train.core.config import compose_config
+from sprinter_train.core.config import CONF_DIR, compose_config
 from sprinter_train.core.schema import Num, Seq, leaves, spec_of, undeclared
 from sprinter_train.core.validation import ConfigError
 from sprinter_train.stages import schema as declarations
@@ -103,9 +103,15 @@ def test_nan_a_float_integer_and_an_empty_list_are_never_admitted_silently() -> 
 
 
 def test_the_sweep_catches_a_key_whose_check_is_dropped(trees, monkeypatch) -> None:
-    """Test of the test: bench.latency.reps with its declaration removed from the check
-    (the sweep still expects it) is admitted at 0, and the sweep says so."""
-    reduced = {k: v for k, v in declarations.schema().items() if k != "bench.latency.reps"}
+    """Test of the test: bench.latency.reps with its declaration's check dropped (still a
+    known key, so not refused as unknown; the sweep still expects it) is admitted at 0, and
+    the sweep says so."""
+
+    class Unchecked:
+        def problems(self, key: str, value: Any) -> list[str]:
+            return []
+
+    reduced = {**declarations.schema(), "bench.latency.reps": Unchecked()}
     monkeypatch.setattr(settings, "schema", lambda: reduced)
     keys = ("bench.latency.reps", "bench.latency.context_tokens")
     assert sweep(trees[0], config_problems, keys) == [
@@ -160,3 +166,124 @@ def test_a_declared_integer_refuses_a_whole_float_the_config_parses() -> None:
     cfg = compose_config("stage=bench", "bench.max_new_tokens=1e3")
     assert OmegaConf.to_container(cfg)["bench"]["max_new_tokens"] == 1000.0
     assert any(line.startswith("bench.max_new_tokens=1000.0") for line in config_problems(cfg))
+
+
+SWITCHES = (
+    "train.select.enabled",
+    "bench.allow_train_overlap",
+    "evaluate.allow_train_overlap",
+    "bench.latency.reuse",
+    "harvest.verify_hashes",
+)
+
+
+@pytest.mark.parametrize("key", SWITCHES)
+def test_a_switch_reads_every_word_for_true_and_false_as_it_means(key) -> None:
+    """Trust round 4, item 1: `train.select.enabled=no` trained with selection on (`bool('no')`
+    is True). Every form Hydra and YAML mean is read as such; anything else is refused."""
+    for words, meant in (("no off 0 false False NO", False), ("yes on 1 true True", True)):
+        for word in words.split():
+            cfg = compose_config("stage=train", f"{key}={word}")
+            assert config_problems(cfg) == [], (key, word)
+            assert OmegaConf.select(settings.settle(cfg), key) is meant, (key, word)
+    (line,) = config_problems(compose_config("stage=train", f"{key}=maybe"))
+    assert line.startswith(f"{key}='maybe'") and "true or false" in line
+
+
+def _dispatch(monkeypatch, compose_cfg, *overrides: str) -> Any:
+    """Run the entry point on these overrides with the stage module replaced by one that
+    records the config it is given (nothing loads)."""
+    seen: dict[str, Any] = {}
+    stages, imported = set(entry.STAGES.values()), entry.importlib.import_module
+
+    def fake(name: str, *args: Any) -> Any:
+        if name in stages:
+            return type("Stage", (), {"run": staticmethod(lambda cfg: seen.update(cfg=cfg))})
+        return imported(name, *args)
+
+    monkeypatch.setattr(entry.importlib, "import_module", fake)
+    entry.run_stage(compose_cfg("stage=train", "models=tiny_random", *overrides))
+    return seen["cfg"]
+
+
+def test_the_stage_sees_no_as_false(compose_cfg, monkeypatch) -> None:
+    """`stage=train train.select.enabled=no` trains exactly as `=false` does: the stage is
+    handed False, not the word."""
+    cfg = _dispatch(
+        monkeypatch, compose_cfg, "train.select.enabled=no", "harvest.verify_hashes=off"
+    )
+    assert cfg.train.select.enabled is False and cfg.harvest.verify_hashes is False
+    assert (
+        _dispatch(monkeypatch, compose_cfg, "train.select.enabled=1").train.select.enabled is True
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "named", "hint"),
+    [
+        ("++train.bogus_key=1", "train.bogus_key", ""),
+        ("++methods.sd_learned.verifier.haed=mlp", "methods.sd_learned.verifier.haed", "head"),
+        ("++bench.max_new_token=8", "bench.max_new_token", "bench.max_new_tokens"),
+        ("+decoding.compile_cahce=auto", "decoding.compile_cahce", "decoding.compile_cache"),
+    ],
+)
+def test_a_key_added_with_plus_is_refused_naming_it_before_any_work(
+    compose_cfg, monkeypatch, override, named, hint
+) -> None:
+    """Trust round 4, item 9: `++methods.sd_learned.verifier.haed=mlp` was ignored without a
+    word. A key declared nowhere is refused before the stage module is imported, with the
+    closest known key."""
+
+    stages, imported = set(entry.STAGES.values()), entry.importlib.import_module
+
+    def no_work(name: str, *args: Any) -> Any:
+        if name in stages:
+            raise AssertionError(f"{name} was imported: work began")
+        return imported(name, *args)
+
+    cfg = compose_cfg("stage=bench", "models=tiny_random", override)
+    monkeypatch.setattr(entry.importlib, "import_module", no_work)
+    with pytest.raises(ConfigError) as error:
+        entry.run_stage(cfg)
+    assert f"{named} is not a setting" in str(error.value) and hint in str(error.value)
+
+
+def test_the_documented_plus_plus_keys_are_known() -> None:
+    """What the docs tell users to add with `++` (a method's verifier head, the online
+    verifier) is declared, so it passes."""
+    cfg = compose_config(
+        "stage=bench",
+        "++methods.sd_learned.verifier.head=mlp",
+        "++methods.sprinter.verifier={kind: online, warmup_score: 0.0, positions: 1}",
+        "methods.sd_learned.table={binning: null, optional: true}",
+        "++models.draft.revision=main",
+        "++models.draft.trust_remote_code=no",
+    )
+    assert config_problems(cfg) == []
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "bench.max_new_tokens=1000000000",
+        "bench.num_prompts=100000000",
+        "decoding.static_capacity=1000000000",
+    ],
+)
+def test_a_count_that_would_run_for_days_or_exhaust_memory_is_refused(override) -> None:
+    key = override.split("=")[0]
+    (line,) = config_problems(compose_config("stage=bench", override))
+    assert line.startswith(f"{key}=") and "<=" in line
+
+
+def test_every_key_of_every_config_option_is_declared() -> None:
+    """Each option of each config group composes to keys the schema declares (of any type:
+    a word or a path too), so no shipped key is refused as unknown."""
+    options = [
+        f"{group.name}={path.stem}"
+        for group in sorted(CONF_DIR.iterdir())
+        if group.is_dir() and group.name != "methods"
+        for path in sorted(group.glob("*.yaml"))
+    ]
+    found = {option: config_problems(compose_config("stage=all", option)) for option in options}
+    assert {option: lines for option, lines in found.items() if lines} == {}

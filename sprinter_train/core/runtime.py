@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from sprinter_train.core.machine import fit_threads
+from sprinter_train.core.schema import Switch
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -49,16 +50,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-COMPILE_SETTINGS = ("auto", True, False)  # decoding.compile's values
+AUTO_SWITCH = Switch(words=("auto",))  # decoding.compile's values: auto, true or false
 
 
 def parse_switch(value: Any) -> str | bool | None:
-    """ "auto", True or False from a config value (YAML booleans or their strings, as a command
-    line gives them); None if it is none of them. `decoding.compile` and
+    """ "auto", True or False from a config value (any form of true or false the settings
+    take: `yes`, `off`, `1`, ...); None if it is none of them. `decoding.compile` and
     `decoding.static_cache` take these values."""
-    if isinstance(value, str):
-        value = {"auto": "auto", "true": True, "false": False}.get(value.lower())
-    return value if value in COMPILE_SETTINGS else None
+    try:
+        return AUTO_SWITCH.read(value)
+    except ValueError:
+        return None
 
 
 def resolve_compile(setting: str | bool, device: torch.device) -> bool:

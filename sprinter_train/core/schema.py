@@ -13,6 +13,7 @@ Plain dicts only: the config is converted (interpolations resolved) before it re
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -119,7 +120,67 @@ class Seq:
         return of + (f" ({self.note})" if self.note else "")
 
 
-Spec = Num | Word | Seq
+@dataclass(frozen=True)
+class Switch:
+    """True or false in any form Hydra or YAML means it (`yes`/`no`, `on`/`off`, `1`/`0`,
+    any case): `bool('no')` is True, so a word read by hand turned checks on against the
+    user's word. `words` are the other values it takes (auto); `null` admits None.
+    `read` gives the bool a stage sees (settings.settle writes it back into the config)."""
+
+    words: tuple[str, ...] = ()
+    null: bool = False
+    note: str = ""
+
+    def read(self, value: Any) -> Any:
+        """The value as a stage should see it: a bool, one of `words`, or None; raises
+        ValueError for anything else."""
+        if isinstance(value, bool) or (value is None and self.null):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str):
+            if value in self.words:
+                return value
+            if value.strip().lower() in TRUE_WORDS | FALSE_WORDS:
+                return value.strip().lower() in TRUE_WORDS
+        raise ValueError(value)
+
+    def allowed(self) -> str:
+        extra = [*self.words, *(["null"] if self.null else [])]
+        text = "true or false (also yes/no, on/off, 1/0)"
+        text += f", or {' or '.join(extra)}" if extra else ""
+        return text + (f" ({self.note})" if self.note else "")
+
+    def problems(self, key: str, value: Any) -> list[str]:
+        try:
+            self.read(value)
+        except ValueError:
+            return [f"{key}={value!r} is out of range: {self.allowed()}"]
+        return []
+
+
+TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
+FALSE_WORDS = frozenset({"false", "no", "off", "0"})
+
+
+@dataclass(frozen=True)
+class Text:
+    """A free string (a path, a hub name, a field name): checked where it is used, declared
+    here so that a misspelt key is refused; `null` admits None."""
+
+    null: bool = False
+    note: str = ""
+
+    def problems(self, key: str, value: Any) -> list[str]:
+        if isinstance(value, str) or (value is None and self.null):
+            return []
+        kind = "a string" + (" or null" if self.null else "")
+        return [
+            f"{key}={value!r} is out of range: {kind}" + (f" ({self.note})" if self.note else "")
+        ]
+
+
+Spec = Num | Word | Seq | Switch | Text
 
 
 def whole(low: int = 1, **kw: Any) -> Num:
@@ -154,22 +215,40 @@ def leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 def spec_of(schema: Mapping[str, Spec], key: str) -> Spec | None:
     """The spec declared for `key`: its own entry, else the first pattern it fits."""
-    if key in schema:
-        return schema[key]
-    return next(
-        (spec for pattern, spec in schema.items() if ANY in pattern and matches(pattern, key)),
-        None,
-    )
+    return Lookup(schema)(key)
+
+
+class Lookup:
+    """spec_of for many keys of one schema: the patterns split once (a config's check looks
+    up every leaf, and the schema test checks hundreds of configs)."""
+
+    def __init__(self, schema: Mapping[str, Spec]) -> None:
+        self.schema = schema
+        self.patterns = [(p.split("."), spec) for p, spec in schema.items() if ANY in p]
+
+    def __call__(self, key: str) -> Spec | None:
+        if key in self.schema:
+            return self.schema[key]
+        got = key.split(".")
+        return next(
+            (
+                spec
+                for want, spec in self.patterns
+                if len(want) == len(got)
+                and all(w in (ANY, g) for w, g in zip(want, got, strict=True))
+            ),
+            None,
+        )
 
 
 def problems(tree: Mapping[str, Any], schema: Mapping[str, Spec]) -> list[str]:
     """One line per declared key of `tree` (a resolved config) its spec refuses; a key whose
     spec names an `unless` key holding a value is not read, so not checked."""
-    values = dict(leaves(tree))
+    values, lookup = dict(leaves(tree)), Lookup(schema)
     return [
         line
         for key, value in values.items()
-        if (spec := spec_of(schema, key)) is not None
+        if (spec := lookup(key)) is not None
         and (getattr(spec, "unless", None) is None or values.get(spec.unless) is None)  # type: ignore[union-attr]
         for line in spec.problems(key, value)
     ]
@@ -180,12 +259,38 @@ def undeclared(
 ) -> list[str]:
     """The keys of `tree` holding a number or a list that no spec of `schema` declares (`free`:
     patterns of keys passed through unchecked, such as a model's own config)."""
+    lookup = Lookup(schema)
     return [
         key
         for key, value in leaves(tree)
         if isinstance(value, int | float | list) and not isinstance(value, bool)
-        if spec_of(schema, key) is None and not any(_under(p, key) for p in free)
+        if lookup(key) is None and not any(_under(p, key) for p in free)
     ]
+
+
+def unknown(
+    tree: Mapping[str, Any], schema: Mapping[str, Spec], free: tuple[str, ...] = ()
+) -> list[str]:
+    """One line per key of `tree` no spec declares (of any type: a `++`-added key with a
+    typo was otherwise ignored), naming the closest declared key."""
+    names, lookup = list(schema), Lookup(schema)
+    found = []
+    for key, _ in leaves(tree):
+        if lookup(key) is not None or any(_under(p, key) for p in free):
+            continue
+        close = difflib.get_close_matches(key, [_fill(p, key) for p in names], n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        found.append(f"{key} is not a setting: no such key in conf/{hint}")
+    return found
+
+
+def _fill(pattern: str, key: str) -> str:
+    """`pattern` with its ANY segments taken from `key` where it has them (methods.*.gamma
+    read beside methods.sd.gama is methods.sd.gamma)."""
+    got = key.split(".")
+    return ".".join(
+        got[i] if seg == ANY and i < len(got) else seg for i, seg in enumerate(pattern.split("."))
+    )
 
 
 def _under(pattern: str, key: str) -> bool:

@@ -1,7 +1,8 @@
 """The one place that turns the decoding settings into runners and engines.
 
 The `decoding` section's layout keys (static_cache, compile, compile_drafts, static_capacity,
-prefill, prefill_tokens, capture) are checked (`decoding_problems`) and resolved for a device
+prefill, prefill_tokens, capture) are declared in stages/schema.py, checked against each
+other (`decoding_problems`) and resolved for a device
 (`runner_layout`) here, and every stage, the bench, the Hugging Face callables and the
 benchmark scripts get their runners (`build_runner`) and engines (`build_engine`) from here,
 so a layout means the same thing wherever it is used. These functions take plain mappings:
@@ -17,29 +18,17 @@ import torch
 
 from sprinter_train.core.runtime import parse_switch, resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.core.validation import check_whole
 from sprinter_train.decoding.engine import PACK_EVERY, Engine
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.timings import Timings
 
-PREFILLS = ("auto", "by_length", "padded")  # decoding.prefill: see runner.prefill_groups
 DRAFTS = "drafts"  # a layout's settings that differ for the draft and companion runners
 
 
 def decoding_problems(decoding: Mapping[str, Any]) -> list[str]:
-    """The `decoding` section's out-of-range settings, one line each."""
+    """The `decoding` section's settings that contradict each other, one line each (what
+    each key holds is declared in stages/schema.py)."""
     problems: list[str] = []
-    if "pack_every" in decoding:
-        check_whole(problems, "decoding.pack_every", decoding["pack_every"], 1)
-    if "static_capacity" in decoding:
-        check_whole(problems, "decoding.static_capacity", decoding["static_capacity"], 0)
-    if "prefill_tokens" in decoding:
-        check_whole(problems, "decoding.prefill_tokens", decoding["prefill_tokens"], 1)
-    if "prefill" in decoding and str(decoding["prefill"]) not in PREFILLS:
-        problems.append(f"decoding.prefill={decoding['prefill']!r}: expected one of {PREFILLS}")
-    for key in ("static_cache", "compile", "compile_drafts", "capture"):
-        if key in decoding and parse_switch(decoding[key]) is None:
-            problems.append(f"decoding.{key}={decoding[key]!r}: expected auto, true or false")
     if (
         parse_switch(decoding.get("static_cache")) is False
         and parse_switch(decoding.get("compile")) is True

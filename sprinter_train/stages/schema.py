@@ -10,15 +10,33 @@ knows) stay with the hand checks of the packages that own them.
 
 from __future__ import annotations
 
-from sprinter_train.core.schema import Num, Seq, Spec, Word, positive, share, whole
+from sprinter_train.core.schema import Num, Seq, Spec, Switch, Text, Word, positive, share, whole
 
 SEED = whole(0)
 FRACTION = Num(low=0, high=1, above=True, note="a share of prompts: 0 leaves the split empty")
 WORKERS = {"devices": whole(1), "num_nodes": whole(1)}
 LAM = positive()
 C_GRID = Seq(positive())
+LONGEST = 1 << 17  # tokens: beyond any supported model's context, a KV cache that exhausts memory
+TOKENS = whole(1, high=LONGEST)
+ON = Switch()
+AUTO_ON = Switch(words=("auto",))
+TEXT = Text()
+MAYBE = Text(null=True)
+NULL = Word((), null=True)  # a node that is null or a table of its own keys (models.companion)
+SPLIT = Word(("train", "val", "test"))
+START = Word(("spawn", "fork", "forkserver"))
+STRATEGY = Word(("auto", "ddp"))
 
 TOP: dict[str, Spec] = {
+    "stage": TEXT,
+    "experiment": TEXT,
+    "artifacts_root": TEXT,
+    "experiment_dir": TEXT,
+    "checkpoints_root": TEXT,
+    "checkpoint_dir": TEXT,
+    "device": TEXT,
+    "dtype": TEXT,
     "num_threads": whole(0, note="0: torch's default"),
     "all_steps": Seq(unique=True, note="stage=all names an unknown step before any work"),
 }
@@ -30,6 +48,12 @@ DATA: dict[str, Spec] = {
     "test_fraction": FRACTION,
     "max_prompt_tokens": whole(0, null=True, note="0 or null: no limit"),
     "prefix_fraction": Num(low=0, high=1, above=True),
+    "name": TEXT,
+    "source": TEXT,
+    "chat_template": Switch(null=True, note="null: by the source"),
+    **{f"{k}_field": MAYBE for k in ("prompt", "id", "reference", "text")},
+    "prompt_format": MAYBE,
+    **{f"hf_{k}": MAYBE for k in ("path", "name", "split", "revision", "data_dir", "data_files")},
 }
 
 DISTILL: dict[str, Spec] = {
@@ -69,6 +93,16 @@ DISTILL: dict[str, Spec] = {
     "loss.ce_weight": Num(low=0, note="0: term off"),
     "loss.tv_weight": Num(low=0, note="0: term off"),
     "loss.top1_weight": Num(low=0, note="0: term off"),
+    "name": TEXT,
+    "role": Word(("draft", "companion")),
+    "output_dir": TEXT,
+    "work_dir": TEXT,
+    "export": ON,
+    "warm_start": ON,
+    "corpus.source": Word(("replies", "generated", "mix")),
+    "teacher.background": ON,
+    "student.init": Word(("target_layers", "pca")),
+    "student.freeze_embedding": ON,
 }
 
 DRAFT_EVAL: dict[str, Spec] = {
@@ -86,11 +120,14 @@ DRAFT_EVAL: dict[str, Spec] = {
     "targets.*": positive(),
     "floor_reps": whole(1),
     "step_targets.*": positive(),
+    "source": TEXT,
+    "split": SPLIT,
+    "update_model_card": ON,
 }
 
 HARVEST: dict[str, Spec] = {
     "mix_weights.*": Num(low=0, note="0: the mix is off"),
-    "continuation_tokens": whole(1),
+    "continuation_tokens": TOKENS,
     "max_positions_per_prompt": whole(1, null=True, note="null: continuation_tokens"),
     "interleaved_max_run": whole(1),
     "calibration_prompts": whole(1),
@@ -102,6 +139,11 @@ HARVEST: dict[str, Spec] = {
     "shared_generation_rows": whole(0, note="0: never share a call"),
     "statistics_rows": whole(1),
     "shard_rows": whole(1),
+    "interleaved_accept": Num(low=0, high=1, above=True, words=("auto",), note="auto: measured"),
+    "split": Word(("train", "val", "test"), null=True),
+    "start_method": START,
+    "strategy": STRATEGY,
+    "verify_hashes": ON,
     **WORKERS,
 }
 
@@ -135,6 +177,12 @@ TRAIN: dict[str, Spec] = {
     "seed": SEED,
     "learning_curve": Seq(Num(low=0, high=1, above=True), empty=True, note="[] skips"),
     "log_every_n_steps": whole(1),
+    "head": Word(("linear", "mlp")),
+    "label": Word(("ratio", "accept_prob")),
+    "progress_bar": ON,
+    "select.enabled": ON,
+    "start_method": START,
+    "strategy": STRATEGY,
     **WORKERS,
 }
 
@@ -145,6 +193,7 @@ TABLES: dict[str, Spec] = {
     "x_bins": whole(1),
     "fit_splits": Seq(Word(("train", "val", "test")), unique=True),
     "seed": SEED,
+    "default": TEXT,
 }
 
 EVALUATE: dict[str, Spec] = {
@@ -170,12 +219,19 @@ EVALUATE: dict[str, Spec] = {
     "ablation.max_train_rows": whole(1),
     "ablation.max_val_rows": whole(1),
     "ablation.c_grid": C_GRID,
+    "split": SPLIT,
+    "allow_train_overlap": ON,
+    "ablation.enabled": ON,
+    "ablation.base": MAYBE,
+    "ablation.embedding": ON,
+    "ceiling.enabled": ON,
+    "ceiling.embedding": ON,
 }
 
 BENCH: dict[str, Spec] = {
     "methods": Seq(unique=True),
-    "num_prompts": whole(1),
-    "max_new_tokens": whole(1),
+    "num_prompts": whole(1, high=1 << 16, note="more would be timed for days"),
+    "max_new_tokens": TOKENS,
     "batch_sizes": Seq(whole(1), empty=True, note="batch 1 always runs"),
     "law_distance_prompts": whole(0, note="0: no law distance"),
     "warmup_runs": whole(0, note="0: no warm-up"),
@@ -183,7 +239,7 @@ BENCH: dict[str, Spec] = {
     "seed": SEED,
     "gamma_max": whole(0, note="0: sd drafts nothing"),
     "latency.reps": whole(1),
-    "latency.context_tokens": whole(1),
+    "latency.context_tokens": TOKENS,
     "latency.check_factor": Num(low=1),
     "latency.unchecked_gamma": whole(0),
     "hf_assisted.num_assistant_tokens": whole(1, words=("auto",)),
@@ -200,6 +256,17 @@ BENCH: dict[str, Spec] = {
         note="[]: no decode at a stricter τ",
     ),
     "targets.*": Num(low=0),
+    "split": SPLIT,
+    "allow_train_overlap": ON,
+    "energy": ON,
+    "latency.reuse": ON,
+    "hf_static.compile_mode": TEXT,
+    "judge.enabled": ON,
+    "judge.baseline": TEXT,
+    "judge.api_key_env": TEXT,
+    "judge.endpoint": MAYBE,
+    "judge.local": Word(("target", "draft"), null=True),
+    "judge.model": MAYBE,
 }
 
 METHODS: dict[str, Spec] = {
@@ -232,12 +299,31 @@ METHODS: dict[str, Spec] = {
     "*.companion_plan.weight": Num(low=0),
     "svip.h": positive(),
     "svip.c": positive(),
+    "*._target_": TEXT,
+    "*.warped_entropy": ON,
+    "*.table": NULL,
+    "*.table.binning": MAYBE,
+    "*.table.optional": ON,
+    "*.verifier.label": Word(("ratio", "accept_prob")),
+    "*.verifier.head": Word(("linear", "mlp")),
+    "*.verifier.kind": Word(("checkpoint", "online")),
+    "*.online.margin": Word(("logits", "q")),
 }
+ONLINE = ("positions", "init_weight", "init_bias", "l2", "refit_interval", "min_observations")
+METHODS.update({f"*.verifier.{k}": METHODS[f"*.online.{k}"] for k in ONLINE})
+METHODS.update({f"*.verifier.{k}": METHODS[f"*.online.{k}"] for k in ("warmup_refits", "margin")})
+METHODS["*.verifier.warmup_score"] = METHODS["*.online.warmup_score"]
 
 DECODING: dict[str, Spec] = {
     "pack_every": whole(1),
-    "static_capacity": whole(0, note="0: sized from the prompt and budget"),
-    "prefill_tokens": whole(1),
+    "static_capacity": whole(0, high=LONGEST, note="0: sized from the prompt and budget"),
+    "prefill_tokens": whole(1, high=1 << 24, note="more would not fit any device's memory"),
+    "compile": AUTO_ON,
+    "compile_drafts": AUTO_ON,
+    "static_cache": AUTO_ON,
+    "capture": AUTO_ON,
+    "prefill": Word(("auto", "by_length", "padded")),
+    "compile_cache": Text(null=True, note="auto, a folder, or null: none"),
 }
 
 SAMPLING: dict[str, Spec] = {
@@ -246,7 +332,25 @@ SAMPLING: dict[str, Spec] = {
     "top_p": Num(low=0, high=1, above=True),
 }
 
-MODELS: dict[str, Spec] = {"*.seed": SEED}
+MODELS: dict[str, Spec] = {
+    "*.seed": SEED,
+    "*.path": TEXT,
+    "*.gguf_file": MAYBE,
+    "*.revision": MAYBE,
+    "*.trust_remote_code": ON,
+    "companion": NULL,
+    "cache_dir": TEXT,
+    "pack_linear": ON,
+    "lean_draft": ON,
+}
+
+LOGGER: dict[str, Spec] = {
+    "wandb.enabled": ON,
+    "wandb.mode": Word(("offline", "online", "disabled")),
+    "wandb.project": TEXT,
+}
+
+EXPORT: dict[str, Spec] = {"method": MAYBE, "out_dir": MAYBE}
 
 GROUPS: dict[str, dict[str, Spec]] = {
     "data": DATA,
@@ -261,9 +365,11 @@ GROUPS: dict[str, dict[str, Spec]] = {
     "decoding": DECODING,
     "sampling": SAMPLING,
     "models": MODELS,
+    "logger": LOGGER,
+    "export": EXPORT,
 }
 
-FREE = ("models.*.config",)  # a model's own config: transformers checks it
+FREE = ("models.*.config", "models.*.tokenizer")  # a tiny model's own: transformers checks it
 
 
 def schema() -> dict[str, Spec]:

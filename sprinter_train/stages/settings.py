@@ -15,12 +15,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench.methods import method_problems
 from sprinter_train.core.sampling import sampling_problems
+from sprinter_train.core.schema import Lookup, Switch, leaves, unknown
 from sprinter_train.core.schema import problems as schema_problems
 from sprinter_train.core.validation import SectionCheck, problems_in, raise_problems
 from sprinter_train.data.prompts import data_problems
 from sprinter_train.decoding.builder import decoding_problems
 from sprinter_train.harvest.driver import harvest_problems
-from sprinter_train.stages.schema import schema
+from sprinter_train.stages.schema import FREE, schema
 from sprinter_train.verifier.labels import lam_problems, train_problems
 
 CHECKS: dict[str, SectionCheck] = {
@@ -52,8 +53,22 @@ def resolved(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
 
 
 def declared_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
-    """Every setting its declaration (stages/schema.py) refuses, one line each."""
-    return schema_problems(resolved(cfg), schema())
+    """Every setting its declaration (stages/schema.py) refuses, one line each, and every key
+    declared nowhere (a `++`-added typo would otherwise be ignored)."""
+    tree, declared = resolved(cfg), schema()
+    return unknown(tree, declared, FREE) + schema_problems(tree, declared)
+
+
+def settle(cfg: DictConfig) -> DictConfig:
+    """`cfg` with every true/false switch written as the bool it means (`no`, `off`, `0` are
+    False): stages read switches with `bool(...)`, which reads `'no'` as True. Call after
+    validate_config, which refuses a word that is neither."""
+    lookup = Lookup(schema())
+    for key, value in leaves(resolved(cfg)):
+        spec = lookup(key)
+        if isinstance(spec, Switch) and (read := spec.read(value)) is not value:
+            OmegaConf.update(cfg, key, read, merge=False)
+    return cfg
 
 
 def _key(line: str) -> str:
