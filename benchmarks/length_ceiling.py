@@ -167,6 +167,44 @@ def sprinter_needs(bench: dict, bar: float) -> dict[str, float]:
     }
 
 
+def bench_costs(bench_path: Path, experiment: str) -> tuple[dict, Costs, int]:
+    """(the bench's results, its batch-1 round costs, its gamma_max), refused with the reason
+    when the bench cannot price a round of one draft or more: checked before the records and
+    verifiers are loaded, which takes minutes."""
+    if not bench_path.is_file():
+        raise SystemExit(
+            f"{bench_path} is missing: the costs come from a bench's latency profile (run "
+            f"stage=bench experiment={experiment}, or name one with --bench)"
+        )
+    try:
+        bench = json.loads(bench_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise SystemExit(f"{bench_path} is not a bench's results.json: {error}") from error
+    profile = ((bench.get("latency_profile") or {}).get("by_batch") or {}).get("1")
+    if profile is None:
+        raise SystemExit(f"{bench_path} has no latency profile at batch 1 (by_batch['1'])")
+    if not isinstance(bench.get("gamma_max"), int):
+        raise SystemExit(f"{bench_path} names no gamma_max (the widest round it timed)")
+    gmax = bench["gamma_max"]
+    if gmax < 1:
+        raise SystemExit(
+            f"{bench_path} has gamma_max {gmax}: its latency profile prices no round with a "
+            "draft, so there is no length to choose and no fixed gamma to compare with; name a "
+            "bench run with bench.gamma_max >= 1"
+        )
+    widths = [str(k + 1) for k in range(gmax + 1)]
+    missing = [w for w in widths if w not in (profile.get("target_ms") or {})]
+    if missing:
+        raise SystemExit(
+            f"{bench_path}'s latency profile at batch 1 lacks the target over {missing} tokens "
+            f"(gamma_max {gmax} needs 1..{gmax + 1})"
+        )
+    if profile.get("draft_ms") is None:
+        raise SystemExit(f"{bench_path}'s latency profile at batch 1 lacks the draft's step")
+    costs = Costs([profile["target_ms"][w] for w in widths], profile["draft_ms"])
+    return bench, costs, gmax
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench", type=Path, help="a bench's results.json with sprinter and sd")
@@ -179,23 +217,10 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (experiment=...)")
     args = parser.parse_args()
     cfg = compose_config("stage=evaluate", *args.overrides)
+    bench_path = args.bench or Path(cfg.experiment_dir) / "bench" / "results.json"
+    bench, costs, gmax = bench_costs(bench_path, cfg.experiment)  # before the minutes of loading
     records, verifiers, _ = load_inputs(cfg)
     frame = records.frame
-    bench_path = args.bench or Path(cfg.experiment_dir) / "bench" / "results.json"
-    if not bench_path.is_file():
-        raise SystemExit(
-            f"{bench_path} is missing: the costs come from a bench's latency profile (run "
-            f"stage=bench experiment={cfg.experiment}, or name one with --bench)"
-        )
-    try:
-        bench = json.loads(bench_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise SystemExit(f"{bench_path} is not a bench's results.json: {error}") from error
-    profile = ((bench.get("latency_profile") or {}).get("by_batch") or {}).get("1")
-    if profile is None:
-        raise SystemExit(f"{bench_path} has no latency profile at batch 1 (by_batch['1'])")
-    gmax = int(bench["gamma_max"])
-    costs = Costs([profile["target_ms"][str(k + 1)] for k in range(gmax + 1)], profile["draft_ms"])
 
     rows = np.flatnonzero(((frame.split == "test") & (frame.mix == "draft")).to_numpy())
     if not len(rows):

@@ -290,3 +290,40 @@ def test_results_md_prices_target_onlys_call_against_the_profile_prefills_apart(
         "target_only's target call, prefills apart: 45.00 ms, 1.50x the latency profile's "
         "1-token forward (30.00 ms)." in lines
     )
+
+
+@pytest.mark.parametrize(
+    ("ladder", "said"),
+    [
+        ([], "No τ stricter than its 0.3 was tried: bench.guard.tau_ladder is empty."),
+        ([0.2], "No τ of bench.guard.tau_ladder is stricter than its 0.3."),
+    ],
+)  # fmt: skip
+def test_results_md_says_plainly_when_no_stricter_tau_was_tried(
+    tmp_path: Path, ladder: list[float], said: str
+) -> None:
+    """sprinter (τ 0.3) breaks the perplexity bar; with `bench.guard.tau_ladder=[]` ('never')
+    or a ladder with nothing above 0.3 it is decoded at no other τ, and results.md must not
+    say it was decoded again."""
+    from sprinter_train.bench.guard import perplexity_bar
+    from sprinter_train.bench.tau_ladder import hold_taus
+    from sprinter_train.decoding.policies import Sprinter, TargetOnly
+
+    results = hand_made_results()
+    results["methods"]["target_only"] = {**row(1.0, None, None), "target_ppl": 2.0}
+    results["methods"]["sprinter"]["target_ppl"] = 3.0
+    results["traits"] = {
+        "target_only": as_record(TargetOnly.traits), "sprinter": as_record(Sprinter.traits)
+    }  # fmt: skip
+    results["quality_guard"] = perplexity_bar(results["methods"], results["traits"], 1.1)
+    policies = {"sprinter": Sprinter(None, tau=0.3, max_run=4)}
+    # nothing to decode: no engine, target or prompt is needed, and none is touched
+    hold_taus(results, policies, None, None, [], [], 8, ladder)
+    entry = results["quality_guard"]["tau_ladder"]["sprinter"]
+    assert entry["tried"] == [] and entry["holds"] is None
+    write_results(tmp_path, results)
+    text = (tmp_path / "results.md").read_text()
+    assert f"\nsprinter was not decoded again. {said}\n" in text
+    assert "decoded again, untimed" not in text and "until one holds the bar" not in text
+    warning = next(line for line in text.splitlines() if "sprinter's output" in line)
+    assert warning.endswith(f"whatever ROUGE-L says. {said}")

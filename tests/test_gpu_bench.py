@@ -73,6 +73,27 @@ def test_a_misspelt_step_is_refused_naming_the_steps_before_any_work(tmp_path: P
     assert run_script(tmp_path / "out", STEPS=",", PYTHON="false").returncode == 2
 
 
+def test_a_carried_compile_cache_that_is_not_there_is_refused_by_name_before_any_work(
+    tmp_path: Path,
+) -> None:
+    """A mistyped COMPILE_CACHE would cost every step a cold compile, unsaid: it is refused
+    naming the folder it looked for, before OUT or a step; one that is there seeds OUT's."""
+    missing = tmp_path / "brought_back" / "compile_cahce"
+    done = run_script(tmp_path / "out", STEPS="install,bench", PYTHON="false",
+                      COMPILE_CACHE=str(missing))  # fmt: skip
+    assert done.returncode == 2, done.stdout[-2000:]
+    assert f"COMPILE_CACHE={missing} refused: no folder {missing}" in done.stderr
+    assert "== install" not in done.stdout and not (tmp_path / "out").exists()
+    done = run_script(tmp_path / "out", STEPS="install", PYTHON="false", COMPILE_CACHE="no/cache")
+    assert done.returncode == 2 and f"no folder {REPO}/no/cache" in done.stderr
+    carried = tmp_path / "brought_back" / "compile_cache"
+    (carried / "torch-x").mkdir(parents=True)
+    (carried / "torch-x" / "graph").write_bytes(b"kernel")
+    done = run_script(tmp_path / "out", STEPS="install", PYTHON="false", COMPILE_CACHE=str(carried))
+    assert f"compile cache seeded from {carried}" in done.stdout
+    assert (tmp_path / "out" / "compile_cache" / "torch-x" / "graph").read_bytes() == b"kernel"
+
+
 # A stand-in for the stages, so a test can play a run that finishes, one cut short after a batch
 # size and one stopped before any: everything else (the summary) goes to this Python.
 FAKE_PYTHON = f"""#!{sys.executable}

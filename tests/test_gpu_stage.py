@@ -171,6 +171,56 @@ def test_an_experiment_without_its_verifiers_is_refused_before_packing(tmp_path:
     assert not (tmp_path / "o").exists()
 
 
+def stage(*args: str) -> subprocess.CompletedProcess[str]:
+    """gpu_stage.py run as a user would, a ShareGPT conversation kept (the least work)."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_stage.py"), "--conversations", "1", *args],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--experiment", "nonexistent_exp"], "lacks ['tables', 'train']"),
+        (["--checkpoints", "somewhere"], "--checkpoints goes with --experiment"),
+        (["--compile-cache", "no/such/cache"], "no/such/cache is not a folder"),
+        (["--code", "no-such-rev"], "--code no-such-rev names no commit"),
+        (["--part-mb", "0"], "--part-mb and --conversations must be positive"),
+    ],
+)
+def test_a_refused_call_leaves_the_earlier_packing_as_it_was(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    """The default --out holds the last packing: a call refused for its arguments must not
+    have deleted it first."""
+    out = tmp_path / "lease"
+    for part, name in (("part1", "site.tgz"), ("part2", "run.sh")):
+        (out / part).mkdir(parents=True)
+        (out / part / name).write_text(f"the earlier {name}")
+    before = files_of(out)
+    done = stage("--out", str(out), *args)
+    assert done.returncode == 1 and said in done.stderr, done.stderr[-2000:]
+    assert files_of(out) == before
+
+
+def test_an_out_folder_that_is_not_an_earlier_packing_is_refused_untouched(tmp_path: Path) -> None:
+    """A mistyped --out (a folder of other files) is refused before anything is packed, since
+    packing replaces what --out holds."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    done = stage("--out", str(out), "--code", "tree")
+    assert done.returncode == 1 and "holds more than an earlier packing" in done.stderr
+    assert files_of(out) == {"notes.txt": b"mine"}
+    (tmp_path / "empty").mkdir()
+    assert all(gpu_stage.previous_packing(tmp_path / name) for name in ("new", "empty"))
+
+
 @pytest.mark.slow
 def test_the_parts_fit_a_call_and_rebuild_the_target(tmp_path: Path) -> None:
     out = tmp_path / "lease"

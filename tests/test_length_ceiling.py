@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -93,3 +95,36 @@ def test_a_product_threshold_stops_after_the_draft_that_takes_it_below() -> None
     assert ceiling.product_threshold(0.5)(None, None, scores) == 2
     assert ceiling.product_threshold(0.4)(None, None, scores) == 4
     assert ceiling.product_threshold(0.0)(None, None, scores) == 5
+
+
+def bench_file(folder: Path, gamma_max: int, widths: int) -> Path:
+    """A bench's results.json holding only what the ceilings read of it: gamma_max and the
+    batch-1 latency profile, the target priced over 1..`widths` tokens."""
+    profile = {"target_ms": {str(k): 47.5 + k for k in range(1, widths + 1)}, "draft_ms": 3.8}
+    path = folder / "results.json"
+    bench = {"gamma_max": gamma_max, "latency_profile": {"by_batch": {"1": profile}}}
+    path.write_text(json.dumps(bench))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("gamma_max", "widths", "said"),
+    [(0, 1, "gamma_max 0: its latency profile prices no round with a draft"),
+     (3, 2, r"lacks the target over \['3', '4'\] tokens")],
+)  # fmt: skip
+def test_a_bench_that_prices_no_round_is_refused_before_the_records_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gamma_max: int, widths: int, said: str
+) -> None:
+    """gamma_max 0 is a valid bench (sd drafts nothing), but it leaves no length to choose and
+    no fixed gamma to compare with: refused with the reason, not after minutes of loading."""
+
+    def loading(cfg) -> None:
+        raise AssertionError("the records and verifiers were loaded before the bench was read")
+
+    monkeypatch.setattr(ceiling, "load_inputs", loading)
+    path = bench_file(tmp_path, gamma_max, widths)
+    monkeypatch.setattr(sys, "argv", ["length_ceiling.py", "--bench", str(path)])
+    with pytest.raises(SystemExit, match=said):
+        ceiling.main()
+    bench, costs, gmax = ceiling.bench_costs(bench_file(tmp_path, 2, 3), "exp")
+    assert gmax == 2 and costs.target == [48.5, 49.5, 50.5] and costs.draft == 3.8

@@ -201,20 +201,32 @@ def guard_warnings(results: dict[str, Any]) -> list[str]:
     return [line for warning in lines for line in (warning, "")]
 
 
+def untried(entry: dict[str, Any], bar: dict[str, Any]) -> str:
+    """Why a method past the bar was decoded at no stricter τ ('' when it was): an empty
+    `bench.guard.tau_ladder` ('never') must not read as a ladder with nothing stricter."""
+    if entry["tried"]:
+        return ""
+    if entry["tau"] is None:
+        return "It has no τ to tighten."
+    if bar.get("ladder") == []:
+        return (
+            f"No τ stricter than its {entry['tau']:g} was tried: bench.guard.tau_ladder is empty."
+        )
+    return f"No τ of bench.guard.tau_ladder is stricter than its {entry['tau']:g}."
+
+
 def ladder_verdict(name: str, bar: dict[str, Any]) -> str:
     """Which τ of `bench.guard.tau_ladder` holds a method that broke the perplexity bar."""
     entry = (bar.get("tau_ladder") or {}).get(name)
     if entry is None:
         return ""
-    if entry["tau"] is None:
-        return "It has no τ to tighten."
     if entry["holds"] is not None:
         return (
             f"A stricter τ holds it: methods.{name}.tau={entry['holds']:g} "
             f"(its τ {entry['tau']:g}; bench.guard.tau_ladder)."
         )
-    if not entry["tried"]:
-        return f"No τ of bench.guard.tau_ladder is stricter than its {entry['tau']:g}."
+    if reason := untried(entry, bar):
+        return reason
     return (
         f"No τ of bench.guard.tau_ladder holds it (tried up to {entry['tried'][-1]['tau']:g} "
         f"from its {entry['tau']:g})."
@@ -222,9 +234,13 @@ def ladder_verdict(name: str, bar: dict[str, Any]) -> str:
 
 
 def ladder_lines(bar: dict[str, Any]) -> list[str]:
-    """results.md's account of the stricter τ each method past the bar was decoded at."""
+    """results.md's account of the stricter τ each method past the bar was decoded at, or why
+    it was decoded again at none."""
     lines: list[str] = []
     for name, entry in (bar.get("tau_ladder") or {}).items():
+        if reason := untried(entry, bar):
+            lines += [f"{name} was not decoded again. {reason}", ""]
+            continue
         tries = "; ".join(
             f"τ {t['tau']:g}: {cell(t['target_ppl'], '{:.2f}')} ({cell(t['ratio'], '{:.2f}')}×"
             + (", met" if t["met"] else "")
@@ -234,9 +250,7 @@ def ladder_lines(bar: dict[str, Any]) -> list[str]:
         lines += [
             f"{name} decoded again, untimed, on the same prompts and seeds at each τ of "
             f"bench.guard.tau_ladder stricter than its {cell(entry['tau'], '{:g}')} (stricter: "
-            f"{entry['stricter']}), nearest first, until one holds the bar"
-            + (f": {tries}." if tries else ".")
-            + " "
+            f"{entry['stricter']}), nearest first, until one holds the bar: {tries}. "
             + ladder_verdict(name, bar),
             "",
         ]
