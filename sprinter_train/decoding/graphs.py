@@ -101,16 +101,21 @@ class HostGraph:
         self.outputs: tuple[torch.Tensor, ...] = ()
 
     def capture(self, run: Callable[[], Any], state: Any) -> Any:
+        """Run the step once for its output buffers, then put `state` back, also when the
+        step fails mid-way (a block past the capacity has marked slots by then): a CUDA
+        graph that fails to record has run nothing either."""
         written = state.written
         saved = [t.clone() for t in written]
         self.run = run
-        made, buffers = run(), {}
-        for t in made:  # one buffer per output tensor, as a CUDA graph has
-            buffers.setdefault(id(t), t.clone())
-        self.outputs = tuple(buffers[id(t)] for t in made)
-        with torch.inference_mode():
-            for buffer, was in zip(written, saved, strict=True):
-                buffer.copy_(was)
+        try:
+            made, buffers = run(), {}
+            for t in made:  # one buffer per output tensor, as a CUDA graph has
+                buffers.setdefault(id(t), t.clone())
+            self.outputs = tuple(buffers[id(t)] for t in made)
+        finally:
+            with torch.inference_mode():
+                for buffer, was in zip(written, saved, strict=True):
+                    buffer.copy_(was)
         return self.outputs
 
     def replay(self) -> None:

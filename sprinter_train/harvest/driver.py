@@ -29,6 +29,7 @@ from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.validation import check_whole, prompt_room
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.decoding.builder import runner_layout
+from sprinter_train.harvest.account import interleaved_note, throughput
 from sprinter_train.harvest.calibration import accept_setting, measure_accept
 from sprinter_train.harvest.continuations import (
     ContinuationRunners,
@@ -209,42 +210,6 @@ def harvest_prompts(
     return joined.take(index), [sequences[i] for i in range(len(prompts))]
 
 
-def throughput(rows: int, phase_seconds: dict[str, float]) -> dict[str, Any]:
-    """This rank's records/s over both phases and over the teacher-forced one alone, and their
-    ratio: what generating the draft-, target-continued and interleaved mixes costs beside a
-    harvest that only teacher-forces given sequences (none when nothing was written)."""
-    generation = phase_seconds.get("generation", 0.0)
-    forced = phase_seconds.get("teacher_forced", 0.0)
-    if not rows or forced <= 0:
-        return {}
-    both = generation + forced
-    return {
-        "generation_seconds": generation,
-        "teacher_forced_seconds": forced,
-        "records_per_s": rows / both,
-        "teacher_forced_records_per_s": rows / forced,
-        "all_mix_ratio": forced / both,
-    }
-
-
-def interleaved_note(options: HarvestOptions, hcfg: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's account of the interleaved mix's alpha: its value and where it came from."""
-    measured = hcfg["interleaved_accept"] == "auto"
-    source = "given (harvest.interleaved_accept)"
-    if measured:
-        source = (
-            "auto: mean beta = sum min(p, q) over the original sequences of the first "
-            f"{hcfg['calibration_prompts']} prompts"
-        )
-    if options.interleaved_accept is None:
-        source = "auto, not measured: no interleaved prompts"
-    return {
-        "accept": options.interleaved_accept,
-        "source": source,
-        "max_run": options.interleaved_max_run,
-    }
-
-
 def harvest_problems(harvest: dict[str, Any]) -> list[str]:
     """The `harvest` section's out-of-range batch sizes, one line each."""
     problems: list[str] = []
@@ -344,9 +309,6 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
     # 2. this rank's shards that are not complete yet
     mine = plans[rank::world]
     todo = [plan for plan in mine if not shard_is_complete(records_dir, plan, fingerprint, dims)]
-    pending = int(fabric.all_reduce(torch.tensor(float(len(todo))), reduce_op="sum"))
-    if rank == 0 and pending:
-        (records_dir / "manifest.json").unlink(missing_ok=True)  # the set is not whole now
     log.info(
         "rank %d/%d: %d of %d shards to do (%d prompts), %d already complete",
         rank,
@@ -396,7 +358,9 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
             models=models,
             settings=options.fingerprint_settings(),
             config=hcfg,
-            interleaved=interleaved_note(options, hcfg),
+            interleaved=interleaved_note(
+                options.interleaved_accept, options.interleaved_max_run, hcfg
+            ),
             sampling=asdict(options.sampling),
             seeds={
                 "harvest": options.seed,
@@ -477,6 +441,9 @@ def _write_shards(
                 phase_seconds=phase_seconds,
                 **pace,
             )
+            # the set stops being whole at its first rewrite, not before: a run that fails
+            # before it (a setting, a model) leaves a complete record set complete
+            (records_dir / "manifest.json").unlink(missing_ok=True)
             write_shard(records_dir, plan, batch, sequences, fingerprint)
             note_completed(  # what an interruption report counts as kept
                 "shards", f"{written} of {len(plans)} shards written to {records_dir} (kept)"

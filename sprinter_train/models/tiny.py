@@ -50,10 +50,19 @@ def build_tiny_tokenizer(shift: int = 0) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def tiny_config(overrides: dict[str, Any]) -> LlamaConfig:
+    """The config of TINY_DEFAULTS + overrides (a restricted-head draft's where they ask for
+    one), alone: what a settings check reads without building the model."""
+    settings = {**TINY_DEFAULTS, **overrides}
+    if settings.get("embed_rank") or settings.get("head_vocab_size"):
+        return SprinterDraftConfig(**settings)
+    return LlamaConfig(**settings)
+
+
 def build_tiny_model(overrides: dict[str, Any], seed: int = 0) -> LlamaForCausalLM:
     """A randomly initialised Llama (or restricted-head draft) from TINY_DEFAULTS + overrides."""
-    settings = {**TINY_DEFAULTS, **overrides}
+    config = tiny_config(overrides)
     torch.manual_seed(seed)
-    if settings.get("embed_rank") or settings.get("head_vocab_size"):
-        return SprinterDraftForCausalLM(SprinterDraftConfig(**settings)).eval()
-    return LlamaForCausalLM(LlamaConfig(**settings)).eval()
+    if isinstance(config, SprinterDraftConfig):
+        return SprinterDraftForCausalLM(config).eval()
+    return LlamaForCausalLM(config).eval()

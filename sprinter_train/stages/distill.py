@@ -31,6 +31,7 @@ from sprinter_train.distill.start import (
 )
 from sprinter_train.distill.trainer import load_checkpoint, train
 from sprinter_train.models.roles import load_role
+from sprinter_train.stages.model_settings import check_model_settings
 
 LOCK_NAME = "distill.lock"
 WORK_FOLDERS = ("", "corpus", "heldout", "teacher")  # atomic_write's temp files swept at start
@@ -48,6 +49,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             f"stage=distill builds its corpus from {CORPUS_SOURCE} conversations (data=sharegpt);"
             f" data={cfg.data.name} reads {cfg.data.source}"
         )
+    check_model_settings(cfg, "distill")  # before the teacher loads or the work dir is swept
     work = _path(dcfg["work_dir"])
     with pidlock.held(work / LOCK_NAME, f"the distillation work dir {work}") as lock:
         for folder in (*WORK_FOLDERS, dcfg["role"]):

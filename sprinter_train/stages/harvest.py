@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from sprinter_train.core import pidlock
 from sprinter_train.harvest.driver import harvest
 from sprinter_train.models.loading import looks_local, resolve_path
+from sprinter_train.stages.model_settings import check_model_settings
 
 PRODUCERS = {
     "draft": "python -m sprinter_train stage=distill",
@@ -48,5 +49,6 @@ def check_inputs(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     check_inputs(cfg)
+    check_model_settings(cfg, "harvest")  # before a model loads or a shard is redone
     with pidlock.experiment_writer(cfg.experiment_dir, "harvest"):
         return harvest(cfg)
