@@ -21,6 +21,7 @@ from scipy.stats import binomtest
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.companion_plan import MODES
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.loop import reads_row_state
 from sprinter_train.decoding.policies import (
     MTAD,
     SVIP,
@@ -37,7 +38,7 @@ from sprinter_train.decoding.policies import (
 )
 from sprinter_train.decoding.policies.oracle import OracleLength
 from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.state import Batch, DraftStep, Round, reads_row_state
+from sprinter_train.decoding.state import Batch, DraftStep, Round
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import (
     GREEDY,

@@ -22,7 +22,8 @@ from sprinter_train.core.compile_cache import loaded_graphs
 from sprinter_train.decoding.cache import DynamicRowCache
 from sprinter_train.decoding.clock import ForwardClock
 from sprinter_train.decoding.compiled import compiled_graphs, compiled_step
-from sprinter_train.decoding.forward import BrokenWatch, ForwardRequest, Head, RowOutput, pick
+from sprinter_train.decoding.forward import ForwardRequest, RowOutput
+from sprinter_train.decoding.head import BrokenWatch, Head, pick
 from sprinter_train.decoding.static_cache import KVPool, StaticRowCache
 from sprinter_train.models.body import StaticBody, body
 from sprinter_train.models.lean import LeanDraft, StaticKV

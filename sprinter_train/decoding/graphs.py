@@ -37,8 +37,25 @@ ids and mask with their bookkeeping, the outputs at the kept offsets, the head, 
 broken-logits watch, the sampling's warp and what the engine does with it (`after_warp`: the
 draft's and the target's draw, the verify's speculative check), so that little of a round is
 left to host ops outside the graphs (`benchmarks/host_ops.py --captured` counts them). A
-draft round of fixed length is one graph of all its steps (`draft_graph.record_round`,
+draft round of fixed length is one graph of all its steps (`record_round`,
 through the same `CapturedSteps`), so its steps need no host op between them.
+
+A draft round of fixed length in one captured graph: the gamma draft steps (the forward,
+the warp, the draw and the step's bookkeeping) recorded together, one graph per (row bucket,
+first block's width, gamma, cache, attention span), so a round of `sd` replays two graphs,
+the draft round and the target's verify, with no host op between its draft steps.
+
+A step's host work in the per-step loop (`policies.base.draft_round`) is what the graph holds
+here: the next block is the step's own drawn token, the rows still drafting are
+`active & (drafted < limit)`, and step j of row r draws at the row's next number after the
+ones its earlier steps took (u[r, drafted[r]] of the round's `RowStreams.peek(gamma)`), so
+the tokens are the loop's, bit for bit. What the graph keeps is what the verify reads: the
+drafts, their laws on the vocabulary and each row's count (`state.Round.drafts`).
+
+Only a round whose length is fixed before its first draft takes this path (`fixed_round`:
+`sd`, `sd_heuristic`). Policies that stop drafting per token (`svip`, `adaedl`, `sv`,
+`sd_learned`, `sprinter`, the oracle and the online rules) decide on the host after each
+step, from the step's outputs, and keep the per-step graphs.
 """
 
 from __future__ import annotations
@@ -52,15 +69,17 @@ from typing import Any
 import torch
 
 from sprinter_train.core.sampling import warp_probs
+from sprinter_train.decoding.after_warp import Draw
 from sprinter_train.decoding.backends import Backend, StaticBackend
-from sprinter_train.decoding.draft_graph import RoundPlan, RoundRequest, record_round
 from sprinter_train.decoding.forward import (
     ForwardRequest,
     Recorded,
+    RoundPlan,
+    RoundRequest,
     RowOutput,
-    broken_first,
-    pick,
 )
+from sprinter_train.decoding.head import broken_first, pick
+from sprinter_train.decoding.state import spread
 from sprinter_train.decoding.static_cache import StaticRowCache
 
 log = logging.getLogger(__name__)
@@ -230,7 +249,7 @@ class CapturedBackend(Backend):
     def run_round(
         self, cache: StaticRowCache, request: RoundRequest
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A draft round in one graph (`draft_graph.record_round`): (drafts, their laws,
+        """A draft round in one graph (`record_round`): (drafts, their laws,
         drafts a row), handed back uncopied: the verify reads them before the next round."""
         more = request.gamma - 1
         ids, compiling = self.static.prepare(cache, request, more)
@@ -278,7 +297,7 @@ class CapturedBackend(Backend):
         self, *inputs: torch.Tensor, kv: Any, recorded: Recorded | RoundPlan, span: int
     ) -> tuple[torch.Tensor, ...]:
         """What a graph records: one forward (`record_forward`) or a whole draft round
-        (`draft_graph.record_round`)."""
+        (`record_round`)."""
         if isinstance(recorded, RoundPlan):
             return record_round(self, *inputs, kv=kv, recorded=recorded, span=span)
         return self.record_forward(*inputs, kv=kv, recorded=recorded, span=span)
@@ -314,3 +333,40 @@ class CapturedBackend(Backend):
         first = broken_first(logits, positions, keep, counts)
         torch.minimum(self.broken, first, out=self.broken)
         return logits, hidden, picked, *warped
+
+
+def record_round(
+    backend: CapturedBackend,
+    ids: torch.Tensor,
+    plan: torch.Tensor,
+    u: torch.Tensor,
+    kv: Any,
+    recorded: RoundPlan,
+    span: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a draft round's graph records over the row bucket: `recorded.gamma` steps of the
+    per-step loop, each what a step's own graph records (`record_forward`: the static
+    forward on the restricted head, its warp, the draw and the broken-logits watch), then
+    the loop's bookkeeping; (drafts (rows, G), their laws (rows, G, V), drafts a row)."""
+    head = backend.head
+    step = Recorded(restricted=True, warp=recorded.warp, then=Draw)
+    limit = plan[:, 2]
+    active = limit > 0
+    counts, keep, block = plan[:, 0] * active, plan[:, 1:2], ids
+    drafted = torch.zeros_like(limit)
+    tokens, laws = [], []
+    for _ in range(recorded.gamma):
+        drawn_at = u.gather(1, drafted[:, None])[:, 0]
+        _, _, _, probs, drawn = backend.record_forward(
+            block, keep, counts, drawn_at, kv=kv, recorded=step, span=span
+        )
+        token = drawn if head.support is None else head.support[drawn]
+        tokens.append(token)
+        laws.append(probs[:, 0])
+        drafted = drafted + active
+        active = active & (drafted < limit)
+        block, counts, keep = token[:, None], active.long(), torch.zeros_like(keep)
+    probs = torch.stack(laws, 1)
+    if head.support is not None:
+        probs = spread(probs, head.support, head.vocab_size, 0.0)
+    return torch.stack(tokens, 1), probs, drafted

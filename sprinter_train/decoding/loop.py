@@ -17,6 +17,7 @@ import torch
 
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.core.streams import RowStreams
+from sprinter_train.decoding.feature_table import history_features
 from sprinter_train.decoding.runner import ModelRunner
 from sprinter_train.decoding.state import (
     Batch,
@@ -25,7 +26,6 @@ from sprinter_train.decoding.state import (
     Policy,
     Row,
     RowState,
-    reads_row_state,
 )
 
 if TYPE_CHECKING:
@@ -161,3 +161,16 @@ class RoundLoop:
             setattr(batch.stats, f"{role}_prefill_seconds", prefill)
         self.timings.feed(self.runners)  # every forward is done: none is left for later
         return [GenerationResult(row.generated, wall, batch.stats, row.from_draft) for row in done]
+
+
+def reads_row_state(policy: object) -> bool:
+    """Whether `policy` reads `Batch.state`: a verifier that names a feature of the row's
+    history (feature_table.history_features()), or one that names no features (it may read
+    anything). Keeping the state costs the engine ~20 device ops a round (gathers of the
+    target's hidden states, a top-2 over the vocabulary), launched on a GPU whether anything
+    reads it or not."""
+    verifier = getattr(policy, "verifier", None)
+    if verifier is None:
+        return False
+    names = getattr(getattr(verifier, "spec", None), "names", None)
+    return names is None or bool(history_features() & set(names))

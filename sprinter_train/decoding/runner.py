@@ -32,16 +32,9 @@ from sprinter_train.decoding.backends import (
 from sprinter_train.decoding.cache import RowCache
 from sprinter_train.decoding.clock import ForwardClock
 from sprinter_train.decoding.compiled import compiled_graphs, compiled_step
-from sprinter_train.decoding.draft_graph import RoundRequest
-from sprinter_train.decoding.forward import (
-    NO_POSITION,
-    BrokenWatch,
-    ForwardRequest,
-    Head,
-    RowOutput,
-    broken_first,
-)
+from sprinter_train.decoding.forward import ForwardRequest, RoundRequest, RowOutput
 from sprinter_train.decoding.graphs import CapturedBackend, CapturedSteps
+from sprinter_train.decoding.head import NO_POSITION, BrokenWatch, Head, broken_first
 from sprinter_train.decoding.static_cache import KVPool, StaticRowCache, supports_static
 from sprinter_train.models.body import body
 from sprinter_train.models.lean import LeanDraft, uses_lean

@@ -11,7 +11,6 @@ import torch
 from sprinter_train.core.distributions import entropy, raw_entropy, top2_margin
 from sprinter_train.core.streams import RowStreams
 from sprinter_train.decoding.cache import RowCache
-from sprinter_train.decoding.feature_table import history_features
 
 
 @dataclass
@@ -70,19 +69,6 @@ class Row:
     @property
     def remaining(self) -> int:
         return self.max_new_tokens - len(self.generated)
-
-
-def reads_row_state(policy: object) -> bool:
-    """Whether `policy` reads `Batch.state`: a verifier that names a feature of the row's
-    history (feature_table.history_features()), or one that names no features (it may read
-    anything). Keeping the state costs the engine ~20 device ops a round (gathers of the
-    target's hidden states, a top-2 over the vocabulary), launched on a GPU whether anything
-    reads it or not."""
-    verifier = getattr(policy, "verifier", None)
-    if verifier is None:
-        return False
-    names = getattr(getattr(verifier, "spec", None), "names", None)
-    return names is None or bool(history_features() & set(names))
 
 
 @dataclass

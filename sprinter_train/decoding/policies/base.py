@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from sprinter_train.decoding.after_warp import Check, Draw
-from sprinter_train.decoding.draft_graph import captured_round
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.forward import RoundRequest
 from sprinter_train.decoding.goodput import round_goodput
 from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
 from sprinter_train.decoding.timings import Seconds, StepCost, Timings
@@ -232,3 +232,26 @@ class GoodputMethod(Method):
         latency, step_cost = self.costs(timings)
         go = round_goodput(self.prior, 1, B, latency, step_cost)
         return go > round_goodput(0.0, 0, B, latency, step_cost)
+
+
+def captured_round(engine: Engine, batch: Batch, limits: list[int]) -> Round | None:
+    """The round of limits[r] drafts a row (none drafting: None) in one graph of the draft's
+    runner, when that runner captures its forwards; None otherwise (the caller drafts step by
+    step). The streams advance as the loop's steps would: `gamma` numbers shown, each row's
+    count taken."""
+    runner = getattr(engine, "runners", {}).get("draft")
+    gamma = max(limits, default=0)
+    if gamma == 0 or runner is None or not runner.captures_rounds:
+        return None
+    lack = engine.lacking(batch, "draft")
+    width = max(len(x) for x in lack)
+    ids = engine.send(torch.tensor([x + [0] * (width - len(x)) for x in lack], dtype=torch.long))
+    plan = [[len(x), len(x) - 1, limit] for x, limit in zip(lack, limits, strict=True)]
+    u = batch.streams.peek(gamma)
+    request = RoundRequest(
+        ids, engine.send(torch.tensor(plan, dtype=torch.long)), u, engine.sampling
+    )
+    drafts, probs, counts = runner.run_round(batch.caches["draft"], request)
+    batch.streams.advance(gamma, counts)
+    batch.stats.draft_calls += gamma
+    return Round(counts=counts, calls={"draft": gamma}, drafts=drafts, probs=probs)
