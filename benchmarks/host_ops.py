@@ -39,10 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sprinter_train.core.config import compose_config  # noqa: E402
 from sprinter_train.core.sampling import SamplingConfig  # noqa: E402
-from sprinter_train.decoding import graphs  # noqa: E402
 from sprinter_train.decoding.builder import build_engine  # noqa: E402
 from sprinter_train.decoding.engine import Engine  # noqa: E402
-from sprinter_train.decoding.graphs import HostGraph  # noqa: E402
 from sprinter_train.decoding.policies import (  # noqa: E402
     SVIP,
     LearnedLength,
@@ -50,6 +48,8 @@ from sprinter_train.decoding.policies import (  # noqa: E402
     Sprinter,
     TargetOnly,
 )
+from sprinter_train.decoding.runner import capture as graphs  # noqa: E402
+from sprinter_train.decoding.runner.capture import HostGraph  # noqa: E402
 from sprinter_train.decoding.timings import Timings  # noqa: E402
 from sprinter_train.models.tiny import build_tiny_model  # noqa: E402
 from sprinter_train.verifier.scorer import CheckpointVerifier  # noqa: E402

@@ -9,7 +9,7 @@ sd round's drafts are): a round may start at any position, drafts up to `gamma_m
 along the sequence, and is worth E(N) + 1 tokens, E(N) = sum_k prod_{i<=k} a_i with
 a_i = min(1, p/q) of the i-th draft (its expected acceptance given the token), at the cost of
 its drafting steps and the target's forward over the drafts + 1 (the latency profile at batch
-1, the goodput model of decoding/goodput.py). Tokens a second over all rounds, as a ratio to the
+1, the goodput model of decoding/policies/plans/goodput.py). Tokens a second over all rounds, as a ratio to the
 best fixed gamma:
 
 - `fixed gamma`: sd at a fixed width;
@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sprinter_train.core.config import compose_config  # noqa: E402
-from sprinter_train.decoding.goodput import round_goodput  # noqa: E402
+from sprinter_train.decoding.policies.plans.goodput import round_goodput  # noqa: E402
 from sprinter_train.evaluation.inputs import load_inputs  # noqa: E402
 from sprinter_train.evaluation.scores import verifier_logits  # noqa: E402
 

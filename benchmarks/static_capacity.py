@@ -31,10 +31,10 @@ import torch
 
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads, synchronize
-from sprinter_train.decoding import static_cache
 from sprinter_train.decoding.builder import build_runner, runner_layout
-from sprinter_train.decoding.forward import ForwardRequest
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.cache import static as static_cache
+from sprinter_train.decoding.runner.requests import ForwardRequest
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.roles import load_role
 
 TEXT = "The history of the printing press begins in the fifteenth century, when "

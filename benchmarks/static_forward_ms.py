@@ -21,8 +21,8 @@ import torch
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype
 from sprinter_train.decoding.builder import build_runner
-from sprinter_train.decoding.forward import ForwardRequest
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.runner.requests import ForwardRequest
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.roles import load_role, model_specs
 
 

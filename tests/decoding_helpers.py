@@ -16,10 +16,10 @@ import torch
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.builder import build_engine
-from sprinter_train.decoding.companion_plan import CompanionPlan
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.forward import ForwardRequest
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.policies.plans.companion_plan import CompanionPlan
+from sprinter_train.decoding.runner.requests import ForwardRequest
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.decoding.timings import StepCost, Timings
 from sprinter_train.models.tiny import build_tiny_model
 

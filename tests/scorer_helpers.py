@@ -15,7 +15,7 @@ from sprinter_train.core.distributions import raw_entropy, top2_margin
 from sprinter_train.core.io import write_json
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.state import DecodeStats, DraftStep, RowState
+from sprinter_train.decoding.batch import DecodeStats, DraftStep, RowState
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import MIXES
 from sprinter_train.harvest.records import RecordBatch, history_columns, token_statistics

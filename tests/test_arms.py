@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sprinter_train.decoding.arms import ArmSelector
+from sprinter_train.decoding.policies.plans.arms import ArmSelector
 
 
 def test_keeps_its_arm_within_the_margin_and_starts_from_start() -> None:

@@ -21,10 +21,10 @@ from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.batch import DecodeStats
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.registry import greedy_exact
-from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.state import DecodeStats
+from sprinter_train.decoding.policies.registry import greedy_exact
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.models.roles import load_roles

@@ -15,7 +15,7 @@ from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.builder import decoding_problems
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import TargetOnly
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.stages.settings import config_problems
 

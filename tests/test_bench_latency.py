@@ -55,7 +55,7 @@ def test_a_profile_through_the_engines_runners_times_their_layouts(static: bool)
     from sprinter_train.bench.prepare import timed_kernels
     from sprinter_train.core.sampling import SamplingConfig
     from sprinter_train.decoding.engine import Engine
-    from sprinter_train.decoding.runner import ModelRunner
+    from sprinter_train.decoding.runner.runner import ModelRunner
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.roles import Roles
 

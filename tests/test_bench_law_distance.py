@@ -16,7 +16,7 @@ from sprinter_train.bench.law_distance import (
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpecVerification, SpecVerificationPaper
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import (
     ATable,

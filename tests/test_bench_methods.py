@@ -13,7 +13,7 @@ from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import MethodPlan, at_batch_size, plan_methods
 from sprinter_train.bench.prepare import wants_companion
 from sprinter_train.core.config import compose_config
-from sprinter_train.decoding.registry import MethodError
+from sprinter_train.decoding.policies.registry import MethodError
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.verifier.checkpoint import save_verifier, verifier_path

@@ -12,7 +12,7 @@ from sprinter_train.bench.summary import draft_runs
 from sprinter_train.core.config import compose_config
 from sprinter_train.decoding.policies import SpeculativeDecoding
 from sprinter_train.decoding.policies.oracle import OracleLength, oracle_uniforms
-from sprinter_train.decoding.registry import as_record, greedy_exact, traits_of
+from sprinter_train.decoding.policies.registry import as_record, greedy_exact, traits_of
 from tests.decoding_helpers import GREEDY, PROMPTS, SAMPLING, engine_for, tiny_trio
 
 SEEDS = [3, 4, 5, 6]

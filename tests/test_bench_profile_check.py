@@ -20,7 +20,7 @@ from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.loading import LoadedModel
 from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model

@@ -12,9 +12,9 @@ from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.report import UNSUPPORTED, write_results
 from sprinter_train.bench.summary import acceptance
 from sprinter_train.core.io import read_json
+from sprinter_train.decoding.batch import DecodeStats
+from sprinter_train.decoding.policies.registry import as_record
 from sprinter_train.decoding.policies.sv import SpecVerificationPaper
-from sprinter_train.decoding.registry import as_record
-from sprinter_train.decoding.state import DecodeStats
 from tests.decoding_helpers import companion_plan
 
 

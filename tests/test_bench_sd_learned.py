@@ -22,11 +22,11 @@ from sprinter_train.bench.report import (
 from sprinter_train.bench.summary import costs_ms, draft_runs
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
+from sprinter_train.decoding.batch import Batch, DecodeStats, Emitted, Row
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import LearnedLength, SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.registry import as_record
-from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.state import Batch, DecodeStats, Emitted, Row
+from sprinter_train.decoding.policies.registry import as_record
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.models.tiny import TINY_DEFAULTS
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path

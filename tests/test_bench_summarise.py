@@ -12,7 +12,7 @@ from sprinter_train.bench.quality import target_perplexity
 from sprinter_train.bench.runs import GroupRun
 from sprinter_train.bench.summary import summarise
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.state import DecodeStats
+from sprinter_train.decoding.batch import DecodeStats
 from sprinter_train.models.loading import LoadedModel
 from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer

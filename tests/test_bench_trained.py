@@ -19,7 +19,7 @@ from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
 from tests.synthetic import write_synthetic_records

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from sprinter_train.decoding import graphs
-from sprinter_train.decoding.forward import ForwardRequest
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.runner import capture as graphs
+from sprinter_train.decoding.runner.requests import ForwardRequest
+from sprinter_train.decoding.runner.runner import ModelRunner
 from tests.decoding_helpers import PROMPTS, VOCAB, tiny_trio
 
 

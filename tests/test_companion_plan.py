@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sprinter_train.decoding.companion_plan import MODES, CompanionPlan, band, band_label
-from sprinter_train.decoding.state import DecodeStats
+from sprinter_train.decoding.batch import DecodeStats
+from sprinter_train.decoding.policies.plans.companion_plan import (
+    MODES,
+    CompanionPlan,
+    band,
+    band_label,
+)
 from tests.decoding_helpers import companion_plan
 
 

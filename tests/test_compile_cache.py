@@ -22,7 +22,7 @@ from sprinter_train.core.compile_cache import (
     use_compile_cache,
 )
 from sprinter_train.core.validation import ConfigError
-from sprinter_train.decoding.compiled import shape_owner
+from sprinter_train.decoding.runner.compile import shape_owner
 from sprinter_train.models.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

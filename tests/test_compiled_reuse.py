@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from sprinter_train.core.compile_cache import step_of_its_own
-from sprinter_train.decoding import backends, graphs
 from sprinter_train.decoding.builder import build_engine
 from sprinter_train.decoding.policies import (
     SVIP,
@@ -29,6 +28,8 @@ from sprinter_train.decoding.policies import (
     Sprinter,
     TargetOnly,
 )
+from sprinter_train.decoding.runner import backends
+from sprinter_train.decoding.runner import capture as graphs
 from sprinter_train.models.cache import with_cache
 from tests.decoding_helpers import PROMPTS, SAMPLING, VOCAB, ATable, fixed_timings, tiny_trio
 
@@ -93,7 +94,7 @@ def test_sprinter_reuses_the_shapes_the_other_methods_compiled(eager_dynamo, cap
     parity = Sprinter(lambda e, b, r, step: (step.tokens % 2).float(), tau=0.5, max_run=16)
     first = [TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(h=0.25, max_gamma=4, c=0.15)]
     first.append(SpecVerification(ATable(), max_gamma=4))
-    with caplog.at_level(logging.WARNING, logger="sprinter_train.decoding.clock"):
+    with caplog.at_level(logging.WARNING, logger="sprinter_train.decoding.runner.clock"):
         for method in first:
             engine.generate([PROMPTS[0]], method, NEW_TOKENS)
         with_cache(new_model_type(), None)  # as the hf_static peer looks its target's name up

@@ -15,11 +15,11 @@ import torch
 from sprinter_train.core.io import write_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round, Row, RowState
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.feature_builtins import clipped_run, smoothed_acceptance
+from sprinter_train.decoding.features.builtins import clipped_run, smoothed_acceptance
 from sprinter_train.decoding.policies import Method, Traits, draft_round, verify
-from sprinter_train.decoding.runner import ModelRunner, RowOutput
-from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row, RowState
+from sprinter_train.decoding.runner.runner import ModelRunner, RowOutput
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.reader import OldRecordsError, open_records
 from sprinter_train.harvest.records import (

@@ -19,7 +19,7 @@ import torch
 from scipy.stats import binomtest
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
-from sprinter_train.decoding.companion_plan import MODES
+from sprinter_train.decoding.batch import Batch, DraftStep, Round
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.loop import reads_row_state
 from sprinter_train.decoding.policies import (
@@ -37,8 +37,8 @@ from sprinter_train.decoding.policies import (
     step_features,
 )
 from sprinter_train.decoding.policies.oracle import OracleLength
-from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.state import Batch, DraftStep, Round
+from sprinter_train.decoding.policies.plans.companion_plan import MODES
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import (
     GREEDY,

@@ -8,7 +8,7 @@ import pytest
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import MTAD, SVIP, SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
 
 pytestmark = pytest.mark.gpu

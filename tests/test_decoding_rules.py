@@ -29,9 +29,9 @@ from sprinter_train.core.rules import (
 )
 from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, sample, warp_probs
 from sprinter_train.core.streams import RowStreams
-from sprinter_train.decoding.registry import traits_of
-from sprinter_train.decoding.runner import RowOutput
-from sprinter_train.decoding.state import Batch, DraftStep, Row
+from sprinter_train.decoding.batch import Batch, DraftStep, Row
+from sprinter_train.decoding.policies.registry import traits_of
+from sprinter_train.decoding.runner.runner import RowOutput
 
 
 def random_dist(rng: np.random.Generator, n: int, zeros: int = 0) -> torch.Tensor:

@@ -21,11 +21,11 @@ from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import CorruptInputError, read_json
 from sprinter_train.core.rules import sampled_acceptance
 from sprinter_train.data.overlap import TrainOverlapError
-from sprinter_train.decoding.feature_table import feature_order
+from sprinter_train.decoding.features.table import feature_order
 from sprinter_train.decoding.policies import Method, Traits, gamma_round
 from sprinter_train.decoding.policies.base import RecordScore
 from sprinter_train.decoding.policies.entropy import adaedl_records, svip_records
-from sprinter_train.decoding.registry import MethodError, greedy_exact, traits_of
+from sprinter_train.decoding.policies.registry import MethodError, greedy_exact, traits_of
 from sprinter_train.evaluation.scores import predictor_descriptions
 from sprinter_train.harvest.reader import MissingInputError
 from sprinter_train.verifier.checkpoint import load_verifier, verifier_path

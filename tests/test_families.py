@@ -16,8 +16,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from sprinter_train import hf
-from sprinter_train.decoding import graphs
 from sprinter_train.decoding.builder import build_engine
+from sprinter_train.decoding.cache.static import StaticRowCache
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (
     SVIP,
@@ -25,7 +25,7 @@ from sprinter_train.decoding.policies import (
     SpecVerification,
     TargetOnly,
 )
-from sprinter_train.decoding.static_cache import StaticRowCache
+from sprinter_train.decoding.runner import capture as graphs
 from sprinter_train.models.families import TESTED_FAMILIES, UnsupportedModelError, kv_layout
 from sprinter_train.models.loading import ModelLoadError, load_model
 from sprinter_train.models.tiny import build_tiny_tokenizer

@@ -30,7 +30,7 @@ from sprinter_train.core.validation import ConfigError
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.distill.trainer import DistillState, load_checkpoint, save_checkpoint
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.reader import open_records

@@ -1,4 +1,4 @@
-"""A verifier feature is declared once (decoding/feature_table.py) and every stage reads the
+"""A verifier feature is declared once (decoding/features/table.py) and every stage reads the
 declaration: one registered in a test is harvested, checked, trained on, evaluated and
 computed by the decoder on the tiny models with no other file touched."""
 
@@ -15,7 +15,7 @@ import torch
 from sprinter_train.__main__ import run_stage
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
-from sprinter_train.decoding.feature_table import (
+from sprinter_train.decoding.features.table import (
     FEATURES,
     Column,
     DecodeInputs,

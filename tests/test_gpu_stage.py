@@ -28,7 +28,7 @@ _spec.loader.exec_module(gpu_stage)
 def write_verifiers(folder: Path) -> list[str]:
     """sprinter's (lam 1.2) and sd_learned's (accept_prob) verifiers, as stage=train exports
     them: weights and sidecar."""
-    meta = {"features": {"names": ["draft_entropy", "draft_max_prob"], "d_in": 2}}
+    meta = {"features": {"names": ["draft_entropy", "draft_margin"], "d_in": 2}}
     paths = [
         save_verifier(verifier_path(folder, 1.2), torch.ones(2), torch.zeros(1), {"lam": 1.2, **meta}),
         save_verifier(

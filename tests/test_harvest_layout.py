@@ -15,8 +15,8 @@ import pytest
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding import builder
-from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.static_cache import KVPool
+from sprinter_train.decoding.cache.static import KVPool
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.harvest.continuations import (
     GENERATED_MIXES,
     ContinuationRunners,

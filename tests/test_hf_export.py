@@ -47,7 +47,7 @@ from sprinter_train.decoding.policies import (
     Sprinter,
     TargetOnly,
 )
-from sprinter_train.decoding.registry import with_trait
+from sprinter_train.decoding.policies.registry import with_trait
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.harvest.reader import MissingInputError

@@ -102,7 +102,7 @@ OLD_METHOD_LISTS = re.compile(
 
 def test_no_list_of_methods_outside_the_registry() -> None:
     """Which methods are lossless, law-checked, exported or planned is declared once, in each
-    method's traits (decoding/registry.py reads them); a tuple of names beside would drift."""
+    method's traits (decoding/policies/registry.py reads them); a tuple of names beside would drift."""
     roots = [PACKAGE, PACKAGE.parent / "tests", PACKAGE.parent / "benchmarks"]
     found = [
         f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"

@@ -20,10 +20,10 @@ from transformers.dynamic_module_utils import get_class_from_dynamic_module
 from sprinter_train.bench.step_floor import measure_step_floor
 from sprinter_train.core.distributions import entropy
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
+from sprinter_train.decoding.batch import Round
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SVIP, AdaEDL, SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner import ModelRunner, compiled_over_lean
-from sprinter_train.decoding.state import Round
+from sprinter_train.decoding.runner.runner import ModelRunner, compiled_over_lean
 from sprinter_train.models import lean as lean_module
 from sprinter_train.models.lean import KVLayer, LeanDraft, StaticKV, packs, supports_lean
 from sprinter_train.models.roles import load_role

@@ -10,12 +10,12 @@ from sklearn.linear_model import LogisticRegression
 
 from sprinter_train.core.classification import auc
 from sprinter_train.core.config import compose_config
-from sprinter_train.decoding.online_logistic import OnlineLogistic, top2_margin
+from sprinter_train.decoding.batch import Row
 from sprinter_train.decoding.policies import TargetOnly, scores_before_the_draw
 from sprinter_train.decoding.policies.online import OnlineLength, OnlineVerifier, online_records
+from sprinter_train.decoding.policies.plans.online_logistic import OnlineLogistic, top2_margin
+from sprinter_train.decoding.policies.registry import traits_of
 from sprinter_train.decoding.policies.sprinter import Sprinter
-from sprinter_train.decoding.registry import traits_of
-from sprinter_train.decoding.state import Row
 from tests.decoding_helpers import GREEDY, PROMPTS, engine_for, tiny_trio
 
 SETTINGS = dict(compose_config().methods.sd_online.online)

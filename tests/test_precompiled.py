@@ -22,9 +22,6 @@ import torch
 
 from sprinter_train.core import compile_cache, precompiled
 from sprinter_train.core.precompiled import PrecompiledStep, portable_guards
-from sprinter_train.decoding import compiled
-from sprinter_train.decoding.compiled import SYMBOLIC, step_identity
-from sprinter_train.decoding.forward import ForwardRequest
 from sprinter_train.decoding.policies import (
     SVIP,
     SpeculativeDecoding,
@@ -32,7 +29,10 @@ from sprinter_train.decoding.policies import (
     Sprinter,
     TargetOnly,
 )
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.runner import compile as compiled
+from sprinter_train.decoding.runner.compile import SYMBOLIC, step_identity
+from sprinter_train.decoding.runner.requests import ForwardRequest
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.body import StaticBody
 from sprinter_train.models.packed import pack_linears
 from sprinter_train.models.tiny import build_tiny_model

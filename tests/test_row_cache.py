@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from sprinter_train.decoding.cache import DynamicRowCache
-from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.static_cache import StaticRowCache
+from sprinter_train.decoding.cache.rows import DynamicRowCache
+from sprinter_train.decoding.cache.static import StaticRowCache
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.lean import StaticKV
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import feed_rows

@@ -8,10 +8,10 @@ import statistics
 import pytest
 import torch
 
-from sprinter_train.decoding.forward import ForwardRequest
-from sprinter_train.decoding.gamma_plan import GammaPlanner
 from sprinter_train.decoding.policies import SpeculativeDecoding, SpecVerification
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.policies.plans.gamma_plan import GammaPlanner
+from sprinter_train.decoding.runner.requests import ForwardRequest
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.decoding.timings import RunningLatency, Timings
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import GREEDY, PROMPTS, ATable, engine_for, tiny_trio

@@ -13,9 +13,13 @@ from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import at_batch_size, plan_methods
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.gamma_plan import AcceptanceRate, GammaPlanner, best_gamma
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.policies.plans.gamma_plan import (
+    AcceptanceRate,
+    GammaPlanner,
+    best_gamma,
+)
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.decoding.timings import Seconds, StepCost, Timings
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import assert_target_law_with_power, tiny_trio

@@ -20,8 +20,8 @@ import torch
 from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.latency import LatencyProfile
 from sprinter_train.bench.methods import plan_methods
+from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.goodput import expected_accepted, round_goodput
 from sprinter_train.decoding.policies import (
     LearnedLength,
     Method,
@@ -30,7 +30,7 @@ from sprinter_train.decoding.policies import (
     scores_before_the_draw,
     verify,
 )
-from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round
+from sprinter_train.decoding.policies.plans.goodput import expected_accepted, round_goodput
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.verifier.checkpoint import (

@@ -126,6 +126,54 @@ def test_the_simplest_candidate_within_the_tie_wins() -> None:
     assert choose(family, 0.2).name == "scalars"
 
 
+def val_never_sure(cols: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+    """Every val row has q/p in (1.05, 3): q/p <= 1 is one class on val, q/p <= 1.5 is not
+    (write_synthetic_records' prompts: synthetic-<row // 32>, split with seed 0)."""
+    from sprinter_train.data.split import split_of
+
+    n = len(cols["q"])
+    val = np.array([split_of(f"synthetic-{i // 32}", 0) == "val" for i in range(n)])
+    ratio = rng.uniform(1.05, 3.0, n)
+    p = cols["q"] / ratio
+    cols["ratio"] = np.where(val, ratio, cols["ratio"])
+    cols["p"] = np.where(val, p, cols["p"])
+    cols["accept_prob"] = np.where(val, np.minimum(1.0, p / cols["q"]), cols["accept_prob"])
+
+
+def test_a_val_split_of_one_class_is_refused_before_any_fit(compose_cfg, tmp_path) -> None:
+    """Issue 52, item 3: with one class of q/p <= 1 on val every candidate's val AUC was null,
+    `scalars` was kept by list order and T ran to its bound, exit 0. Now nothing is fitted or
+    written, and the message names the cause and what to change; selection off is a way out
+    where the label itself has both classes on val (λ = 1.5), not where it has one (λ = 1).
+    A temperature that still runs to its bound is written down in the sidecar."""
+    from tests.synthetic import write_synthetic_records
+
+    write_synthetic_records(tmp_path / "artifacts" / "syn", rows=2048, d=16, edit=val_never_sure)
+    cfg = train_cfg(compose_cfg, tmp_path, "train.lam=1.5")
+    with pytest.raises(ValueError, match="no evidence for train.select") as refused:
+        run_stage(cfg)
+    message = str(refused.value)
+    assert "every val label is negative" in message and "data.num_prompts" in message
+    assert "train.select.enabled=false" in message
+    assert not list(Path(cfg.checkpoint_dir).glob("verifier-*"))
+    off = ("train.select.enabled=false",)
+    with pytest.raises(ValueError, match="no evidence for the calibration temperature"):
+        run_stage(train_cfg(compose_cfg, tmp_path, "train.lam=1", *off))
+    assert not list(Path(cfg.checkpoint_dir).glob("verifier-*"))
+    # both classes of q/p <= 1.5 on val, but none of the planted signal: T runs to its bound,
+    # which the sidecar says
+    run_stage(train_cfg(compose_cfg, tmp_path, "train.lam=1.5", *off))
+    calibration = load_verifier(verifier_path(cfg.checkpoint_dir, 1.5)).meta["calibration"]
+    assert calibration["temperature"] > 99
+    assert calibration["warning"].startswith("T stopped at its upper bound 100")
+
+
+def test_no_val_auc_leaves_nothing_to_choose_on() -> None:
+    family = [Candidate(n, torch.zeros(1), torch.zeros(1)) for n in ("full", "ridge", "scalars")]
+    with pytest.raises(ValueError, match="no candidate .* has a val AUC"):
+        choose(family, 0.002)
+
+
 def test_the_lbfgs_fit_matches_sklearn_and_holds_frozen_columns_at_zero() -> None:
     from sklearn.linear_model import LogisticRegression
 

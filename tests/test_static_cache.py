@@ -19,14 +19,18 @@ from sprinter_train.bench.latency import measure_runner_times
 from sprinter_train.core.compile_cache import step_of_its_own
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.sampling import inverse_cdf, warp_probs
-from sprinter_train.decoding import backends, graphs, static_cache, static_shapes
-from sprinter_train.decoding import runner as runner_module
-from sprinter_train.decoding.after_warp import Draw
+from sprinter_train.decoding.batch import Round
 from sprinter_train.decoding.builder import decoding_problems, runner_layout
-from sprinter_train.decoding.clock import ForwardClock
-from sprinter_train.decoding.compiled import SYMBOLIC
+from sprinter_train.decoding.cache import shapes as static_shapes
+from sprinter_train.decoding.cache import static as static_cache
+from sprinter_train.decoding.cache.static import (
+    SlotMappedKV,
+    StaticRowCache,
+    attention_span,
+    capacity_bucket,
+    row_bucket,
+)
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.forward import ForwardRequest
 from sprinter_train.decoding.policies import (
     MTAD,
     SVIP,
@@ -40,16 +44,15 @@ from sprinter_train.decoding.policies import (
 )
 from sprinter_train.decoding.policies.online import OnlineLength
 from sprinter_train.decoding.policies.oracle import OracleLength
-from sprinter_train.decoding.registry import method_class
-from sprinter_train.decoding.runner import ModelRunner, prefill_groups
-from sprinter_train.decoding.state import Round
-from sprinter_train.decoding.static_cache import (
-    SlotMappedKV,
-    StaticRowCache,
-    attention_span,
-    capacity_bucket,
-    row_bucket,
-)
+from sprinter_train.decoding.policies.registry import method_class
+from sprinter_train.decoding.runner import backends
+from sprinter_train.decoding.runner import capture as graphs
+from sprinter_train.decoding.runner import runner as runner_module
+from sprinter_train.decoding.runner.after_warp import Draw
+from sprinter_train.decoding.runner.clock import ForwardClock
+from sprinter_train.decoding.runner.compile import SYMBOLIC
+from sprinter_train.decoding.runner.requests import ForwardRequest
+from sprinter_train.decoding.runner.runner import ModelRunner, prefill_groups
 from sprinter_train.models import body as body_module
 from sprinter_train.models.packed import pack_linears
 from sprinter_train.stages.settings import config_problems
@@ -251,7 +254,9 @@ def test_a_padded_prefill_emits_the_by_length_prefills_tokens(models, eos, sampl
         assert [r.tokens for r in out] == [r.tokens for r in expected], fresh.name
 
 
-CLOCK_LOG = "sprinter_train.decoding.clock"  # its own level: a stage run may raise the package's
+CLOCK_LOG = (
+    "sprinter_train.decoding.runner.clock"  # its own level: a stage run may raise the package's
+)
 
 
 def test_one_group_of_prompts_fills_the_static_cache_through_its_step(models, caplog) -> None:

@@ -13,11 +13,11 @@ import torch
 
 from sprinter_train.core.half import FLOAT16_MAX
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.batch import DraftStep
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.feature_table import feature_order
+from sprinter_train.decoding.features.table import feature_order
 from sprinter_train.decoding.policies import Sprinter
-from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.state import DraftStep
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.models.loading import load_model
 from sprinter_train.verifier.checkpoint import load_verifier

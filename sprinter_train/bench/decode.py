@@ -14,7 +14,7 @@ from sprinter_train.bench.phases import phase, runner_compile_seconds
 from sprinter_train.bench.prepare import Setup
 from sprinter_train.bench.runs import Decoded, GroupRun, engine_decode, run_methods
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.state import DecodeStats
+from sprinter_train.decoding.batch import DecodeStats
 
 WarmUps = dict[int, dict[str, float]]  # batch size -> method -> warm-up seconds
 

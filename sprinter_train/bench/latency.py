@@ -26,8 +26,8 @@ import torch
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.core.io import corrupt_input, read_json_input, write_json
 from sprinter_train.core.runtime import synchronize
-from sprinter_train.decoding.after_warp import AfterWarp, Check, Draw
-from sprinter_train.decoding.forward import ForwardRequest
+from sprinter_train.decoding.runner.after_warp import AfterWarp, Check, Draw
+from sprinter_train.decoding.runner.requests import ForwardRequest
 from sprinter_train.models.cache import crop_cache, returned_cache, with_cache
 
 
@@ -299,7 +299,7 @@ def measure_runner_times(
     batch_sizes: Sequence[int] = (1,),
     warp: Any = None,
 ) -> dict[str, dict[int, dict[int, float]]]:
-    """`measure_step_times` through the engine's own `ModelRunner`s (decoding/runner.py): the
+    """`measure_step_times` through the engine's own `ModelRunner`s (decoding/runner/runner.py): the
     forward a round runs, in its layout (lean, static, compiled), with the head applied
     where a round applies it and the logits warped by `warp` (the engine's sampling) and
     what the engine then does (`engine_then`: a draw or a speculative check), which a

@@ -23,12 +23,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.overlap import Reader
+from sprinter_train.decoding.batch import Policy
 from sprinter_train.decoding.builder import compiles
-from sprinter_train.decoding.companion_plan import CompanionPlan
-from sprinter_train.decoding.gamma_plan import GammaPlanner
 from sprinter_train.decoding.policies.online import OnlineVerifier
-from sprinter_train.decoding.registry import MethodError, traits_of
-from sprinter_train.decoding.state import Policy
+from sprinter_train.decoding.policies.plans.companion_plan import CompanionPlan
+from sprinter_train.decoding.policies.plans.gamma_plan import GammaPlanner
+from sprinter_train.decoding.policies.registry import MethodError, traits_of
 from sprinter_train.sv.table import SVTable, check_fitted_table
 from sprinter_train.verifier.checkpoint import (
     load_verifier,
@@ -118,7 +118,9 @@ def bench_reader(run: RunInputs) -> Reader:
 
 def verifier_hidden_layer(cfg: DictConfig) -> int:
     """The draft hidden layer the bench's verifiers read (their sidecars' `hidden_layer`; -1,
-    the final normed state, without any): the draft's runner must hand them that layer."""
+    the final normed state, without any): the draft's runner must hand them that layer.
+    Every verifier the bench will run is read here, its sidecar checked (verifier/sidecar.py),
+    so prepare calls it before any model loads."""
     layers = set()
     for name in cfg.bench.methods:
         if name in PEER_NAMES or "verifier" not in runtime_entries(cfg.methods[name]):

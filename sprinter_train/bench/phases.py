@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from sprinter_train.core.compile_cache import compile_counters, dynamo_seconds
-from sprinter_train.decoding.compiled import compiled_graphs
 from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.runner.compile import compiled_graphs
 
 Phases = list[dict[str, Any]]  # one record per phase, in the order they ran
 

@@ -27,11 +27,11 @@ from sprinter_train.bench.profile_check import ProfileCheck, check_profile
 from sprinter_train.bench.provenance import cores
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt, load_prompts
+from sprinter_train.decoding.batch import DecodeStats
 from sprinter_train.decoding.builder import build_engine, runner_layout
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding
-from sprinter_train.decoding.registry import traits_of
-from sprinter_train.decoding.state import DecodeStats
+from sprinter_train.decoding.policies.registry import traits_of
 from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.harvest.reader import open_records, verify_hashes
 from sprinter_train.models.identity import roles_differences
@@ -74,6 +74,8 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     """Load the models and prompts, build the engine, measure (or reuse and check) the
     latency profile, estimate alpha, choose sd's gamma per batch size and plan the methods."""
     b = cfg.bench
+    # every verifier the methods read, its sidecar checked, before any model loads
+    hidden_layer = verifier_hidden_layer(cfg)
     models = load_roles(cfg.models, device, dtype, companion=wants_companion(cfg))
     data_cfg = {**OmegaConf.to_container(cfg.data, resolve=True), "num_prompts": int(b.num_prompts)}
     prompts = load_prompts(data_cfg, models.tokenizer, split=b.split)
@@ -88,7 +90,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         draft=models.draft.model,
         companion=None if models.companion is None else models.companion.model,
         layout=runner_layout(cfg.decoding, device),
-        hidden_layer=verifier_hidden_layer(cfg),
+        hidden_layer=hidden_layer,
         eos_token_id=models.eos_token_id,
         pack_every=int(cfg.decoding.pack_every),
     )

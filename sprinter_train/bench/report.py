@@ -434,6 +434,7 @@ def verifier_line(settings: dict[str, Any]) -> str:
             f"{calibration.get('fitted_on', '?')} ({calibration.get('rows', '?')} rows), NLL "
             f"{cell(calibration.get('nll_before'), '{:.4f}')} before, "
             f"{cell(calibration.get('nll_after'), '{:.4f}')} after"
+            + (f" (**warning**: {calibration['warning']})" if calibration.get("warning") else "")
         )
     else:
         fit = "uncalibrated (a sidecar without calibration: T = 1)"
@@ -546,7 +547,7 @@ def companion_plan_lines(results: dict[str, Any]) -> list[str]:
         "row per one-token target forward's time) in this band of live rows is highest, "
         f"switching for {plan['margin']:.0%} more, after "
         f"{plan['warmup']} rounds of each, probing another every {plan['probe_every']} rounds "
-        "(sprinter_train/decoding/companion_plan.py). By live rows (every batch size, warm-up "
+        "(sprinter_train/decoding/policies/plans/companion_plan.py). By live rows (every batch size, warm-up "
         f"included): {'; '.join(per_rows)}.",
         "",
     ]

@@ -19,7 +19,7 @@ from sprinter_train.bench.runs import GroupRun, groups
 from sprinter_train.bench.summary import greedy_differences, summarise, summarise_batch
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.registry import as_record, traits_of, with_trait
+from sprinter_train.decoding.policies.registry import as_record, traits_of, with_trait
 
 
 def summarise_runs(

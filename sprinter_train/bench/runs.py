@@ -22,8 +22,8 @@ from tqdm import tqdm
 
 from sprinter_train.bench.energy import EnergyMeter
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.batch import DecodeStats, Policy
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.state import DecodeStats, Policy
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from transformers.pytorch_utils import Conv1D
 from sprinter_train.bench.provenance import load_average
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.batch import Round
 from sprinter_train.decoding.builder import build_engine, build_runner
-from sprinter_train.decoding.forward import ForwardRequest
-from sprinter_train.decoding.state import Round
+from sprinter_train.decoding.runner.requests import ForwardRequest
 from sprinter_train.models.cache import crop_cache, returned_cache, with_cache
 from sprinter_train.models.lean import supports_lean
 

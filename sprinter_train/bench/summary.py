@@ -18,7 +18,7 @@ from sprinter_train.bench.judge import Judge, build_judge, win_tie, win_tie_rate
 from sprinter_train.bench.quality import rouge_l, scored_mean, target_perplexities
 from sprinter_train.bench.runs import GroupRun
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.state import DecodeStats
+from sprinter_train.decoding.batch import DecodeStats
 from sprinter_train.models.roles import Roles
 
 Runs = dict[str, list[GroupRun]]  # method -> its groups, in prompt order

@@ -24,8 +24,8 @@ from typing import Any
 from torch import nn
 
 from sprinter_train.bench.quality import scored_mean, target_perplexities
+from sprinter_train.decoding.batch import Policy
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.state import Policy
 
 log = logging.getLogger(__name__)
 

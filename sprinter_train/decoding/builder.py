@@ -19,7 +19,7 @@ import torch
 from sprinter_train.core.runtime import parse_switch, resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import PACK_EVERY, Engine
-from sprinter_train.decoding.runner import ModelRunner
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.decoding.timings import Timings
 
 DRAFTS = "drafts"  # a layout's settings that differ for the draft and companion runners

@@ -19,14 +19,14 @@ from collections.abc import Callable, Sequence
 import torch
 
 from sprinter_train.core.sampling import SamplingConfig, inverse_cdf, warp_probs
-from sprinter_train.decoding.after_warp import AfterWarp, Check, Draw
-from sprinter_train.decoding.loop import RoundLoop
-from sprinter_train.decoding.runner import ForwardRequest, ModelRunner, RowOutput
-from sprinter_train.decoding.state import (
+from sprinter_train.decoding.batch import (
     Batch,
     DraftStep,
     Round,
 )
+from sprinter_train.decoding.loop import RoundLoop
+from sprinter_train.decoding.runner.after_warp import AfterWarp, Check, Draw
+from sprinter_train.decoding.runner.runner import ForwardRequest, ModelRunner, RowOutput
 from sprinter_train.decoding.timings import Timings
 
 PACK_EVERY = 8  # decoding.pack_every's default: rounds between squeezing empty cache slots out

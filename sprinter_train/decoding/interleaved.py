@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import torch
 
+from sprinter_train.decoding.batch import Batch, Emitted, Round, Row
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (
     Method,
@@ -32,7 +33,6 @@ from sprinter_train.decoding.policies import (
     draft_round,
     verify,
 )
-from sprinter_train.decoding.state import Batch, Emitted, Round, Row
 
 HARVEST_TRAITS = Traits(  # a harvest generator, never a bench method
     lossless=False,

@@ -17,9 +17,7 @@ import torch
 
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.core.streams import RowStreams
-from sprinter_train.decoding.feature_table import history_features
-from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.state import (
+from sprinter_train.decoding.batch import (
     Batch,
     Emitted,
     GenerationResult,
@@ -27,6 +25,8 @@ from sprinter_train.decoding.state import (
     Row,
     RowState,
 )
+from sprinter_train.decoding.features.table import history_features
+from sprinter_train.decoding.runner.runner import ModelRunner
 
 if TYPE_CHECKING:
     from sprinter_train.decoding.timings import Timings

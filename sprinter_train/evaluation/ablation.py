@@ -1,6 +1,6 @@
 """evaluate.ablation: what each verifier feature group adds, on the report's test rows.
 
-The groups are the verifier features in decoding/feature_table.py's feature_order(), so a
+The groups are the verifier features in decoding/features/table.py's feature_order(), so a
 feature declared there joins the table with nothing to change here; a group the records cannot give (a column they lack, a
 draft embedding that cannot be loaded) is left out with the reason. Every probe is fitted as
 evaluate.ceiling's linear ones are (ceiling.fit_best: an L2 logistic on standardised inputs,
@@ -22,7 +22,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from sklearn.linear_model import LogisticRegression
 
-from sprinter_train.decoding.feature_table import FEATURES, feature_order
+from sprinter_train.decoding.features.table import FEATURES, feature_order
 from sprinter_train.evaluation.bootstrap import PromptBootstrap
 from sprinter_train.evaluation.ceiling import Interval, fit_best
 from sprinter_train.harvest.reader import RecordSet

@@ -62,6 +62,7 @@ def calibration_report(
             "label": checkpoint.label,
             "temperature": checkpoint.temperature,
             "fitted_on": (checkpoint.meta.get("calibration") or {}).get("fitted_on"),
+            "warning": (checkpoint.meta.get("calibration") or {}).get("warning"),  # T at a bound
             "target": target,
             "own_target": before_after(y, before, after, bins),
             "sampled": before_after(y_event, before, after, bins),

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from sprinter_train.core.io import corrupt_input
 from sprinter_train.data.overlap import Reader, overlapping
-from sprinter_train.decoding.feature_table import FEATURES
+from sprinter_train.decoding.features.table import FEATURES
 from sprinter_train.evaluation.scores import record_scores
 from sprinter_train.harvest.reader import (
     RecordSet,

@@ -13,7 +13,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from sprinter_train.decoding.policies.base import RecordScore
-from sprinter_train.decoding.registry import all_traits
+from sprinter_train.decoding.policies.registry import all_traits
 from sprinter_train.evaluation.calibration import probabilities
 from sprinter_train.harvest.reader import RecordSet
 from sprinter_train.sv.table import SVTable

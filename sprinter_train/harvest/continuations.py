@@ -26,12 +26,12 @@ from transformers import PreTrainedTokenizerBase
 
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.batch import Policy
 from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.engine import PACK_EVERY, Engine
 from sprinter_train.decoding.interleaved import InterleavedRuns
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner import ModelRunner
-from sprinter_train.decoding.state import Policy
+from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.models.roles import Roles
 

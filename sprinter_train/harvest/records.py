@@ -22,7 +22,7 @@ from sprinter_train.core.broken_logits import check_logits
 from sprinter_train.core.distributions import acceptance_alpha, entropy
 from sprinter_train.core.half import as_record_half
 from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
-from sprinter_train.decoding.feature_table import AtPosition, SequenceHistory, feature_columns
+from sprinter_train.decoding.features.table import AtPosition, SequenceHistory, feature_columns
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.harvest.schema import numpy_dtypes
@@ -158,7 +158,7 @@ def sequence_history(seq: HarvestSequence, accept_prob: np.ndarray) -> SequenceH
 
 
 def history_columns(seq: HarvestSequence, accept_prob: np.ndarray) -> dict[str, np.ndarray]:
-    """The feature columns filled from one sequence's history (decoding/feature_table.py's
+    """The feature columns filled from one sequence's history (decoding/features/table.py's
     `per_sequence` recipes: the run position of each record, the sum of accept_prob over and
     the count of the sequence's earlier records)."""
     history = sequence_history(seq, accept_prob)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from sprinter_train.decoding.feature_table import feature_columns
+from sprinter_train.decoding.features.table import feature_columns
 
 SCHEMA_VERSION = 2
 HIDDEN_DTYPE = "float16"
@@ -57,7 +57,7 @@ SEQUENCE_SCHEMA = pa.schema(
 
 
 def record_schema() -> pa.Schema:
-    """BASE_COLUMNS, then the decode-time feature columns decoding/feature_table.py declares
+    """BASE_COLUMNS, then the decode-time feature columns decoding/features/table.py declares
     (draft_margin .. target_margin), each known at t without a target call: read at call time,
     so a feature registered later has its columns written and checked."""
     fields = [*BASE_COLUMNS]

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from sprinter_train.core.io import TEMP_NAME, atomic_write, corrupt_input, file_sha256
 from sprinter_train.core.processes import pid_alive
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.feature_table import feature_columns
+from sprinter_train.decoding.features.table import feature_columns
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.records import RecordBatch
 from sprinter_train.harvest.schema import (
@@ -52,7 +52,7 @@ REDO = (
 )
 
 # Base columns whose range the record definitions fix (schema.py); the verifier features'
-# columns declare theirs (decoding/feature_table.py; column_ranges). NaN is never in range.
+# columns declare theirs (decoding/features/table.py; column_ranges). NaN is never in range.
 UNIT_COLUMNS = ("q", "p", "accept_prob", "beta", "S", "A")
 NONNEGATIVE_COLUMNS = ("ratio", "draft_entropy", "target_entropy")
 RANGE_SLACK = 1e-3  # float32 rounding of sums of probabilities, e.g. beta = 1 + 1e-7
@@ -211,7 +211,7 @@ Range = tuple[float | None, float | None, bool]  # low, high (None: unbounded), 
 
 def column_ranges() -> dict[str, Range]:
     """Each column with a known range: the base ones, then those the verifier features
-    declare (decoding/feature_table.py's Column: low, high, finite)."""
+    declare (decoding/features/table.py's Column: low, high, finite)."""
     ranges: dict[str, Range] = {name: (0.0, 1.0, False) for name in UNIT_COLUMNS}
     ranges.update({name: (0.0, None, False) for name in NONNEGATIVE_COLUMNS})
     for column in feature_columns():

@@ -66,7 +66,7 @@ UNSUPPORTED_ARGUMENTS = (  # generate() arguments a callable custom_generate nev
 class Spec:
     """One exported method: the policy class, the settings its callable takes (name ->
     default), and a line about it. What it reads besides the draft is what the class's
-    traits need (decoding/registry.py): a verifier, SV's table (required with a companion,
+    traits need (decoding/policies/registry.py): a verifier, SV's table (required with a companion,
     else optional) and the latency profile."""
 
     name: str

@@ -22,9 +22,9 @@ from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.batch import DecodeStats, Policy
 from sprinter_train.decoding.builder import build_engine
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.state import DecodeStats, Policy
 from sprinter_train.decoding.timings import Timings
 
 NEUTRAL: dict[str, tuple[Any, ...]] = {  # settings the engine cannot honour, at their no-op values

@@ -33,7 +33,7 @@ from sprinter_train.core.io import MissingInputError, json_text
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.sweeps import job_dir
 from sprinter_train.data.overlap import Reader
-from sprinter_train.decoding.registry import traits_of
+from sprinter_train.decoding.policies.registry import traits_of
 from sprinter_train.harvest.manifest import code_version, model_identity
 from sprinter_train.hf.bundle import FORMAT_VERSION, MANIFEST
 from sprinter_train.hf.folder import write_folder
@@ -77,13 +77,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     needs = traits_of(node, method).needs
     out = Path(cfg.export.out_dir or job_dir(Path(cfg.checkpoint_dir) / f"export-{method}"))
     specs: dict[str, Any] = OmegaConf.to_container(cfg.models, resolve=True)  # type: ignore[assignment]
+    # the verifier (its sidecar checked) before any model loads
+    verifier = verifier_file(cfg, node) if "verifier" in needs else None
     draft = load_role(specs, "draft", pack_linear=False)  # float32 on the CPU: identity read
     contents, extra = Contents(), {}
-    if "verifier" in needs:
-        path = verifier_file(cfg, node)
-        check_verifier_draft(path, cfg, draft)
-        contents.add("verifier", path)
-        contents.add("verifier_sidecar", sidecar_path(path))
+    if verifier is not None:
+        check_verifier_draft(verifier, cfg, draft)
+        contents.add("verifier", verifier)
+        contents.add("verifier_sidecar", sidecar_path(verifier))
     companion = None
     if uses_table(cfg, needs, node):
         if not specs.get("companion"):

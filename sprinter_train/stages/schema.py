@@ -11,6 +11,7 @@ knows) stay with the hand checks of the packages that own them.
 from __future__ import annotations
 
 from sprinter_train.core.schema import Num, Seq, Spec, Switch, Text, Word, positive, share, whole
+from sprinter_train.verifier.sidecar import FEATURE_NAMES, FEATURE_SETTINGS, HEADS, MLP_HIDDEN
 
 SEED = whole(0)
 FRACTION = Num(low=0, high=1, above=True, note="a share of prompts: 0 leaves the split empty")
@@ -152,19 +153,17 @@ TRAIN: dict[str, Spec] = {
     "lam": positive(null=True, note="null: every λ of train.lams"),
     "lams": Seq(LAM, unless="train.lam"),
     "lam_range": Seq(positive(), size=2, note="[low, high]"),
-    "mlp.hidden": whole(1),
+    "mlp.hidden": MLP_HIDDEN,
     "mlp.dropout": Num(low=0, high=1, note="0: none; below 1"),
     "mlp.weight_decay": Num(low=0, note="0: none"),
     "mlp.lr": positive(),
-    "features": Seq(unique=True),
+    "features": FEATURE_NAMES,
     "select.l2_grid": Seq(positive()),
     "select.l2_scalars": Num(low=0, note="0: no L2"),
     "select.tie": Num(low=0, note="0: only equal AUCs tie"),
     "select.max_train_rows": whole(1),
     "select.max_iter": whole(1),
-    "feature_settings.run_position_cap": whole(0, note="${bench.gamma_max}: 0 holds it at 0"),
-    "feature_settings.accept_prior": share(),
-    "feature_settings.accept_n0": positive(note="the prior's weight in drafts: 0 divides by 0"),
+    **{f"feature_settings.{key}": spec for key, spec in FEATURE_SETTINGS.items()},
     "batch_size": whole(1),
     "min_batches_per_epoch": whole(1),
     "lr": positive(),
@@ -177,7 +176,7 @@ TRAIN: dict[str, Spec] = {
     "seed": SEED,
     "learning_curve": Seq(Num(low=0, high=1, above=True), empty=True, note="[] skips"),
     "log_every_n_steps": whole(1),
-    "head": Word(("linear", "mlp")),
+    "head": Word(HEADS),
     "label": Word(("ratio", "accept_prob")),
     "progress_bar": ON,
     "select.enabled": ON,
@@ -305,7 +304,7 @@ METHODS: dict[str, Spec] = {
     "*.table.binning": MAYBE,
     "*.table.optional": ON,
     "*.verifier.label": Word(("ratio", "accept_prob")),
-    "*.verifier.head": Word(("linear", "mlp")),
+    "*.verifier.head": Word(HEADS),
     "*.verifier.kind": Word(("checkpoint", "online")),
     "*.online.margin": Word(("logits", "q")),
 }

@@ -9,10 +9,13 @@ minimum with no optimiser state and no seed, the same T on every run and machine
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 T_MIN, T_MAX = 1e-2, 1e2  # the search interval; a T at either end says the logits carry ~no signal
 TOLERANCE = 1e-7  # on log T
@@ -60,7 +63,7 @@ def fit_temperature(
     before, after = loss(0.0), loss(log_t)
     if after >= before:
         log_t, after = 0.0, before
-    return {
+    fit = {
         "method": "temperature",
         "temperature": math.exp(log_t),
         "fitted_on": fitted_on,
@@ -68,3 +71,28 @@ def fit_temperature(
         "nll_before": before,
         "nll_after": after,
     }
+    warning = bound_warning(log_t, fitted_on)
+    if warning is not None:
+        log.warning("temperature fit: %s", warning)
+        fit["warning"] = warning
+    return fit
+
+
+def bound_warning(log_t: float, fitted_on: str) -> str | None:
+    """Why a T at an end of [T_MIN, T_MAX] is no calibration (None inside): the optimum lies
+    beyond the search, at T_MAX because the logits carry almost no signal of the label on
+    these rows, at T_MIN because they separate it perfectly. The sidecar keeps the line."""
+    margin = 1e3 * TOLERANCE  # the search stops within TOLERANCE of an end
+    if log_t >= math.log(T_MAX) - margin:
+        return (
+            f"T stopped at its upper bound {T_MAX:g}: the logits carry almost no signal of "
+            f"the label on the {fitted_on} split (calibrated scores near 0.5); the verifier "
+            f"does not rank that split's labels, check the records it was fitted on"
+        )
+    if log_t <= math.log(T_MIN) + margin:
+        return (
+            f"T stopped at its lower bound {T_MIN:g}: the logits separate the label on the "
+            f"{fitted_on} split (almost) perfectly, so every sharper T lowers its NLL "
+            "(calibrated scores near 0 or 1)"
+        )
+    return None

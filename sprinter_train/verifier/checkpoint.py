@@ -31,6 +31,7 @@ from sprinter_train.core.io import (
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.labels import ACCEPT_NAME, LABELS, Label
 from sprinter_train.verifier.labels import lam_name as lam_name  # the stages import it from here
+from sprinter_train.verifier.sidecar import HEADS, check_sidecar
 
 FORMAT_VERSION = 1
 
@@ -103,9 +104,6 @@ class MLPVerifier(torch.nn.Module):
         model.out.weight.data.copy_(tensors["out_weight"].reshape(1, -1))
         model.out.bias.data.copy_(tensors["out_bias"].reshape(1))
         return model
-
-
-HEADS = ("linear", "mlp")
 
 
 @dataclass
@@ -265,12 +263,10 @@ def checkpoint_of(
     features = meta.get("features", {"names": []})
     if not isinstance(features, dict) or "names" not in features:
         raise corrupt_input(sidecar, "features without names", remedy)
+    check_sidecar(meta, sidecar, remedy)  # names, settings and head as train declares them
     d_in = features.get("d_in")
-    head = meta.get("head", "linear")
-    if head == "mlp":
+    if meta.get("head", "linear") == "mlp":
         return mlp_checkpoint(tensors, meta, path, remedy, d_in)
-    if head != "linear":
-        raise corrupt_input(sidecar, f"head {head!r}, not one of {list(HEADS)}", remedy)
     if weight.ndim != 2 or weight.shape[0] != 1 or bias.numel() != 1:
         raise corrupt_input(path, f"weight {tuple(weight.shape)}, bias {tuple(bias.shape)}", remedy)
     if d_in is not None and int(d_in) != weight.shape[1]:

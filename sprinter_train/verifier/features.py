@@ -1,5 +1,5 @@
 """What the verifier sees: SPRINTER §3.2's s(x, prefix), by default the draft's hidden state,
-and the extra inputs of decoding/feature_table.py's FEATURES (for ablations and the decode-time
+and the extra inputs of decoding/features/table.py's FEATURES (for ablations and the decode-time
 length policies), each known when the draft is scored, without a target call.
 
 The feature vector's layout is fixed by the table's `feature_order()` (dense blocks first)
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from sprinter_train.core.half import as_record_half
-from sprinter_train.decoding.feature_table import (
+from sprinter_train.decoding.features.table import (
     FEATURES,
     WIDTHS,
     RecordInputs,

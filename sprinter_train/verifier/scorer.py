@@ -4,7 +4,7 @@ The parts of the feature vector come from the DraftStep (the draft's hidden stat
 produced q, which is the record's `hidden` at t-1; the drafted token's input embedding; q(x);
 H(q); the raw logits' margin and entropy) and from the batch's `RowState` (the row's run of
 draft-made tokens, its acceptance so far, the target's state at its last verified position),
-each computed by its entry of decoding/feature_table.py, and are put together by
+each computed by its entry of decoding/features/table.py, and are put together by
 verifier/features.py's `assemble`, the function training uses.
 The score is calibrated, sigmoid((w·s + b) / T) with the sidecar's temperature (1 for old
 checkpoints): probabilities a length policy can plan with. SPRINTER's tau = 0.5 keeps the same
@@ -23,9 +23,9 @@ import time
 
 import torch
 
+from sprinter_train.decoding.batch import Batch, DraftStep, Round, RowState
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.feature_table import FEATURES, DecodeInputs, history_features
-from sprinter_train.decoding.state import Batch, DraftStep, Round, RowState
+from sprinter_train.decoding.features.table import FEATURES, DecodeInputs, history_features
 from sprinter_train.verifier.checkpoint import MLPVerifier, VerifierCheckpoint
 from sprinter_train.verifier.features import assemble
 

@@ -197,7 +197,14 @@ def fit_family(
 
 
 def choose(candidates: Sequence[Candidate], tie: float) -> Candidate:
-    """The simplest candidate (ORDER) whose val AUC is within `tie` of the best one's."""
+    """The simplest candidate (ORDER) whose val AUC is within `tie` of the best one's. With no
+    val AUC at all there is nothing to choose on: refused, not a pick by list order
+    (verifier/evidence.py refuses such a val split before any fit)."""
+    if all(c.val_auc is None for c in candidates):
+        raise ValueError(
+            f"train.select: no candidate of {[c.name for c in candidates]} has a val AUC "
+            "(the val split holds one class of q/p <= 1): nothing to choose on"
+        )
     ranked = sorted(candidates, key=lambda c: ORDER.index(c.name))
     best = max((c.val_auc or 0.0) for c in ranked)
     return next(c for c in ranked if (c.val_auc or 0.0) >= best - float(tie))

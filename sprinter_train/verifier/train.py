@@ -31,8 +31,9 @@ from sprinter_train.verifier.checkpoint import (
     verifier_path,
 )
 from sprinter_train.verifier.data import VerifierDataModule, split_features, split_targets
+from sprinter_train.verifier.evidence import check_evidence
 from sprinter_train.verifier.features import DraftEmbedder, FeatureSpec
-from sprinter_train.verifier.labels import Label, check_both_classes, labels_at
+from sprinter_train.verifier.labels import Label, labels_at
 from sprinter_train.verifier.module import KeepBest, VerifierModule
 from sprinter_train.verifier.select import Candidate, choose, fit_family, load_splits, scored
 
@@ -388,9 +389,7 @@ def train_verifier(cfg: DictConfig, records: RecordSet, label: Label | float) ->
     label = Label.of(label)
     tcfg = cfg.train
     spec = FeatureSpec.from_cfg(tcfg)
-    if label.kind == "ratio":  # before any fit: an all-one-class split learns only a bias
-        column = records.frame[label.column].to_numpy()[records.rows_of("train")]
-        check_both_classes(label.targets(column), label)
+    check_evidence(records, label, selecting(tcfg))  # before any fit: both classes to learn
     embedder = make_embedder(cfg, spec, records)
     name = label.name + ("" if str(tcfg.get("head", "linear")) == "linear" else "-mlp")
     log_dir = Path(cfg.experiment_dir) / "train"

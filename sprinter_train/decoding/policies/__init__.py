@@ -1,7 +1,7 @@
 """One module per family of engine methods; `base` holds what they share.
 
 A method is a class here (a `Method` with its `Traits`) and a conf/methods/<name>.yaml whose
-`_target_` names it; decoding/registry.py reads the traits for the rest of the system.
+`_target_` names it; decoding/policies/registry.py reads the traits for the rest of the system.
 """
 
 from sprinter_train.decoding.policies.base import (

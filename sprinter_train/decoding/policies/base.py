@@ -18,11 +18,11 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import torch
 
-from sprinter_train.decoding.after_warp import Check, Draw
+from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round, Row
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.forward import RoundRequest
-from sprinter_train.decoding.goodput import round_goodput
-from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
+from sprinter_train.decoding.policies.plans.goodput import round_goodput
+from sprinter_train.decoding.runner.after_warp import Check, Draw
+from sprinter_train.decoding.runner.requests import RoundRequest
 from sprinter_train.decoding.timings import Seconds, StepCost, Timings
 
 Rule = Callable[[DraftStep], torch.Tensor]  # (B,) bool per row
@@ -89,7 +89,7 @@ class Method:
         """(V,) whether the rule keeps each token x as the row's first draft after `prompt` at
         batch size 1 (q, c: the draft's and the companion's warped next-token laws): what the
         bench's exact first-token law reads. A method whose traits say `law_computed`
-        defines it (decoding/registry.py checks)."""
+        defines it (decoding/policies/registry.py checks)."""
         raise NotImplementedError(f"{type(self).__name__} computes no first-token law")
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from sprinter_train.core.rules import adaedl_score, adaedl_should_stop, svip_score, svip_should_stop
+from sprinter_train.decoding.batch import Batch, DraftStep, Emitted
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.base import Method, RecordScore, Traits, draft_round, verify
-from sprinter_train.decoding.state import Batch, DraftStep, Emitted
 
 ENTROPY_COLUMNS = ("draft_entropy", "draft_entropy_raw")  # warped H(q), raw softmax H
 

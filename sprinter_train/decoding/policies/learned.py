@@ -7,9 +7,9 @@ from typing import ClassVar
 
 import torch
 
+from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round, Row
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.feature_table import pre_draw_features
-from sprinter_train.decoding.goodput import round_goodput
+from sprinter_train.decoding.features.table import pre_draw_features
 from sprinter_train.decoding.policies.base import (
     AcceptanceTable,
     GoodputMethod,
@@ -20,7 +20,7 @@ from sprinter_train.decoding.policies.base import (
     step_features,
     verify,
 )
-from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
+from sprinter_train.decoding.policies.plans.goodput import round_goodput
 
 
 def scores_before_the_draw(verifier: object) -> bool:

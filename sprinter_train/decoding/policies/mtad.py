@@ -8,9 +8,9 @@ from typing import ClassVar
 import torch
 
 from sprinter_train.core.rules import mtad_accept_lengths
+from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.base import Method, Traits, verify
-from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round
 
 
 @dataclass

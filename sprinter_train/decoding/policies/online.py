@@ -1,6 +1,6 @@
 """The online logistic (vLLM-style) as a verifier a length policy reads, and sd_online.
 
-`OnlineVerifier` scores each draft with decoding/online_logistic.py's per-position logistic
+`OnlineVerifier` scores each draft with decoding/policies/plans/online_logistic.py's per-position logistic
 on the draft's top-2 margin (of the raw logits the draft step offers, else of its warped q;
 `margin` chooses) and learns from the verify outcomes the policy hands back in `update`.
 The margin is fixed before the draw, so sd_learned may use it to decide whether to draw.
@@ -20,11 +20,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from sprinter_train.decoding.batch import Batch, DraftStep, Round, Row
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.online_logistic import OnlineLogistic, top2_margin
 from sprinter_train.decoding.policies.base import RecordScore, Traits
 from sprinter_train.decoding.policies.learned import LearnedLength
-from sprinter_train.decoding.state import Batch, DraftStep, Round, Row
+from sprinter_train.decoding.policies.plans.online_logistic import OnlineLogistic, top2_margin
 
 MARGINS = ("logits", "q")
 

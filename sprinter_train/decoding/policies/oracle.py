@@ -23,10 +23,10 @@ from typing import ClassVar
 import torch
 
 from sprinter_train.core.runtime import synchronize
-from sprinter_train.decoding.after_warp import Check
+from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.base import Method, Traits, draft_round, verify
-from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round
+from sprinter_train.decoding.runner.after_warp import Check
 
 LOOKAHEAD_ROLES = ("target", "draft")  # the models the look-ahead runs
 

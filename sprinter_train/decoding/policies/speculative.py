@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from sprinter_train.core.rules import heuristic_next_gamma
+from sprinter_train.decoding.batch import Batch, Emitted, Round, Row
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.base import Method, Traits, fixed_round, gamma_round, verify
-from sprinter_train.decoding.state import Batch, Emitted, Round, Row
 
 
 @dataclass
@@ -31,7 +31,7 @@ class TargetOnly(Method):
 
 
 class GammaPlan(Protocol):
-    """Chooses the drafts a row of sd's next round (decoding/gamma_plan.py's GammaPlanner)."""
+    """Chooses the drafts a row of sd's next round (decoding/policies/plans/gamma_plan.py's GammaPlanner)."""
 
     def plan(self, engine: Engine, rows: int, start: int) -> int:
         """From earlier rounds only (what is fixed before the round's first draft)."""

@@ -8,9 +8,9 @@ from typing import ClassVar
 import torch
 
 from sprinter_train.core.rules import sprinter_check_rows
+from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round, Row
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.base import Method, Traits, Verifier, draft_round
-from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
 
 
 @dataclass

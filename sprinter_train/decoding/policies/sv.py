@@ -7,9 +7,8 @@ from typing import ClassVar
 
 import torch
 
-from sprinter_train.decoding.companion_plan import CompanionPlan
+from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round, Row
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.goodput import best_gamma
 from sprinter_train.decoding.policies.base import (
     AcceptanceTable,
     GoodputMethod,
@@ -20,7 +19,8 @@ from sprinter_train.decoding.policies.base import (
     step_features,
     verify,
 )
-from sprinter_train.decoding.state import Batch, DraftStep, Emitted, Round, Row
+from sprinter_train.decoding.policies.plans.companion_plan import CompanionPlan
+from sprinter_train.decoding.policies.plans.goodput import best_gamma
 from sprinter_train.decoding.timings import Timings
 
 

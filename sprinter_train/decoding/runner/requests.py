@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.decoding.after_warp import AfterWarp
+from sprinter_train.decoding.runner.after_warp import AfterWarp
 
 
 class BlockShape:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sprinter_train.decoding.arms import ArmSelector
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.goodput import (  # noqa: F401  (best_gamma: the planner's rule)
+from sprinter_train.decoding.policies.plans.arms import ArmSelector
+from sprinter_train.decoding.policies.plans.goodput import (  # noqa: F401  (best_gamma: the planner's rule)
     AcceptanceRate,
     best_gamma,
     goodputs,

@@ -46,8 +46,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sprinter_train.decoding.arms import ArmSelector
-from sprinter_train.decoding.goodput import AcceptanceRate
+from sprinter_train.decoding.policies.plans.arms import ArmSelector
+from sprinter_train.decoding.policies.plans.goodput import AcceptanceRate
 
 MODES = ("companion", "prior", "target")
 

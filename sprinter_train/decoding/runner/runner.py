@@ -22,20 +22,20 @@ import torch
 from transformers import DynamicCache
 
 from sprinter_train.core.broken_logits import nonfinite_error
-from sprinter_train.decoding.backends import (
+from sprinter_train.decoding.cache.rows import RowCache
+from sprinter_train.decoding.cache.static import KVPool, StaticRowCache, supports_static
+from sprinter_train.decoding.runner.backends import (
     Backend,
     DynamicBackend,
     LeanBackend,
     StaticBackend,
     compiled_over_lean,
 )
-from sprinter_train.decoding.cache import RowCache
-from sprinter_train.decoding.clock import ForwardClock
-from sprinter_train.decoding.compiled import compiled_graphs, compiled_step
-from sprinter_train.decoding.forward import ForwardRequest, RoundRequest, RowOutput
-from sprinter_train.decoding.graphs import CapturedBackend, CapturedSteps
-from sprinter_train.decoding.head import NO_POSITION, BrokenWatch, Head, broken_first
-from sprinter_train.decoding.static_cache import KVPool, StaticRowCache, supports_static
+from sprinter_train.decoding.runner.capture import CapturedBackend, CapturedSteps
+from sprinter_train.decoding.runner.clock import ForwardClock
+from sprinter_train.decoding.runner.compile import compiled_graphs, compiled_step
+from sprinter_train.decoding.runner.head import NO_POSITION, BrokenWatch, Head, broken_first
+from sprinter_train.decoding.runner.requests import ForwardRequest, RoundRequest, RowOutput
 from sprinter_train.models.body import body
 from sprinter_train.models.lean import LeanDraft, uses_lean
 

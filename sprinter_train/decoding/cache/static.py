@@ -46,8 +46,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from sprinter_train.decoding.cache import RowCache, pack_index, write_groups
-from sprinter_train.decoding.static_shapes import (  # the buckets, re-exported for callers
+from sprinter_train.decoding.cache.rows import RowCache, pack_index, write_groups
+from sprinter_train.decoding.cache.shapes import (  # the buckets, re-exported for callers
     attention_span,
     capacity_bucket,
     row_bucket,

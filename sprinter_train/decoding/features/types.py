@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from sprinter_train.decoding.state import DraftStep, RowState
+    from sprinter_train.decoding.batch import DraftStep, RowState
 
 Tensor = torch.Tensor
 Settings = Mapping[str, float]

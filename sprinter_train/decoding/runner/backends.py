@@ -19,12 +19,12 @@ from typing import Any
 import torch
 
 from sprinter_train.core.compile_cache import loaded_graphs
-from sprinter_train.decoding.cache import DynamicRowCache
-from sprinter_train.decoding.clock import ForwardClock
-from sprinter_train.decoding.compiled import compiled_graphs, compiled_step
-from sprinter_train.decoding.forward import ForwardRequest, RowOutput
-from sprinter_train.decoding.head import BrokenWatch, Head, pick
-from sprinter_train.decoding.static_cache import KVPool, StaticRowCache
+from sprinter_train.decoding.cache.rows import DynamicRowCache
+from sprinter_train.decoding.cache.static import KVPool, StaticRowCache
+from sprinter_train.decoding.runner.clock import ForwardClock
+from sprinter_train.decoding.runner.compile import compiled_graphs, compiled_step
+from sprinter_train.decoding.runner.head import BrokenWatch, Head, pick
+from sprinter_train.decoding.runner.requests import ForwardRequest, RowOutput
 from sprinter_train.models.body import StaticBody, body
 from sprinter_train.models.lean import LeanDraft, StaticKV
 

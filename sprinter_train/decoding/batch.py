@@ -10,7 +10,7 @@ import torch
 
 from sprinter_train.core.distributions import entropy, raw_entropy, top2_margin
 from sprinter_train.core.streams import RowStreams
-from sprinter_train.decoding.cache import RowCache
+from sprinter_train.decoding.cache.rows import RowCache
 
 
 @dataclass

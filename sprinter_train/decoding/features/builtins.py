@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from sprinter_train.core.distributions import entropy, raw_entropy, top2_margin
-from sprinter_train.decoding.feature_types import (
+from sprinter_train.decoding.features.types import (
     Column,
     DecodeInputs,
     Feature,

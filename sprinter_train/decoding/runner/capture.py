@@ -69,18 +69,18 @@ from typing import Any
 import torch
 
 from sprinter_train.core.sampling import warp_probs
-from sprinter_train.decoding.after_warp import Draw
-from sprinter_train.decoding.backends import Backend, StaticBackend
-from sprinter_train.decoding.forward import (
+from sprinter_train.decoding.batch import spread
+from sprinter_train.decoding.cache.static import StaticRowCache
+from sprinter_train.decoding.runner.after_warp import Draw
+from sprinter_train.decoding.runner.backends import Backend, StaticBackend
+from sprinter_train.decoding.runner.head import broken_first, pick
+from sprinter_train.decoding.runner.requests import (
     ForwardRequest,
     Recorded,
     RoundPlan,
     RoundRequest,
     RowOutput,
 )
-from sprinter_train.decoding.head import broken_first, pick
-from sprinter_train.decoding.state import spread
-from sprinter_train.decoding.static_cache import StaticRowCache
 
 log = logging.getLogger(__name__)
 

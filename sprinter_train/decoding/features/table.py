@@ -16,7 +16,7 @@ An entry (`Feature`) says
 Every other place reads this table: the record schema and its range checks
 (harvest/schema.py, harvest/shards.py), the harvest's columns (harvest/records.py), the feature
 vector of training, evaluate and decoding (verifier/features.py, verifier/scorer.py), whether
-the engine keeps the row state (decoding/state.py) and sd_learned's draw rule
+the engine keeps the row state (decoding/batch.py) and sd_learned's draw rule
 (decoding/policies/learned.py). Adding a feature is one `register` call (or one entry in feature_builtins.py)
 plus its test; docs/architecture.md, "Adding a verifier feature", says how.
 
@@ -26,8 +26,8 @@ numpy only (hf/vendor.py), so column dtypes are numpy names.
 
 from __future__ import annotations
 
-from sprinter_train.decoding.feature_builtins import builtin_features
-from sprinter_train.decoding.feature_types import (
+from sprinter_train.decoding.features.builtins import builtin_features
+from sprinter_train.decoding.features.types import (
     WIDTHS,
     AtPosition,
     Column,

@@ -53,7 +53,7 @@ TRACED = (
     "sprinter_train.models.body",
     "sprinter_train.models.cache",
     "sprinter_train.models.packed",
-    "sprinter_train.decoding.static_cache",
+    "sprinter_train.decoding.cache.static",
 )
 
 
