@@ -28,13 +28,13 @@ from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sprinter_train.bench.draft_eval import measure_step_floor  # noqa: E402
-from sprinter_train.bench.methods import at_batch_size  # noqa: E402
-from sprinter_train.bench.prepare import Setup, prepare  # noqa: E402
-from sprinter_train.bench.provenance import load_average  # noqa: E402
-from sprinter_train.bench.report import latency_table  # noqa: E402
-from sprinter_train.bench.runs import engine_decode, run_methods  # noqa: E402
-from sprinter_train.bench.summary import speed  # noqa: E402
+from sprinter_train.bench.draft.evaluate import measure_step_floor  # noqa: E402
+from sprinter_train.bench.report.report import latency_table  # noqa: E402
+from sprinter_train.bench.report.summary import speed  # noqa: E402
+from sprinter_train.bench.run.methods import at_batch_size  # noqa: E402
+from sprinter_train.bench.run.prepare import Setup, prepare  # noqa: E402
+from sprinter_train.bench.run.provenance import load_average  # noqa: E402
+from sprinter_train.bench.run.runs import engine_decode, run_methods  # noqa: E402
 from sprinter_train.core.config import compose_config  # noqa: E402
 from sprinter_train.core.io import atomic_write, write_json  # noqa: E402
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads  # noqa: E402

@@ -51,7 +51,7 @@ def run(out: Path) -> dict:
     import torch
 
     from sprinter_train.__main__ import run_stage
-    from sprinter_train.bench.summary import rows
+    from sprinter_train.bench.report.summary import rows
     from sprinter_train.core.config import compose_config
 
     roots = (f"artifacts_root={out / 'artifacts'}", f"checkpoints_root={out / 'checkpoints'}")
@@ -66,7 +66,7 @@ def run(out: Path) -> dict:
         if path.is_file() and path.suffix in (".parquet", ".npy", ".safetensors")
     }
     tokens: dict[str, list[list[int]]] = {}
-    from sprinter_train.bench import summary
+    from sprinter_train.bench.report import summary
 
     original = summary.greedy_differences
 
@@ -75,7 +75,7 @@ def run(out: Path) -> dict:
             tokens[name] = [list(t) for _, t in rows(method_runs)]
         return original(runs, greedy)
 
-    for name in ("sprinter_train.stages.bench", "sprinter_train.bench.results"):
+    for name in ("sprinter_train.stages.bench", "sprinter_train.bench.run.results"):
         try:  # wherever this checkout's bench calls it from
             module = importlib.import_module(name)
         except ImportError:

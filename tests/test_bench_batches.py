@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.methods import at_batch_size, plan_methods
-from sprinter_train.bench.phases import phase
-from sprinter_train.bench.prepare import batch_sizes_for
-from sprinter_train.bench.report import UNSUPPORTED
-from sprinter_train.bench.runs import engine_decode, groups, run_methods
+from sprinter_train.bench.report.report import UNSUPPORTED
+from sprinter_train.bench.run.methods import at_batch_size, plan_methods
+from sprinter_train.bench.run.phases import phase
+from sprinter_train.bench.run.prepare import batch_sizes_for
+from sprinter_train.bench.run.runs import engine_decode, groups, run_methods
+from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
 from sprinter_train.core.sampling import SamplingConfig

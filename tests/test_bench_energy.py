@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sprinter_train.bench.energy import EnergyMeter
+from sprinter_train.bench.timing.energy import EnergyMeter
 
 CPU = torch.device("cpu")
 RANGE_UJ = 262_143_328_850

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench.guard import (
+from sprinter_train.bench.quality.guard import (
     ScoreTally,
     domain_check,
     guard_section,
@@ -19,9 +19,9 @@ from sprinter_train.bench.guard import (
     perplexity_bar,
     settings_of,
 )
-from sprinter_train.bench.quality import target_perplexities, target_perplexity
-from sprinter_train.bench.summary import draft_acceptance
-from sprinter_train.bench.tau_ladder import climb, hold_taus
+from sprinter_train.bench.quality.scores import target_perplexities, target_perplexity
+from sprinter_train.bench.quality.tau_ladder import climb, hold_taus
+from sprinter_train.bench.report.summary import draft_acceptance
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
 from sprinter_train.decoding.policies import SpeculativeDecoding, Sprinter, TargetOnly

@@ -8,7 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import PreTrainedModel
 
-from sprinter_train.bench.hf_static import StaticPeer
+from sprinter_train.bench.peers.hf_static import StaticPeer
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_compile
 from sprinter_train.core.sampling import SamplingConfig

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from sprinter_train.bench.judge import (
+from sprinter_train.bench.quality.judge import (
     JudgeError,
     LocalJudge,
     OpenAIJudge,

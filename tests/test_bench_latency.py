@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sprinter_train.bench.latency import LatencyProfile, profile_models
+from sprinter_train.bench.timing.latency import LatencyProfile, profile_models
 from sprinter_train.core import machine
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.core.io import CorruptInputError
@@ -52,7 +52,7 @@ def test_a_profile_through_the_engines_runners_times_their_layouts(static: bool)
     step, a static target's) and leaves the runners' forward timings to the run."""
     import torch
 
-    from sprinter_train.bench.prepare import timed_kernels
+    from sprinter_train.bench.run.prepare import timed_kernels
     from sprinter_train.core.sampling import SamplingConfig
     from sprinter_train.decoding.engine import Engine
     from sprinter_train.decoding.runner.runner import ModelRunner
@@ -170,7 +170,7 @@ def test_a_truncated_or_foreign_profile_names_the_file_and_the_remedy(
 def test_the_bench_reuses_a_profile_only_when_it_covers_the_run(compose_cfg, monkeypatch) -> None:
     import torch
 
-    from sprinter_train.bench import prepare as stage
+    from sprinter_train.bench.run import prepare as stage
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.roles import Roles
     from sprinter_train.models.tiny import build_tiny_tokenizer
@@ -218,7 +218,7 @@ def test_a_profile_measured_under_load_is_measured_again(
 ) -> None:
     import torch
 
-    from sprinter_train.bench import prepare as bench_stage
+    from sprinter_train.bench.run import prepare as bench_stage
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.roles import Roles
 
@@ -244,7 +244,7 @@ def test_a_profile_of_other_models_is_measured_again(compose_cfg, monkeypatch) -
     step at nothing (`companion_ms` null) and sv planned as if it were free."""
     import torch
 
-    from sprinter_train.bench import prepare as bench_stage
+    from sprinter_train.bench.run import prepare as bench_stage
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.roles import Roles
 
@@ -273,7 +273,7 @@ def test_a_profile_of_other_kernels_is_measured_again(compose_cfg, monkeypatch, 
     that recorded no kernels."""
     import torch
 
-    from sprinter_train.bench import prepare as bench_stage
+    from sprinter_train.bench.run import prepare as bench_stage
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.packed import pack_linears
     from sprinter_train.models.roles import Roles

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from sprinter_train.bench.law_distance import (
+from sprinter_train.bench.quality.law_distance import (
     first_token_law,
     first_token_tv,
     next_token_laws,

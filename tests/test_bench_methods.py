@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.methods import MethodPlan, at_batch_size, plan_methods
-from sprinter_train.bench.prepare import wants_companion
+from sprinter_train.bench.run.methods import MethodPlan, at_batch_size, plan_methods
+from sprinter_train.bench.run.prepare import wants_companion
+from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.core.config import compose_config
 from sprinter_train.decoding.policies.registry import MethodError
 from sprinter_train.decoding.timings import Timings

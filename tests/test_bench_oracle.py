@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sprinter_train.bench.oracle import ORACLE, oracle_section, oracle_shares
-from sprinter_train.bench.summary import draft_runs
+from sprinter_train.bench.report.oracle import ORACLE, oracle_section, oracle_shares
+from sprinter_train.bench.report.summary import draft_runs
 from sprinter_train.core.config import compose_config
 from sprinter_train.decoding.policies import SpeculativeDecoding
 from sprinter_train.decoding.policies.oracle import OracleLength, oracle_uniforms

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench import decode
+from sprinter_train.bench.run import decode
 from sprinter_train.core.interrupt import StageInterrupted
 from sprinter_train.core.io import read_json
 

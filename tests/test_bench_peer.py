@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from sprinter_train.bench.peer import PeerRun, run_hf_assisted, sampling_kwargs
+from sprinter_train.bench.peers.hf_assisted import PeerRun, run_hf_assisted, sampling_kwargs
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.models.student import SprinterDraftForCausalLM
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer

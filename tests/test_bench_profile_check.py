@@ -1,4 +1,4 @@
-"""bench/profile_check.py and the bench's use of it: a latency profile that disagrees with the
+"""bench/timing/profile_check.py and the bench's use of it: a latency profile that disagrees with the
 run's own forwards is measured again, and if it still disagrees it chooses no gamma.
 
 The run's forward times are fixed by patching the target runner's `forward_times`, which the
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sprinter_train.bench import prepare as stage
-from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.profile_check import ProfileCheck, check_profile, disagreement
-from sprinter_train.bench.report import gamma_line, profile_line, profile_warning
+from sprinter_train.bench.report.report import gamma_line, profile_line, profile_warning
+from sprinter_train.bench.run import prepare as stage
+from sprinter_train.bench.timing.latency import LatencyProfile
+from sprinter_train.bench.timing.profile_check import ProfileCheck, check_profile, disagreement
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine

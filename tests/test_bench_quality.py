@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from sprinter_train.bench.quality import lcs_length, rouge_l, target_perplexity, tokenize
+from sprinter_train.bench.quality.scores import lcs_length, rouge_l, target_perplexity, tokenize
 from sprinter_train.models.tiny import build_tiny_model
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.report import UNSUPPORTED, write_results
-from sprinter_train.bench.summary import acceptance
+from sprinter_train.bench.report.report import UNSUPPORTED, write_results
+from sprinter_train.bench.report.summary import acceptance
+from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.core.io import read_json
 from sprinter_train.decoding.batch import DecodeStats
 from sprinter_train.decoding.policies.registry import as_record
@@ -167,7 +167,7 @@ def test_a_run_alone_is_not_under_load_but_one_beside_another_job_is() -> None:
     other work; 3.5 at the end, or 2.6 before it started, is other work."""
     from unittest import mock
 
-    from sprinter_train.bench import provenance
+    from sprinter_train.bench.run import provenance
 
     with mock.patch.object(provenance, "cores", return_value=2):
         assert not provenance.under_load(2.01, own_threads=2)
@@ -181,8 +181,8 @@ def test_a_bench_after_another_stage_is_judged_by_the_cores_others_keep_busy(
     """In stage=all the bench starts with the load average still counting the previous
     stage's own 2 threads (about 2.0 on 2 cores): the measured busy cores of other processes,
     not that lagging average, say whether other work shared the machine."""
-    from sprinter_train.bench import provenance
-    from sprinter_train.bench.latency import LatencyProfile
+    from sprinter_train.bench.run import provenance
+    from sprinter_train.bench.timing.latency import LatencyProfile
     from sprinter_train.core import machine
 
     monkeypatch.setattr(machine, "usable_cores", lambda *a: 2)
@@ -227,7 +227,7 @@ def test_results_md_reports_the_untimed_warm_up_and_hf_statics_compile(tmp_path:
 def test_results_md_says_how_long_each_set_up_phase_took_and_what_it_compiled(
     tmp_path: Path,
 ) -> None:
-    """results.json's `setup_phases` (bench/phases.py) as one table in the warm-up section:
+    """results.json's `setup_phases` (bench/run/phases.py) as one table in the warm-up section:
     the set-up phases one by one, the methods' warm-ups summed per batch size, and the
     warm-ups that compiled graphs named (where a recompile shows)."""
     results = hand_made_results()
@@ -305,8 +305,8 @@ def test_results_md_says_plainly_when_no_stricter_tau_was_tried(
     """sprinter (τ 0.3) breaks the perplexity bar; with `bench.guard.tau_ladder=[]` ('never')
     or a ladder with nothing above 0.3 it is decoded at no other τ, and results.md must not
     say it was decoded again."""
-    from sprinter_train.bench.guard import perplexity_bar
-    from sprinter_train.bench.tau_ladder import hold_taus
+    from sprinter_train.bench.quality.guard import perplexity_bar
+    from sprinter_train.bench.quality.tau_ladder import hold_taus
     from sprinter_train.decoding.policies import Sprinter, TargetOnly
 
     results = hand_made_results()

@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench.law_distance import first_token_tv
-from sprinter_train.bench.report import (
+from sprinter_train.bench.quality.law_distance import first_token_tv
+from sprinter_train.bench.report.report import (
     VS_BEST,
     best_rival,
     check_targets,
     vs_best,
     write_results,
 )
-from sprinter_train.bench.summary import costs_ms, draft_runs
+from sprinter_train.bench.report.summary import costs_ms, draft_runs
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
 from sprinter_train.decoding.batch import Batch, DecodeStats, Emitted, Row

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from sprinter_train.bench.quality import target_perplexity
-from sprinter_train.bench.runs import GroupRun
-from sprinter_train.bench.summary import summarise
+from sprinter_train.bench.quality.scores import target_perplexity
+from sprinter_train.bench.report.summary import summarise
+from sprinter_train.bench.run.runs import GroupRun
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.batch import DecodeStats
 from sprinter_train.models.loading import LoadedModel

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from sprinter_train.bench.methods import (
+from sprinter_train.bench.run.methods import (
     VerifierMismatchError,
     plan_methods,
     verifier_hidden_layer,
 )
-from sprinter_train.bench.prepare import estimate_alpha
+from sprinter_train.bench.run.prepare import estimate_alpha
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
@@ -134,7 +134,7 @@ def test_evaluate_states_which_entropy_its_svip_and_adaedl_scores_used(compose_c
 def test_a_bench_on_prompts_the_verifier_was_trained_on_is_refused(bench_cfg, draft) -> None:
     """data.seed=1 against records split with seed 0: most of the bench's "test" prompts were
     in the verifier's train split, and the bench exited 0 without a word (issue 24, item 3)."""
-    from sprinter_train.bench.report import overlap_warning
+    from sprinter_train.bench.report.report import overlap_warning
     from sprinter_train.data.overlap import TrainOverlapError, fitted_prompts
     from sprinter_train.data.split import split_of
 

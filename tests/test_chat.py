@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sprinter_train.bench.draft_exchanges import heldout_exchanges
+from sprinter_train.bench.draft.exchanges import heldout_exchanges
 from sprinter_train.data.chat import chat_ids, reply_ids
 from sprinter_train.data.sharegpt import first_exchanges
 from sprinter_train.data.split import split_settings

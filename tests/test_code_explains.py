@@ -54,8 +54,12 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("conf/data/lm1b.yaml", "30%", "SPRINTER's prefix rule: a setting"),
     ("conf/data/wiki_summary.yaml", "30%", "the same prefix rule: a setting"),
     ("conf/distill/default.yaml", "40 MB", "the size the factorised embedding aims under"),
-    ("sprinter_train/bench/energy.py", "262 kJ", "RAPL's counter range: a hardware constant"),
-    ("sprinter_train/bench/energy.py", "40 minutes", "that range's wrap period at 100 W"),
+    (
+        "sprinter_train/bench/timing/energy.py",
+        "262 kJ",
+        "RAPL's counter range: a hardware constant",
+    ),
+    ("sprinter_train/bench/timing/energy.py", "40 minutes", "that range's wrap period at 100 W"),
     ("sprinter_train/data/sharegpt.py", "125 MB", "where the packaged JSON is cut: a fact of it"),
 ]
 

@@ -9,7 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench.methods import runtime_entries
+from sprinter_train.bench.run.methods import runtime_entries
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUP_OPTIONS = [

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench.draft_exchanges import check_sources, heldout_exchanges, target_exchanges
+from sprinter_train.bench.draft.exchanges import check_sources, heldout_exchanges, target_exchanges
 from sprinter_train.data.chat import chat_ids, reply_ids
 from sprinter_train.data.prompts import humaneval_json_path
 from sprinter_train.data.sharegpt import first_exchanges

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import open_dict
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench.methods import PEER_NAMES
+from sprinter_train.bench.run.methods import PEER_NAMES
 from sprinter_train.core.classification import auc, brier, ece, eta_rates
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import CorruptInputError, read_json

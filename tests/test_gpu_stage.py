@@ -58,7 +58,7 @@ if sys.argv[1] == "-":
 if sys.argv[1:3] != ["-m", "sprinter_train"] or "stage=bench" not in sys.argv:
     sys.exit(0)
 sys.path.insert(0, {str(REPO)!r})
-from sprinter_train.bench.methods import method_verifier_path
+from sprinter_train.bench.run.methods import method_verifier_path
 from sprinter_train.core.config import compose_config
 from sprinter_train.verifier.checkpoint import load_verifier
 cfg = compose_config(*sys.argv[3:])

@@ -33,8 +33,8 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 
 import sprinter_train.hf as hf
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.methods import VerifierMismatchError
+from sprinter_train.bench.run.methods import VerifierMismatchError
+from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import write_json
 from sprinter_train.core.sampling import SamplingConfig

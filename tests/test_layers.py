@@ -74,8 +74,10 @@ def test_the_checker_reports_upward_and_sideways_imports() -> None:
     engine = "from sprinter_train.decoding.engine import Engine\n"
     assert upward_imports("sprinter_train.core.sampling", engine)
     assert upward_imports("sprinter_train.decoding.beam", "from ..bench import peer\n")
-    assert upward_imports("sprinter_train.bench.peer", "import sprinter_train.evaluation.plots\n")
-    assert not upward_imports("sprinter_train.bench.peer", engine)
+    assert upward_imports(
+        "sprinter_train.bench.peers.hf_assisted", "import sprinter_train.evaluation.plots\n"
+    )
+    assert not upward_imports("sprinter_train.bench.peers.hf_assisted", engine)
     assert not upward_imports("sprinter_train.decoding.beam", "from .engine import Engine\n")
 
 

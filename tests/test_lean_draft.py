@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-from sprinter_train.bench.step_floor import measure_step_floor
+from sprinter_train.bench.timing.step_floor import measure_step_floor
 from sprinter_train.core.distributions import entropy
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.batch import Round

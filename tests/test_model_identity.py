@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sprinter_train.bench.methods import VerifierMismatchError, plan_methods
+from sprinter_train.bench.run.methods import VerifierMismatchError, plan_methods
 from sprinter_train.harvest.manifest import _local_signature, model_identity
 from sprinter_train.models import identity
 from sprinter_train.models.loading import LoadedModel, _gguf_cache_dir

@@ -148,7 +148,7 @@ def test_a_verifier_reading_a_layer_the_bench_draft_lacks_is_refused_before_a_mo
 ) -> None:
     """A verifier trained on records of a deeper draft's layer 5, benched with the tiny
     one-layer draft: the draft's runner could not hand it that layer."""
-    monkeypatch.setattr("sprinter_train.bench.prepare.load_roles", no_load)
+    monkeypatch.setattr("sprinter_train.bench.run.prepare.load_roles", no_load)
     cfg = compose_cfg(
         f"checkpoints_root={tmp_path / 'ck'}",
         "stage=bench",

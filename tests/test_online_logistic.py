@@ -171,7 +171,7 @@ def test_sprinter_learns_only_from_the_tokens_the_target_checked(models) -> None
 def test_the_bench_builds_the_online_verifier_from_a_methods_entry() -> None:
     from omegaconf import OmegaConf
 
-    from sprinter_train.bench.methods import RunInputs, _verifier
+    from sprinter_train.bench.run.methods import RunInputs, _verifier
 
     cfg = compose_config()
     node = OmegaConf.create({"verifier": {"kind": "online", "warmup_score": 0.0, "positions": 1}})

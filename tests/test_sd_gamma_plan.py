@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.methods import at_batch_size, plan_methods
+from sprinter_train.bench.run.methods import at_batch_size, plan_methods
+from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly

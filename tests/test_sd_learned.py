@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.methods import plan_methods
+from sprinter_train.bench.run.methods import plan_methods
+from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import (

@@ -33,7 +33,7 @@ def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     def loaded(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a model loaded before the verifier's sidecar was checked")
 
-    monkeypatch.setattr("sprinter_train.bench.prepare.load_roles", loaded)
+    monkeypatch.setattr("sprinter_train.bench.run.prepare.load_roles", loaded)
     monkeypatch.setattr("sprinter_train.stages.export.load_role", loaded)
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from sprinter_train.bench.latency import measure_runner_times
+from sprinter_train.bench.timing.latency import measure_runner_times
 from sprinter_train.core.compile_cache import step_of_its_own
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.sampling import inverse_cdf, warp_probs

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sprinter_train.bench.step_floor import (
+from sprinter_train.bench.timing.step_floor import (
     WARMUP_ROUNDS,
     EngineDraftStep,
     MatmulChain,

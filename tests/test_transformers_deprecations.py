@@ -12,8 +12,8 @@ import torch
 from conftest import TRANSFORMERS, TransformersDeprecation
 from transformers import DynamicCache, GenerationConfig
 
-from sprinter_train.bench.hf_static import StaticPeer
-from sprinter_train.bench.peer import run_hf_assisted
+from sprinter_train.bench.peers.hf_assisted import run_hf_assisted
+from sprinter_train.bench.peers.hf_static import StaticPeer
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.models.body import body
 from sprinter_train.models.cache import cache_kwarg

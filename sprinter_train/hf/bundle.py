@@ -19,7 +19,7 @@ from typing import Any
 
 from safetensors.torch import load as load_safetensors
 
-from sprinter_train.bench.latency import LatencyProfile
+from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint, checkpoint_of
 

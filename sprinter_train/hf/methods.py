@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from transformers import GenerationMixin
 
-from sprinter_train.bench.latency import LatencyProfile
+from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.decoding.policies import (
     SVIP,
     LearnedLength,

@@ -1,7 +1,7 @@
 """A lean forward for the distilled draft, over a KV cache written in place.
 
 At batch 1 on a CPU a draft step should cost about what streaming its weights costs
-(bench/step_floor.py). The generic Hugging Face forward adds, every step, a causal-mask
+(bench/timing/step_floor.py). The generic Hugging Face forward adds, every step, a causal-mask
 builder, a rotary embedding recomputed from scratch, a dynamic cache that concatenates
 (copies) every layer's keys and values, and a module call per norm and projection; for a
 two-layer student that overhead is as large as the arithmetic. `LeanDraft` runs the same

@@ -22,14 +22,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.bench import provenance
-from sprinter_train.bench.decode import decode_all
-from sprinter_train.bench.methods import at_batch_size
-from sprinter_train.bench.phases import runner_compile_seconds
-from sprinter_train.bench.prepare import Setup, prepare
-from sprinter_train.bench.report import check_targets, plot_results, write_results
-from sprinter_train.bench.results import input_hashes, summarise_runs
-from sprinter_train.bench.tau_ladder import hold_taus
+from sprinter_train.bench.quality.tau_ladder import hold_taus
+from sprinter_train.bench.report.report import check_targets, plot_results, write_results
+from sprinter_train.bench.run import provenance
+from sprinter_train.bench.run.decode import decode_all
+from sprinter_train.bench.run.methods import at_batch_size
+from sprinter_train.bench.run.phases import runner_compile_seconds
+from sprinter_train.bench.run.prepare import Setup, prepare
+from sprinter_train.bench.run.results import input_hashes, summarise_runs
 from sprinter_train.core import pidlock
 from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
@@ -47,7 +47,7 @@ def output_dir(cfg: DictConfig) -> Path:
 
 def tighten_taus(cfg: DictConfig, setup: Setup, results: dict[str, Any]) -> None:
     """Each lossy method past the perplexity bar decoded again, untimed, at the stricter τ of
-    `bench.guard.tau_ladder` until one holds it (bench/tau_ladder.py): the batch-1 run's
+    `bench.guard.tau_ladder` until one holds it (bench/quality/tau_ladder.py): the batch-1 run's
     prompts and seeds, its policies."""
     guard = cfg.bench.get("guard") or {}
     hold_taus(

@@ -5,10 +5,10 @@ python -m sprinter_train stage=draft_eval experiment=<name> [models=...]
 Reports alpha (mean sum_x min(p, q)) on held-out assistant replies (draft_eval.source and
 split: ShareGPT's test split by default), greedy agreement, the latency ratio c, the cost of
 verifying gamma + 1 tokens, and the implied SD speedup; and the draft step's floor (a bare
-matmul chain over its weights) beside its model-only and engine steps (bench/step_floor.py).
+matmul chain over its weights) beside its model-only and engine steps (bench/timing/step_floor.py).
 draft_eval.extra_sources are scored beside the main source (`by_source`): HumanEval problems,
 or the target's own sampled replies to held-out ShareGPT turns (target_replies). The
-exchanges are bench/draft_exchanges.py's, the measurements bench/draft_eval.py's.
+exchanges are bench/draft/exchanges.py's, the measurements bench/draft/evaluate.py's.
 """
 
 from __future__ import annotations
@@ -20,21 +20,21 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.bench import provenance
-from sprinter_train.bench.draft_eval import (
+from sprinter_train.bench.draft.evaluate import (
     implied_speedups,
     measure_latency,
     measure_sources,
     sampling_settings,
     step_floor,
 )
-from sprinter_train.bench.draft_exchanges import check_sources, exchange_shape
-from sprinter_train.bench.draft_report import (
+from sprinter_train.bench.draft.exchanges import check_sources, exchange_shape
+from sprinter_train.bench.draft.report import (
     format_table,
     headline,
     targets_met,
     update_model_card,
 )
+from sprinter_train.bench.run import provenance
 from sprinter_train.core.io import write_json
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sampling import SamplingConfig

@@ -27,8 +27,8 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 
 import sprinter_train.hf as hf_package
-from sprinter_train.bench.latency import LatencyProfile
-from sprinter_train.bench.methods import is_online, method_verifier_path
+from sprinter_train.bench.run.methods import is_online, method_verifier_path
+from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.core.io import MissingInputError, json_text
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.sweeps import job_dir

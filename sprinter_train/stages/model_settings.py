@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sprinter_train.bench.methods import verifier_hidden_layer
+from sprinter_train.bench.run.methods import verifier_hidden_layer
 from sprinter_train.core.validation import raise_problems, section
 from sprinter_train.models.roles import model_specs
 from sprinter_train.models.shapes import ModelShape, hidden_layer_fits, model_shape

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.bench.methods import method_problems
+from sprinter_train.bench.run.methods import method_problems
 from sprinter_train.core.sampling import sampling_problems
 from sprinter_train.core.schema import Lookup, Switch, leaves, unknown
 from sprinter_train.core.schema import problems as schema_problems

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from sprinter_train.bench.cells import cell
+from sprinter_train.bench.report.cells import cell
 
 ORACLE = "oracle"
 FLOORS = (("of_gain", "target_only"), ("of_gain_over_sd", "sd"))  # share key -> its floor

@@ -42,7 +42,9 @@ from sprinter_train.verifier.scorer import CheckpointVerifier
 log = logging.getLogger(__name__)
 
 PEERS = {"hf_assisted": "constant", "hf_assisted_heuristic": "heuristic"}  # name -> schedule
-HF_STATIC = "hf_static"  # the target alone through HF's static cache + compile (bench/hf_static.py)
+HF_STATIC = (
+    "hf_static"  # the target alone through HF's static cache + compile (bench/peers/hf_static.py)
+)
 PEER_NAMES = (*PEERS, HF_STATIC)  # every HF peer: batch 1 only, settings in cfg.bench.<name>
 
 

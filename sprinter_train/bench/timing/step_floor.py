@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers.pytorch_utils import Conv1D
 
-from sprinter_train.bench.provenance import load_average
+from sprinter_train.bench.run.provenance import load_average
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.batch import Round

@@ -7,12 +7,12 @@ from contextlib import AbstractContextManager
 
 from omegaconf import DictConfig
 
-from sprinter_train.bench.hf_static import StaticPeer
-from sprinter_train.bench.methods import HF_STATIC, at_batch_size
-from sprinter_train.bench.peer import PeerRun, run_hf_assisted
-from sprinter_train.bench.phases import phase, runner_compile_seconds
-from sprinter_train.bench.prepare import Setup
-from sprinter_train.bench.runs import Decoded, GroupRun, engine_decode, run_methods
+from sprinter_train.bench.peers.hf_assisted import PeerRun, run_hf_assisted
+from sprinter_train.bench.peers.hf_static import StaticPeer
+from sprinter_train.bench.run.methods import HF_STATIC, at_batch_size
+from sprinter_train.bench.run.phases import phase, runner_compile_seconds
+from sprinter_train.bench.run.prepare import Setup
+from sprinter_train.bench.run.runs import Decoded, GroupRun, engine_decode, run_methods
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.batch import DecodeStats
 

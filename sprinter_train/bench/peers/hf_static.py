@@ -29,7 +29,7 @@ import time
 import torch
 from transformers import CompileConfig, PreTrainedModel, StaticCache
 
-from sprinter_train.bench.peer import PeerRun, cut_after_eos, sampling_kwargs
+from sprinter_train.bench.peers.hf_assisted import PeerRun, cut_after_eos, sampling_kwargs
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.models.cache import with_cache

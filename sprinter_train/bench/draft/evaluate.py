@@ -2,7 +2,7 @@
 
 alpha is mean sum_x min(p, q) at every reply position, teacher-forced, under each sampling
 setting; the latency ratio c and the cost of verifying gamma + 1 tokens give the implied SD
-speedup; the draft step is set against its floor (bench/step_floor.py).
+speedup; the draft step is set against its floor (bench/timing/step_floor.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.bench.draft_exchanges import source_exchanges, source_split
-from sprinter_train.bench.latency import profile_models
-from sprinter_train.bench.step_floor import measure_step_floor
+from sprinter_train.bench.draft.exchanges import source_exchanges, source_split
+from sprinter_train.bench.timing.latency import profile_models
+from sprinter_train.bench.timing.step_floor import measure_step_floor
 from sprinter_train.core.distributions import acceptance_alpha, implied_speedup
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.models.loading import LoadedModel

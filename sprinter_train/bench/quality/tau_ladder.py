@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from sprinter_train.bench.quality import scored_mean, target_perplexities
+from sprinter_train.bench.quality.scores import scored_mean, target_perplexities
 from sprinter_train.decoding.batch import Policy
 from sprinter_train.decoding.engine import Engine
 

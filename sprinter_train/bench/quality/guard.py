@@ -6,7 +6,7 @@ reference, set in `bench.guard`.
   against a reference sees nothing where the prompts have none, and a verifier that
   over-accepts off its training data writes text the target finds unlikely. A method that
   breaks it and has a threshold τ is decoded again at the stricter τ of
-  `bench.guard.tau_ladder` (bench/tau_ladder.py); the report names the one that holds it.
+  `bench.guard.tau_ladder` (bench/quality/tau_ladder.py); the report names the one that holds it.
 - Domain: a trained verifier's mean score over the bench's decodes against its train
   split's mean label (the sidecar's, which a calibrated score averages to), and the draft's
   acceptance here (sd's per tested draft) against the training data's (the soft-label
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sprinter_train.bench.cells import cell
+from sprinter_train.bench.report.cells import cell
 
 if TYPE_CHECKING:
-    from sprinter_train.bench.methods import MethodPlan
+    from sprinter_train.bench.run.methods import MethodPlan
 
 ACCEPTANCE_FROM = ("sd", "oracle", "sd_heuristic")  # whose acceptance is the draft's own
 GUARD_DEFAULTS = {"ppl_ratio": 1.1, "score_shift": 0.15, "acceptance_ratio": 1.5}

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sprinter_train.bench.cells import cell
-from sprinter_train.bench.guard import guard_section, guard_warnings
-from sprinter_train.bench.oracle import oracle_section
-from sprinter_train.bench.provenance import load_warning
+from sprinter_train.bench.quality.guard import guard_section, guard_warnings
+from sprinter_train.bench.report.cells import cell
+from sprinter_train.bench.report.oracle import oracle_section
+from sprinter_train.bench.run.provenance import load_warning
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.plots import save, subplots
 

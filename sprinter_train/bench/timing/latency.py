@@ -76,7 +76,7 @@ class LatencyProfile:
     def measured_under_load(self) -> bool:
         """Taken beside other work (load above the core count), or with no load recorded:
         such timings pick the wrong gamma on a quiet machine, so they are never reused."""
-        from sprinter_train.bench.provenance import ran_under_load  # see `profile_models`
+        from sprinter_train.bench.run.provenance import ran_under_load  # see `profile_models`
 
         if not self.load_average:
             return True
@@ -359,7 +359,7 @@ def profile_models(
     Provenance's machine readings are imported here, not at the top: an export folder copies
     this module to read a profile (stage=export), and provenance's imports (omegaconf, the
     harvest's) are not among the folder's requirements."""
-    from sprinter_train.bench.provenance import busy_cores, load_average
+    from sprinter_train.bench.run.provenance import busy_cores, load_average
 
     sizes_b = sorted({1, *(int(b) for b in batch_sizes)})
     models: dict[str, Any] = {"target": target, "draft": draft}

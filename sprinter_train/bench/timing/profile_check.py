@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from sprinter_train.bench.latency import LatencyProfile
+from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from sprinter_train.bench.energy import EnergyMeter
+from sprinter_train.bench.timing.energy import EnergyMeter
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.batch import DecodeStats, Policy
 from sprinter_train.decoding.engine import Engine

@@ -14,17 +14,17 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.bench import provenance
-from sprinter_train.bench.guard import tally_scores
-from sprinter_train.bench.latency import LatencyProfile, profile_models
-from sprinter_train.bench.methods import (
+from sprinter_train.bench.quality.guard import tally_scores
+from sprinter_train.bench.run import provenance
+from sprinter_train.bench.run.methods import (
     MethodPlan,
     plan_methods,
     verifier_hidden_layer,
 )
-from sprinter_train.bench.phases import Phases, phase, runner_compile_seconds
-from sprinter_train.bench.profile_check import ProfileCheck, check_profile
-from sprinter_train.bench.provenance import cores
+from sprinter_train.bench.run.phases import Phases, phase, runner_compile_seconds
+from sprinter_train.bench.run.provenance import cores
+from sprinter_train.bench.timing.latency import LatencyProfile, profile_models
+from sprinter_train.bench.timing.profile_check import ProfileCheck, check_profile
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.decoding.batch import DecodeStats
@@ -61,7 +61,7 @@ class Setup:
     plan: MethodPlan
     gamma_source: str = ""  # how the gammas were chosen (gamma_source), as results.md says it
     profile_history: list[str] = dataclasses.field(default_factory=list)  # reused / measured
-    # the untimed set-up phases so far (bench/phases.py): decode_all adds hf_static's and
+    # the untimed set-up phases so far (bench/run/phases.py): decode_all adds hf_static's and
     # the warm-ups
     phases: Phases = dataclasses.field(default_factory=list)
 
@@ -259,7 +259,7 @@ def checked_profile(
     history: list[str] | None = None,
 ) -> tuple[LatencyProfile, ProfileCheck]:
     """`profile` when its batch-1 target times agree with this run's own forwards
-    (bench/profile_check.py), else one measured again, with the last check's verdict
+    (bench/timing/profile_check.py), else one measured again, with the last check's verdict
     (`history` gets what was done)."""
     b = cfg.bench
     gamma, limit = check_gamma(int(b.gamma_max)), float(b.latency.check_factor)

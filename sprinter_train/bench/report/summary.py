@@ -14,9 +14,9 @@ from typing import Any
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from sprinter_train.bench.judge import Judge, build_judge, win_tie, win_tie_rate
-from sprinter_train.bench.quality import rouge_l, scored_mean, target_perplexities
-from sprinter_train.bench.runs import GroupRun
+from sprinter_train.bench.quality.judge import Judge, build_judge, win_tie, win_tie_rate
+from sprinter_train.bench.quality.scores import rouge_l, scored_mean, target_perplexities
+from sprinter_train.bench.run.runs import GroupRun
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.batch import DecodeStats
 from sprinter_train.models.roles import Roles

@@ -8,15 +8,15 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.bench import provenance
-from sprinter_train.bench.guard import guard_results, tallies
-from sprinter_train.bench.law_distance import first_token_tv
-from sprinter_train.bench.methods import MethodPlan
-from sprinter_train.bench.oracle import add_oracle_shares
-from sprinter_train.bench.prepare import Setup
-from sprinter_train.bench.report import UNSUPPORTED
-from sprinter_train.bench.runs import GroupRun, groups
-from sprinter_train.bench.summary import greedy_differences, summarise, summarise_batch
+from sprinter_train.bench.quality.guard import guard_results, tallies
+from sprinter_train.bench.quality.law_distance import first_token_tv
+from sprinter_train.bench.report.oracle import add_oracle_shares
+from sprinter_train.bench.report.report import UNSUPPORTED
+from sprinter_train.bench.report.summary import greedy_differences, summarise, summarise_batch
+from sprinter_train.bench.run import provenance
+from sprinter_train.bench.run.methods import MethodPlan
+from sprinter_train.bench.run.prepare import Setup
+from sprinter_train.bench.run.runs import GroupRun, groups
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.registry import as_record, traits_of, with_trait
@@ -81,7 +81,7 @@ def summarise_runs(
                 "history": setup.profile_history,
             },
             "settings": plan.settings,
-            # the untimed set-up phases: seconds, compile seconds, graphs (bench/phases.py)
+            # the untimed set-up phases: seconds, compile seconds, graphs (bench/run/phases.py)
             "setup_phases": list(setup.phases),
             "traits": {n: as_record(traits_of(cfg.methods[n], n)) for n in plan.policies},
             "skipped": plan.skipped,
