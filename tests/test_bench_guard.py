@@ -156,17 +156,18 @@ def test_a_lossy_method_past_the_bar_is_decoded_at_stricter_taus_until_one_holds
 
     # a ladder none of whose values holds it, and one with nothing stricter
     short = climb(
-        sprinter, engine, target, PROMPTS, seeds, budget, bar["target_only_ppl"], 1.1, [0.6]
+        sprinter, engine, target, PROMPTS, seeds, budget, bar["target_only_ppl"], 1.1, [0.6], 4
     )
     assert short["holds"] is None and len(short["tried"]) == 1
     bar["tau_ladder"]["sprinter"] = short
     assert "No τ of bench.guard.tau_ladder holds it (tried up to 0.6 from its 0.5)" in "\n".join(
         guard_warnings({"quality_guard": bar})
     )
-    none = climb(sprinter, engine, target, PROMPTS, seeds, budget, 1.0, 1.1, [0.2, 0.5])
+    none = climb(sprinter, engine, target, PROMPTS, seeds, budget, 1.0, 1.1, [0.2, 0.5], 4)
     assert none["tried"] == [] and none["holds"] is None
     assert (
-        climb(TargetOnly(), engine, target, PROMPTS, seeds, budget, 1.0, 1.1, [0.9])["tau"] is None
+        climb(TargetOnly(), engine, target, PROMPTS, seeds, budget, 1.0, 1.1, [0.9], 4)["tau"]
+        is None
     )
 
 

@@ -280,8 +280,8 @@ def test_a_lock_outlives_its_holder_only_while_a_helper_runs(tmp_path, sleeper) 
     ("setting", "key", "allowed"),
     [
         ("sampling.temperature=-0.5", "sampling.temperature", ">= 0"),
-        ("sampling.top_p=0", "sampling.top_p", "0 < top_p <= 1"),
-        ("sampling.top_p=2", "sampling.top_p", "0 < top_p <= 1"),
+        ("sampling.top_p=0", "sampling.top_p", "> 0 and <= 1"),
+        ("sampling.top_p=2", "sampling.top_p", "> 0 and <= 1"),
         ("sampling.top_k=-1", "sampling.top_k", ">= 0"),
         ("train.lam=0", "train.lam", "> 0"),
         ("train.lam=-1.2", "train.lam", "> 0"),

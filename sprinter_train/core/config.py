@@ -25,6 +25,14 @@ def register_methods(conf_dir: Path = CONF_DIR) -> list[str]:
     return list(methods)
 
 
+def conf_defaults(file: str, section: str) -> dict:
+    """A section of one conf/ file as written there (`conf_defaults("bench/default.yaml",
+    "guard")`): where code needs a setting's default for input that lacks it (an older
+    results.json), it reads conf/'s, so a default is written in one place."""
+    node = OmegaConf.load(CONF_DIR / file)
+    return OmegaConf.to_container(node[section], resolve=False)  # type: ignore[return-value]
+
+
 def compose_config(*overrides: str) -> DictConfig:
     """conf/config.yaml with these overrides, as `python -m sprinter_train` would see it."""
     register_methods()

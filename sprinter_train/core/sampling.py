@@ -7,13 +7,9 @@ are the ones actually sampled from, so harvest, evaluation and decoding all call
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-
-from sprinter_train.core.validation import check, check_whole
 
 
 @dataclass(frozen=True)
@@ -35,24 +31,6 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
-
-
-def sampling_problems(sampling: dict[str, Any]) -> list[str]:
-    """The `sampling` section's out-of-range settings, one line each."""
-    problems: list[str] = []
-    if "temperature" in sampling:
-        check(
-            problems,
-            "sampling.temperature",
-            sampling["temperature"],
-            lambda t: math.isfinite(t) and t >= 0,
-            "a finite number >= 0 (0 is greedy)",
-        )
-    if "top_p" in sampling:
-        check(problems, "sampling.top_p", sampling["top_p"], lambda p: 0 < p <= 1, "0 < top_p <= 1")
-    if sampling.get("top_k") is not None:
-        check_whole(problems, "sampling.top_k", sampling["top_k"], 0, " (0: no top-k)")
-    return problems
 
 
 def warp_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

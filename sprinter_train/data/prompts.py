@@ -20,7 +20,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
-from sprinter_train.core.validation import check_whole
 from sprinter_train.data.chat import chat_ids
 from sprinter_train.data.online import (
     OFFLINE_HINT,
@@ -187,15 +186,6 @@ def _encode(tokenizer: PreTrainedTokenizerBase, text: str, chat: bool) -> list[i
     if chat:
         return chat_ids(tokenizer, text)
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
-
-
-def data_problems(data: dict[str, Any]) -> list[str]:
-    """The `data` section's out-of-range settings, one line each."""
-    problems: list[str] = []
-    if data.get("max_prompt_tokens") is not None:
-        value = data["max_prompt_tokens"]
-        check_whole(problems, "data.max_prompt_tokens", value, 0, " (0 or null: no limit)")
-    return problems
 
 
 def _token_limit(max_prompt_tokens: int | None, max_context: int | None) -> int | None:

@@ -14,20 +14,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench.run.methods import method_problems
-from sprinter_train.core.sampling import sampling_problems
 from sprinter_train.core.schema import Lookup, Switch, leaves, unknown
 from sprinter_train.core.schema import problems as schema_problems
 from sprinter_train.core.validation import SectionCheck, problems_in, raise_problems
-from sprinter_train.data.prompts import data_problems
 from sprinter_train.decoding.builder import decoding_problems
 from sprinter_train.harvest.driver import harvest_problems
 from sprinter_train.stages.schema import FREE, schema
 from sprinter_train.verifier.labels import lam_problems, train_problems
 
 CHECKS: dict[str, SectionCheck] = {
-    "sampling": sampling_problems,
     "train": train_problems,
-    "data": data_problems,
     "harvest": harvest_problems,
     "decoding": decoding_problems,
 }

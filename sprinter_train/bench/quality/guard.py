@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sprinter_train.bench.report.cells import cell
+from sprinter_train.core.config import conf_defaults
 
 if TYPE_CHECKING:
     from sprinter_train.bench.run.methods import MethodPlan
 
 ACCEPTANCE_FROM = ("sd", "oracle", "sd_heuristic")  # whose acceptance is the draft's own
-GUARD_DEFAULTS = {"ppl_ratio": 1.1, "score_shift": 0.15, "acceptance_ratio": 1.5}
+BARS = ("ppl_ratio", "score_shift", "acceptance_ratio")  # bench.guard's bars
 
 
 class ScoreTally:
@@ -78,9 +79,9 @@ def tallies(plan: MethodPlan) -> dict[str, tuple[float | None, int]]:
 
 
 def settings_of(guard: Mapping[str, Any] | None) -> dict[str, float]:
-    """`bench.guard`'s bars (the defaults where a key is missing)."""
-    guard = guard or {}
-    return {key: float(guard.get(key, value)) for key, value in GUARD_DEFAULTS.items()}
+    """`bench.guard`'s bars (conf/bench/default.yaml's where a key is missing)."""
+    given = {**conf_defaults("bench/default.yaml", "guard"), **(guard or {})}
+    return {key: float(given[key]) for key in BARS}
 
 
 def perplexity_bar(

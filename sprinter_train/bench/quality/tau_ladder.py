@@ -70,7 +70,7 @@ def climb(
     base_ppl: float,
     bar: float,
     ladder: Iterable[float],
-    nll_batch_size: int = 8,
+    nll_batch_size: int,
 ) -> dict[str, Any]:
     """One method up the ladder: each stricter τ's target perplexity over `base_ppl` until one
     is within `bar`; `holds` is that τ (None when none is)."""
@@ -105,7 +105,7 @@ def hold_taus(
     seeds: Sequence[int],
     max_new_tokens: int,
     ladder: Iterable[float],
-    nll_batch_size: int = 8,
+    nll_batch_size: int,
 ) -> dict[str, Any]:
     """`quality_guard.tau_ladder`: `climb` for each engine method that broke the bar."""
     guard = results.get("quality_guard")

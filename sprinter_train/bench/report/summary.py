@@ -204,7 +204,7 @@ def summarise(runs: Runs, models: Roles, tokenizer, cfg: DictConfig) -> dict[str
         disable=judge is None or baseline not in runs,
     )
     methods: dict[str, Any] = {}
-    nll_batch = int((cfg.bench.get("guard") or {}).get("nll_batch_size", 8))
+    nll_batch = int(cfg.bench.guard.nll_batch_size)
     for name, rs in runs.items():
         pairs = rows(rs)
         ppls = target_perplexities(
