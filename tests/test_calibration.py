@@ -14,11 +14,12 @@ from sprinter_train.__main__ import run_stage
 from sprinter_train.core.io import CorruptInputError, read_json
 from sprinter_train.core.validation import ConfigError
 from sprinter_train.harvest.reader import MissingInputError, open_records
+from sprinter_train.stages.schema import schema
 from sprinter_train.verifier.calibration import T_MAX, T_MIN, fit_temperature, nll
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from sprinter_train.verifier.data import split_features
 from sprinter_train.verifier.features import FeatureSpec
-from sprinter_train.verifier.labels import LABELS, Label, train_problems
+from sprinter_train.verifier.labels import LABELS, Label
 from tests.synthetic import write_synthetic_records
 
 
@@ -99,7 +100,8 @@ def test_labels_name_their_files_and_targets(tmp_path: Path) -> None:
         Label("ratio", None)
     with pytest.raises(ValueError, match="choose from"):
         Label("soft")
-    assert not any(train_problems({"label": kind}) for kind in LABELS)  # the check knows them
+    label = schema()["train.label"]
+    assert not any(label.problems("train.label", kind) for kind in LABELS)  # the check knows them
 
 
 def export(path: Path, meta: dict, d: int = 6, seed: int = 0) -> Path:

@@ -11,6 +11,7 @@ knows) stay with the hand checks of the packages that own them.
 from __future__ import annotations
 
 from sprinter_train.core.schema import Num, Seq, Spec, Switch, Text, Word, positive, share, whole
+from sprinter_train.verifier.labels import LABELS
 from sprinter_train.verifier.sidecar import FEATURE_NAMES, FEATURE_SETTINGS, HEADS, MLP_HIDDEN
 
 SEED = whole(0)
@@ -177,7 +178,7 @@ TRAIN: dict[str, Spec] = {
     "learning_curve": Seq(Num(low=0, high=1, above=True), empty=True, note="[] skips"),
     "log_every_n_steps": whole(1),
     "head": Word(HEADS),
-    "label": Word(("ratio", "accept_prob")),
+    "label": Word(tuple(LABELS), null=True),  # null: ratio, as before labels
     "progress_bar": ON,
     "select.enabled": ON,
     "start_method": START,

@@ -20,10 +20,9 @@ from sprinter_train.core.validation import SectionCheck, problems_in, raise_prob
 from sprinter_train.decoding.builder import decoding_problems
 from sprinter_train.harvest.driver import harvest_problems
 from sprinter_train.stages.schema import FREE, schema
-from sprinter_train.verifier.labels import lam_problems, train_problems
+from sprinter_train.verifier.labels import lam_problems
 
 CHECKS: dict[str, SectionCheck] = {
-    "train": train_problems,
     "harvest": harvest_problems,
     "decoding": decoding_problems,
 }

@@ -80,29 +80,6 @@ class Label:
         return f"q/p <= {lam_name(self.threshold)}" if self.kind == "ratio" else "min(1, p/q)"
 
 
-def train_problems(train: dict[str, Any]) -> list[str]:
-    """The `train` section's out-of-range λ and label settings, one line each."""
-    problems: list[str] = []
-    if train.get("lam") is not None:
-        check(problems, "train.lam", train["lam"], positive_finite, "a finite number > 0")
-    elif "lams" in train:
-        lams = train["lams"]
-        if not isinstance(lams, list | tuple) or not lams:
-            problems.append(
-                f"train.lams={lams!r} is out of range: a non-empty list of finite numbers > 0 "
-                "(or set train.lam)"
-            )
-        else:
-            for i, lam in enumerate(lams):
-                check(problems, f"train.lams[{i}]", lam, positive_finite, "a finite number > 0")
-    if (train.get("label") or "ratio") not in LABELS:  # null: ratio, as before labels
-        problems.append(
-            f"train.label={train['label']!r} is out of range: ratio (q/p <= λ) or accept_prob "
-            "(soft min(1, p/q), no λ)"
-        )
-    return problems
-
-
 def lam_problems(cfg: Mapping[str, Any]) -> list[str]:
     """Every λ of the config outside train.lam_range (train.lam, train.lams, evaluate.lams,
     evaluate.ceiling.lam, each method's verifier.lam), one line each naming the range."""
@@ -129,7 +106,7 @@ def lam_problems(cfg: Mapping[str, Any]) -> list[str]:
     problems: list[str] = []
     for key, lam in found:
         if key.startswith("train.") and not _positive(lam):
-            continue  # train_problems names it (a finite number > 0)
+            continue  # its declaration names it (a finite number > 0)
         check(
             problems,
             key,
