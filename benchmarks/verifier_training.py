@@ -1,4 +1,6 @@
-"""How long does stage=train take per λ on a million records? (issue 4: <= 60 s on a 2-core CPU)
+"""How long does stage=train take per λ on a million records?
+
+The figures and their machine: docs/results/verifier-training-time.md.
 
 python benchmarks/verifier_training.py                       # 1M synthetic records, d = 576
 python benchmarks/verifier_training.py --rows 100000 --lams 1.2

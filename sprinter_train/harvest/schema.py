@@ -1,4 +1,10 @@
-"""The record schema (**contract**, DESIGN.md "Records"): fixed column types, one version number.
+"""The record schema, the records' **contract**: fixed column types, one version number.
+
+This module is where the contract lives in the repository: the columns every record has, the
+verifier features' columns (decoding/features/table.py), their dtypes and `SCHEMA_VERSION`,
+which every reader checks; docs/stages/harvest.md describes each column and file. (The
+project's design notes, which state the same contract in prose, are kept outside this
+repository, in the workspace's shared/DESIGN.md, section "Records".)
 
 A shard `shard-<index>` is four files in `records/`:
   shard-<index>.parquet            one row per harvested draft token (record_schema())
@@ -6,6 +12,8 @@ A shard `shard-<index>` is four files in `records/`:
   shard-<index>.sequences.parquet  one row per prompt: the full token sequence and its region
   shard-<index>.target_hidden.npy  float16 (rows, d_target): the target's final hidden state at
                                    row i's last target-verified position (zero where none)
+The two .npy files are the arrays the verifier features declare (decoding/features/table.py's
+`recorded_arrays()`, each `<shard>.<feature>.npy`): a feature that declares one adds a file.
 
 Version 2 added the decode-time feature columns (draft_margin .. target_margin), the
 target_hidden array and the sequences' `from_draft`; a folder of another version is refused
