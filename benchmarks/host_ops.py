@@ -2,10 +2,9 @@
 
 On a GPU the compiled body of a forward replays as one CUDA graph, and what is left of a
 round is the engine's own work: sampling, acceptance, the caches' bookkeeping, each op one
-kernel launch (~5-10 us of host time). The H100 bench of session 14 measured that work as
-the `other` column: 1.3 ms a target-only step, 6.3 ms an sd round, more than the compiled
-forwards themselves. This counts those ops on the CPU, with tiny models, so a change to the
-engine can be judged without a GPU:
+kernel launch with its own host time. The GPU bench's `other` column put that work above
+the compiled forwards themselves (docs/results/gpu.md has the figures). This counts those
+ops on the CPU, with tiny models, so a change to the engine can be judged without a GPU:
 
     python benchmarks/host_ops.py            # target_only, sd (gamma 3), svip
     python benchmarks/host_ops.py --tokens 128
@@ -71,7 +70,8 @@ class OpCounter(TorchDispatchMode):
 
 
 def gpu_target_seconds(rows: int, tokens: int) -> float:
-    """A target forward's price on a GPU at batch 1: a 1.9 ms step, 0.2 ms a further token."""
+    """A target forward's price on a GPU at batch 1: a one-token step and a price per further
+    token, as the GPU latency profile in docs/results/gpu.md puts them."""
     return 1.9e-3 + 0.2e-3 * (tokens - 1)
 
 

@@ -20,7 +20,7 @@ import torch
 
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_device, resolve_dtype
-from sprinter_train.decoding.builder import build_runner
+from sprinter_train.decoding.builder import build_runner, runner_layout
 from sprinter_train.decoding.runner.requests import ForwardRequest
 from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.roles import load_role, model_specs
@@ -65,10 +65,13 @@ def main() -> None:
     dtype = resolve_dtype(cfg.dtype, device)
     target = load_role(model_specs(cfg.models), "target", device, dtype)
     vocab = int(target.model.config.vocab_size)
+    # the config's own layout (its compile cache among it), the static and compile switches
+    # set per variant
+    static = {**cfg.decoding, "static_cache": True, "static_capacity": capacity}
     for name, layout in {
         "dynamic": {},
-        "static": {"static": True, "min_capacity": capacity},
-        "compiled": {"static": True, "compiled": True, "min_capacity": capacity},
+        "static": runner_layout({**static, "compile": False}, device),
+        "compiled": runner_layout({**static, "compile": True}, device),
     }.items():
         if name not in layouts:
             continue

@@ -16,16 +16,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sprinter_train.core.compile_cache import (
-    compile_counters,
-    compile_record,
-    dynamo_seconds,
-    use_compile_cache,
-)
+from sprinter_train.core.compile_cache import compile_counters, compile_record, dynamo_seconds
 from sprinter_train.core.config import register_methods
 from sprinter_train.core.interrupt import StageInterrupted, interruptible
-from sprinter_train.core.runtime import resolve_device
-from sprinter_train.decoding.builder import compiles
 from sprinter_train.stages import STAGES
 from sprinter_train.stages.settings import settle, validate_config
 
@@ -36,14 +29,15 @@ register_methods()  # before Hydra composes: cfg.methods holds every conf/method
 def run_stage(cfg: DictConfig) -> dict[str, Any]:
     """Check the settings, then dispatch to the stage module; an unknown stage fails with the
     list of valid ones, a signal raises StageInterrupted naming what the stage completed. A
-    stage that compiled reports it (`compile` in its result: seconds, cache hits, folder)."""
+    stage that compiled reports it (`compile` in its result: seconds, cache hits, folder).
+    The compile cache (`decoding.compile_cache`) is part of a compiled runner's layout: the
+    builder points torch at it when it builds the runner (`decoding.builder`), as for any
+    other caller."""
     name = None if OmegaConf.is_missing(cfg, "stage") else cfg.stage
     if name not in STAGES:
         raise ValueError(f"unknown stage {name!r}; choose one of: {', '.join(STAGES)}")
     validate_config(cfg)
     settle(cfg)  # switches as the bools they mean (`no` is False), for every stage alike
-    if compiles(cfg.decoding, resolve_device(str(cfg.device))):  # before anything compiles
-        use_compile_cache(cfg.decoding.get("compile_cache", "auto"))
     counters, seconds = compile_counters(), dynamo_seconds()
     with interruptible(f"stage={name}"):
         result = importlib.import_module(STAGES[name]).run(cfg)

@@ -18,6 +18,7 @@ never sees.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -114,15 +115,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _compile_state() -> Iterator[None]:
-    """What a test's compiled runners set process-wide is forgotten after it: the
-    compile-cache folder a stage pointed the process at (a later test's runners must not
-    load the graphs an earlier one saved there) and dynamo's symbolic sources
-    (`compiled.compiled_step` adds its own; a later test may count the graphs a static
-    first call compiles)."""
-    before = compile_cache.folder_in_use()
-    with torch.compiler.config.patch(dynamic_sources=torch.compiler.config.dynamic_sources):
+    """What a test's compiled runners set process-wide is forgotten after it: torch's
+    on-disk caches, where a stage's or a layout's compile cache pointed them (the builder
+    does, `CompileCache.apply`: a later test's runners must not read what an earlier one
+    saved there), and dynamo's symbolic sources (`compiled.compiled_step` adds its own; a
+    later test may count the graphs a static first call compiles)."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    folder = os.environ.get(compile_cache.ENV)
+    with (
+        torch.compiler.config.patch(
+            dynamic_sources=torch.compiler.config.dynamic_sources,
+            job_id=torch.compiler.config.job_id,
+        ),
+        inductor_config.patch(fx_graph_cache=inductor_config.fx_graph_cache),
+        functorch_config.patch(enable_autograd_cache=functorch_config.enable_autograd_cache),
+    ):
         yield
-    compile_cache._IN_USE[0] = before
+    if folder is None:
+        os.environ.pop(compile_cache.ENV, None)
+    else:
+        os.environ[compile_cache.ENV] = folder
 
 
 @pytest.fixture(autouse=True)

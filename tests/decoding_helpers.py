@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
-from sprinter_train.decoding.builder import build_engine
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.plans.companion_plan import CompanionPlan
 from sprinter_train.decoding.runner.requests import ForwardRequest
@@ -243,10 +243,10 @@ def smallest_case_engine(sampling: SamplingConfig, timings: Timings | None = Non
     where the SV paper's rule emits token 0 with probability 3/4."""
     half, sure = FixedLogits([0.0, 0.0]), FixedLogits([0.0, float("-inf")])
     return Engine(
-        ModelRunner(half, 2),
+        build_runner(half, 2),
         sampling,
-        draft=ModelRunner(half, 2),
-        companion=ModelRunner(sure, 2),
+        draft=build_runner(half, 2),
+        companion=build_runner(sure, 2),
         timings=fixed_timings() if timings is None else timings,
     )
 

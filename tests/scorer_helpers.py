@@ -63,7 +63,7 @@ def write_records(experiment_dir: Path, seed: int = 0) -> dict[str, torch.Tensor
     records_dir.mkdir(parents=True)
     target = torch.randn(ROWS, TARGET_D, generator=generator).half()
     columns["target_margin"] = torch.rand(ROWS, generator=generator).numpy() * 3
-    batch = RecordBatch(columns, hidden.numpy(), target.numpy())
+    batch = RecordBatch(columns, {"hidden": hidden.numpy(), "target_hidden": target.numpy()})
     write_shard(records_dir, plan, batch, [sequence], "toy")
     manifest = {
         "schema_version": SCHEMA_VERSION,

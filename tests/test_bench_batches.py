@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sprinter_train.__main__ import run_stage
-from sprinter_train.bench.report.report import UNSUPPORTED
+from sprinter_train.bench.report.tables import UNSUPPORTED
 from sprinter_train.bench.run.methods import at_batch_size, plan_methods
 from sprinter_train.bench.run.phases import phase
 from sprinter_train.bench.run.prepare import batch_sizes_for
@@ -22,9 +22,9 @@ from sprinter_train.core.io import read_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.batch import DecodeStats
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.registry import greedy_exact
-from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.models.roles import load_roles
@@ -84,9 +84,9 @@ def test_a_rows_greedy_tokens_are_the_same_at_every_batch_size(compose_cfg) -> N
     draft = build_tiny_model({"num_hidden_layers": 1}, seed=1)
     plan = plan_methods(cfg, 3, draft, False)
     engine = Engine(
-        ModelRunner(target, 128),
+        build_runner(target, 128),
         SamplingConfig(temperature=0),
-        draft=ModelRunner(draft, 128),
+        draft=build_runner(draft, 128),
         timings=Timings(**profile.priors()),  # as the stage primes its engine's
     )
     lengths = (4, 9, 2, 6, 3)

@@ -12,10 +12,9 @@ from sprinter_train.bench.peers.hf_static import StaticPeer
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.decoding.builder import decoding_problems
+from sprinter_train.decoding.builder import build_runner, decoding_problems
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import TargetOnly
-from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.stages.settings import config_problems
 
@@ -35,7 +34,7 @@ def target() -> PreTrainedModel:
 @pytest.fixture(scope="module")
 def reference(target) -> list[list[int]]:
     """target_only's greedy rows in float32, one prompt at a time."""
-    engine = Engine(ModelRunner(target, VOCAB), GREEDY)
+    engine = Engine(build_runner(target, VOCAB), GREEDY)
     return [engine.generate([p], TargetOnly(), NEW)[0].tokens for p in PROMPTS]
 
 

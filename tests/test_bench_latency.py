@@ -10,6 +10,7 @@ from sprinter_train.bench.timing.latency import LatencyProfile, profile_models
 from sprinter_train.core import machine
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.core.io import CorruptInputError
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.models.tiny import build_tiny_model
 
 
@@ -52,19 +53,18 @@ def test_a_profile_through_the_engines_runners_times_their_layouts(static: bool)
     step, a static target's) and leaves the runners' forward timings to the run."""
     import torch
 
-    from sprinter_train.bench.run.prepare import timed_kernels
+    from sprinter_train.bench.run.profile_and_gamma import timed_kernels
     from sprinter_train.core.sampling import SamplingConfig
     from sprinter_train.decoding.engine import Engine
-    from sprinter_train.decoding.runner.runner import ModelRunner
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.roles import Roles
 
     target = build_tiny_model({}, seed=0).float()
     draft = build_tiny_model({"head_vocab_size": 32, "num_hidden_layers": 1}, seed=1).float()
     engine = Engine(
-        ModelRunner(target, 128, static=static),
+        build_runner(target, 128, {"static": static}),
         SamplingConfig(0.0),
-        draft=ModelRunner(draft, 128),
+        draft=build_runner(draft, 128),
     )
     measured = profile_models(
         target, draft, None, 2, 2, 16, torch.device("cpu"), [1, 2], runners=engine.runners
@@ -77,7 +77,7 @@ def test_a_profile_through_the_engines_runners_times_their_layouts(static: bool)
     )
     layouts = timed_kernels(models, engine)["layouts"]
     assert layouts == {"target": "static" if static else "dynamic", "draft": "lean"}
-    assert ModelRunner(target, 128, static=True, compiled=True).layout == "compiled:packed"
+    assert build_runner(target, 128, {"static": True, "compiled": True}).layout == "compiled:packed"
 
 
 def batched() -> LatencyProfile:
@@ -170,7 +170,7 @@ def test_a_truncated_or_foreign_profile_names_the_file_and_the_remedy(
 def test_the_bench_reuses_a_profile_only_when_it_covers_the_run(compose_cfg, monkeypatch) -> None:
     import torch
 
-    from sprinter_train.bench.run import prepare as stage
+    from sprinter_train.bench.run import profile_and_gamma as stage
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.roles import Roles
     from sprinter_train.models.tiny import build_tiny_tokenizer
@@ -218,7 +218,7 @@ def test_a_profile_measured_under_load_is_measured_again(
 ) -> None:
     import torch
 
-    from sprinter_train.bench.run import prepare as bench_stage
+    from sprinter_train.bench.run import profile_and_gamma as bench_stage
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.roles import Roles
 
@@ -244,7 +244,7 @@ def test_a_profile_of_other_models_is_measured_again(compose_cfg, monkeypatch) -
     step at nothing (`companion_ms` null) and sv planned as if it were free."""
     import torch
 
-    from sprinter_train.bench.run import prepare as bench_stage
+    from sprinter_train.bench.run import profile_and_gamma as bench_stage
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.roles import Roles
 
@@ -273,7 +273,7 @@ def test_a_profile_of_other_kernels_is_measured_again(compose_cfg, monkeypatch, 
     that recorded no kernels."""
     import torch
 
-    from sprinter_train.bench.run import prepare as bench_stage
+    from sprinter_train.bench.run import profile_and_gamma as bench_stage
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.packed import pack_linears
     from sprinter_train.models.roles import Roles

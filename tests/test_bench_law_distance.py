@@ -14,9 +14,9 @@ from sprinter_train.bench.quality.law_distance import (
     next_token_laws,
 )
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpecVerification, SpecVerificationPaper
-from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import (
     ATable,
@@ -60,11 +60,11 @@ def test_the_smallest_case_is_three_quarters_against_one_half() -> None:
 def engine() -> Engine:
     target = build_tiny_model({}, seed=0)
     return Engine(
-        ModelRunner(target, VOCAB),
+        build_runner(target, VOCAB),
         SAMPLING,
-        draft=ModelRunner(noisy_copy(target, 0.01, 1), VOCAB),
+        draft=build_runner(noisy_copy(target, 0.01, 1), VOCAB),
         # near enough to the draft that S and A spread over (0, 1): the rule's A matters
-        companion=ModelRunner(noisy_copy(target, 0.03, 2), VOCAB),
+        companion=build_runner(noisy_copy(target, 0.03, 2), VOCAB),
         timings=fixed_timings(),
     )
 

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from sprinter_train.bench.report.report import gamma_line, profile_line, profile_warning
-from sprinter_train.bench.run import prepare as stage
+from sprinter_train.bench.report.header_lines import gamma_line, profile_line, profile_warning
+from sprinter_train.bench.run import profile_and_gamma as stage
 from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.bench.timing.profile_check import ProfileCheck, check_profile, disagreement
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.loading import LoadedModel
 from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model
@@ -66,7 +66,7 @@ def tiny():
     loaded = LoadedModel("tiny", model, None)
     models = Roles(loaded, loaded, None, 128, None)
     engine = Engine(
-        ModelRunner(model, 128), SamplingConfig(temperature=0), draft=ModelRunner(model, 128)
+        build_runner(model, 128), SamplingConfig(temperature=0), draft=build_runner(model, 128)
     )
     return models, engine
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sprinter_train.bench.report.report import UNSUPPORTED, write_results
+from sprinter_train.bench.report.results_md import write_results
 from sprinter_train.bench.report.summary import acceptance
+from sprinter_train.bench.report.tables import UNSUPPORTED
 from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.core.io import read_json
 from sprinter_train.decoding.batch import DecodeStats
@@ -318,7 +319,7 @@ def test_results_md_says_plainly_when_no_stricter_tau_was_tried(
     results["quality_guard"] = perplexity_bar(results["methods"], results["traits"], 1.1)
     policies = {"sprinter": Sprinter(None, tau=0.3, max_run=4)}
     # nothing to decode: no engine, target or prompt is needed, and none is touched
-    hold_taus(results, policies, None, None, [], [], 8, ladder)
+    hold_taus(results, policies, None, None, [], [], 8, ladder, 8)
     entry = results["quality_guard"]["tau_ladder"]["sprinter"]
     assert entry["tried"] == [] and entry["holds"] is None
     write_results(tmp_path, results)

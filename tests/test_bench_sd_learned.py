@@ -12,28 +12,23 @@ import torch
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.quality.law_distance import first_token_tv
-from sprinter_train.bench.report.report import (
-    VS_BEST,
-    best_rival,
-    check_targets,
-    vs_best,
-    write_results,
-)
+from sprinter_train.bench.report.results_md import write_results
 from sprinter_train.bench.report.summary import costs_ms, draft_runs
+from sprinter_train.bench.report.verdicts import VS_BEST, best_rival, check_targets, vs_best
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
 from sprinter_train.decoding.batch import Batch, DecodeStats, Emitted, Row
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import LearnedLength, SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.policies.registry import as_record
-from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.models.tiny import TINY_DEFAULTS
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from sprinter_train.verifier.data import split_features
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
-from sprinter_train.verifier.train import class_balance
+from sprinter_train.verifier.split_metrics import class_balance
 from tests.decoding_helpers import (
     GREEDY,
     PROMPTS,
@@ -195,7 +190,7 @@ def test_the_stats_count_each_rows_rounds_against_the_oracle(models, which) -> N
 
 def test_a_draft_the_target_always_keeps_leaves_no_oracle_gap(models) -> None:
     target = models["target"]
-    engine = Engine(ModelRunner(target, VOCAB), GREEDY, draft=ModelRunner(target, VOCAB))
+    engine = Engine(build_runner(target, VOCAB), GREEDY, draft=build_runner(target, VOCAB))
     stats = engine.generate(PROMPTS, SpeculativeDecoding(3), 16)[0].stats
     figures = draft_runs(stats)
     assert figures["all_accepted_share"] == 1.0 and figures["oracle_gap"] is None

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from sprinter_train.bench.run.alpha import estimate_alpha
 from sprinter_train.bench.run.methods import (
     VerifierMismatchError,
     plan_methods,
     verifier_hidden_layer,
 )
-from sprinter_train.bench.run.prepare import estimate_alpha
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
 from tests.synthetic import write_synthetic_records
@@ -83,7 +83,7 @@ def test_alpha_is_not_taken_from_records_of_other_sampling(compose_cfg, draft) -
     manifest_path = Path(cfg.experiment_dir) / "records" / "manifest.json"
     manifest = read_json(manifest_path)
     sampling = SamplingConfig.from_cfg(cfg.sampling)
-    engine = Engine(ModelRunner(draft, 128), sampling, draft=ModelRunner(draft, 128))
+    engine = Engine(build_runner(draft, 128), sampling, draft=build_runner(draft, 128))
     prompt = Prompt("p", "syn", "test", "", [1, 2, 3], None)
 
     write_json(manifest_path, {**manifest, "sampling": SAMPLING})
@@ -102,9 +102,9 @@ def test_alpha_is_not_taken_from_records_of_another_draft(compose_cfg, draft) ->
     manifest_path = Path(cfg.experiment_dir) / "records" / "manifest.json"
     write_json(manifest_path, {**read_json(manifest_path), "sampling": SAMPLING})
     engine = Engine(
-        ModelRunner(draft, 128),
+        build_runner(draft, 128),
         SamplingConfig.from_cfg(cfg.sampling),
-        draft=ModelRunner(draft, 128),
+        draft=build_runner(draft, 128),
     )
     prompt = Prompt("p", "syn", "test", "", [1, 2, 3], None)
     recorded = read_json(manifest_path)["models"]["draft"]
@@ -134,7 +134,7 @@ def test_evaluate_states_which_entropy_its_svip_and_adaedl_scores_used(compose_c
 def test_a_bench_on_prompts_the_verifier_was_trained_on_is_refused(bench_cfg, draft) -> None:
     """data.seed=1 against records split with seed 0: most of the bench's "test" prompts were
     in the verifier's train split, and the bench exited 0 without a word (issue 24, item 3)."""
-    from sprinter_train.bench.report.report import overlap_warning
+    from sprinter_train.bench.report.header_lines import overlap_warning
     from sprinter_train.data.overlap import TrainOverlapError, fitted_prompts
     from sprinter_train.data.split import split_of
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.runner import capture as graphs
 from sprinter_train.decoding.runner.requests import ForwardRequest
-from sprinter_train.decoding.runner.runner import ModelRunner
 from tests.decoding_helpers import PROMPTS, VOCAB, tiny_trio
 
 
@@ -40,7 +40,7 @@ def snapshotting(monkeypatch) -> type[Snapshotting]:
 
 
 def test_a_capture_that_overflows_the_cache_restores_its_state(snapshotting, caplog) -> None:
-    runner = ModelRunner(tiny_trio()["target"], VOCAB, static=True, captured=True)
+    runner = build_runner(tiny_trio()["target"], VOCAB, {"static": True, "captured": True})
     cache = runner.new_cache(2)
     runner.prime(cache, PROMPTS[:2])
     # fits once; the capture's re-run marks the slots up to the capacity, then runs past it

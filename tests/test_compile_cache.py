@@ -13,7 +13,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._functorch import config as functorch_config
 from torch._inductor import config as inductor_config
 
-from sprinter_train.bench.report.report import compile_line
+from sprinter_train.bench.report.timing_lines import compile_line
 from sprinter_train.core import compile_cache
 from sprinter_train.core.compile_cache import (
     cache_folder,

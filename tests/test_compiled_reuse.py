@@ -48,7 +48,9 @@ def new_model_type() -> torch.nn.Module:
     return PeerModel()
 
 
-def dynamo_only(body: Any, device: torch.device, cudagraphs: bool = True) -> Any:
+def dynamo_only(
+    body: Any, device: torch.device, reduce_overhead: bool = False, folder: Any = None
+) -> Any:
     """`compiled.compiled_step` with no compile-cache folder, on dynamo's `eager` backend:
     the same guards and recompiles, no inductor; a code object of its own, as the plain
     compile's (dynamo keeps its graphs per code object, and every `StaticBody` shares one)."""

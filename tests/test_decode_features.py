@@ -16,10 +16,11 @@ from sprinter_train.core.io import write_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round, Row, RowState
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.features.builtins import clipped_run, smoothed_acceptance
 from sprinter_train.decoding.policies import Method, Traits, draft_round, verify
-from sprinter_train.decoding.runner.runner import ModelRunner, RowOutput
+from sprinter_train.decoding.runner.runner import RowOutput
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.reader import OldRecordsError, open_records
 from sprinter_train.harvest.records import (
@@ -181,8 +182,8 @@ def write_one_shard(experiment_dir: Path, sequences: list[HarvestSequence], mode
     manifest: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "experiment": experiment_dir.name,
-        "hidden": {"layer": -1, "d": batch.hidden.shape[1], "dtype": "float16"},
-        "target_hidden": {"d": batch.target_hidden.shape[1], "dtype": "float16"},
+        "hidden": {"layer": -1, "d": batch.arrays["hidden"].shape[1], "dtype": "float16"},
+        "target_hidden": {"d": batch.arrays["target_hidden"].shape[1], "dtype": "float16"},
         "shards": [{"name": plan.name, "rows": batch.rows}],
     }
     write_json(records_dir / "manifest.json", manifest)
@@ -201,7 +202,7 @@ def test_decoding_builds_the_feature_rows_training_builds(tmp_path: Path) -> Non
     )
     scorer = CheckpointVerifier(checkpoint, draft)
     sampling = SamplingConfig(temperature=0.9, top_k=20)
-    engine = Engine(ModelRunner(target, 128), sampling, draft=ModelRunner(draft, 128))
+    engine = Engine(build_runner(target, 128), sampling, draft=build_runner(draft, 128))
     prompts = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8, 60]]
     policy = Recording(scorer, gamma=4)
     results = engine.generate(prompts, policy, 20, seeds=[3, 4, 5])

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import MTAD, SVIP, SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.models.tiny import build_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -19,7 +19,7 @@ PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8]]
 def engine_on(device: str, sampling: SamplingConfig) -> Engine:
     target = build_tiny_model({}, seed=0).to(device)
     draft = build_tiny_model({"num_hidden_layers": 1}, seed=1).to(device)
-    return Engine(ModelRunner(target, VOCAB), sampling, draft=ModelRunner(draft, VOCAB))
+    return Engine(build_runner(target, VOCAB), sampling, draft=build_runner(draft, VOCAB))
 
 
 @pytest.mark.parametrize(
@@ -49,9 +49,9 @@ def test_the_lean_restricted_draft_runs_on_cuda_and_keeps_the_greedy_rows() -> N
     target = build_tiny_model({}, seed=0)
     draft = build_tiny_model({"head_vocab_size": 64, "embed_rank": 8}, seed=2)
     greedy = SamplingConfig(temperature=0)
-    cpu = Engine(ModelRunner(target, VOCAB), greedy).generate(PROMPTS, TargetOnly(), 24)
-    runner = ModelRunner(draft.to("cuda"), VOCAB, lean=True)
-    cuda = Engine(ModelRunner(target.to("cuda"), VOCAB), greedy, draft=runner)
+    cpu = Engine(build_runner(target, VOCAB), greedy).generate(PROMPTS, TargetOnly(), 24)
+    runner = build_runner(draft.to("cuda"), VOCAB, lean=True)
+    cuda = Engine(build_runner(target.to("cuda"), VOCAB), greedy, draft=runner)
     rows = cuda.generate(PROMPTS, SpeculativeDecoding(3), 24)
     assert [r.tokens for r in rows] == [r.tokens for r in cpu]
     sampled = Engine(

@@ -241,7 +241,7 @@ def test_every_auc_has_its_prompt_interval_and_every_verifier_its_calibration(ch
     verifier - q(x) difference, ECE/Brier before and after each sidecar's temperature, the
     soft-label verifier judged against min(1, p/q); report.md prints all of them."""
     from sprinter_train.evaluation.bootstrap import PromptBootstrap
-    from sprinter_train.evaluation.report import fmt_ci
+    from sprinter_train.evaluation.report_format import fmt_ci
     from sprinter_train.harvest.reader import open_records
 
     cfg = chained["cfg"]
@@ -318,7 +318,7 @@ def test_evaluate_scores_the_same_rows_as_the_exported_verifier(chained) -> None
     """report AUC = AUC of the checkpoint's own scores on the test rows (no hidden re-ordering)."""
     from sprinter_train.harvest.reader import open_records
     from sprinter_train.verifier.data import split_features
-    from sprinter_train.verifier.train import make_embedder
+    from sprinter_train.verifier.embedder import make_embedder
 
     cfg = chained["cfg"]
     records = open_records(cfg.experiment_dir)

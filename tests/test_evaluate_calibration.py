@@ -12,7 +12,7 @@ import pytest
 from sprinter_train.core.classification import brier, ece
 from sprinter_train.evaluation.calibration import calibration_report, probabilities
 from sprinter_train.evaluation.plots import plot_calibration
-from sprinter_train.evaluation.report import calibration_section
+from sprinter_train.evaluation.predictor_sections import calibration_section
 from sprinter_train.verifier.checkpoint import LinearVerifier, VerifierCheckpoint
 
 

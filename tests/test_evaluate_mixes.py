@@ -7,8 +7,9 @@ import numpy as np
 from sprinter_train.core.classification import auc
 from sprinter_train.evaluation.ablation import ablate
 from sprinter_train.evaluation.bootstrap import PromptBootstrap
+from sprinter_train.evaluation.limit_sections import ablation_section
 from sprinter_train.evaluation.mixes import ALL, mix_metrics, named_rows
-from sprinter_train.evaluation.report import ablation_section, mix_section
+from sprinter_train.evaluation.predictor_sections import mix_section
 
 BOOT = {"resamples": 200, "seed": 0, "level": 0.95}
 

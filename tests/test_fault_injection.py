@@ -28,9 +28,9 @@ from sprinter_train.core.processes import pid_alive, start_time
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.validation import ConfigError
 from sprinter_train.data.prompts import Prompt
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.distill.trainer import DistillState, load_checkpoint, save_checkpoint
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.reader import open_records
@@ -294,7 +294,7 @@ def test_a_lock_outlives_its_holder_only_while_a_helper_runs(tmp_path, sleeper) 
         ("methods.sprinter.verifier.lam=1e-9", "methods.sprinter.verifier.lam", "lam_range"),
         ("data.max_prompt_tokens=-5", "data.max_prompt_tokens", ">= 0"),
         ("harvest.statistics_rows=0", "harvest.statistics_rows", ">= 1"),
-        ("harvest.generation_batch_size=2.5", "harvest.generation_batch_size", "whole"),
+        ("harvest.generation_batch_size=2.5", "harvest.generation_batch_size", "an integer"),
         ("decoding.pack_every=0", "decoding.pack_every", ">= 1"),
         ("decoding.compile=maybe", "decoding.compile='maybe'", "true or false"),
         ("bench.max_new_tokens=0", "bench.max_new_tokens", ">= 1"),
@@ -349,8 +349,8 @@ PROMPT = [1, 0, 1, 1]
 
 
 def fixed_engine(target: list[float], draft: list[float] | None, sampling: SamplingConfig):
-    runner = ModelRunner(FixedLogits(draft), 2) if draft is not None else None
-    return Engine(ModelRunner(FixedLogits(target), 2), sampling, draft=runner)
+    runner = build_runner(FixedLogits(draft), 2) if draft is not None else None
+    return Engine(build_runner(FixedLogits(target), 2), sampling, draft=runner)
 
 
 def test_greedy_decoding_stops_on_nan_target_logits() -> None:

@@ -21,14 +21,17 @@ from sprinter_train.bench.timing.step_floor import measure_step_floor
 from sprinter_train.core.distributions import entropy
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.batch import Round
+from sprinter_train.decoding.builder import build_runner, compiled_over_lean
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SVIP, AdaEDL, SpeculativeDecoding, TargetOnly
-from sprinter_train.decoding.runner.runner import ModelRunner, compiled_over_lean
-from sprinter_train.models import lean as lean_module
-from sprinter_train.models.lean import KVLayer, LeanDraft, StaticKV, packs, supports_lean
+from sprinter_train.decoding.runner.runner import ModelRunner
+from sprinter_train.models import weight_packing as lean_module
+from sprinter_train.models.lean import LeanDraft, supports_lean
 from sprinter_train.models.roles import load_role
+from sprinter_train.models.static_kv import KVLayer, StaticKV
 from sprinter_train.models.student import SprinterDraftConfig, SprinterDraftForCausalLM
 from sprinter_train.models.tiny import TINY_DEFAULTS, build_tiny_model
+from sprinter_train.models.weight_packing import packs
 from tests.decoding_helpers import MemoRunner, chi_square_pvalue, exact_joint, feed_rows
 
 VOCAB = 128
@@ -81,9 +84,9 @@ def feed(runner: ModelRunner, cache, rows: list[list[int]], restricted: bool = F
 
 
 def test_only_the_distilled_draft_runs_lean(draft) -> None:
-    assert supports_lean(draft) and ModelRunner(draft, VOCAB).lean is not None
+    assert supports_lean(draft) and build_runner(draft, VOCAB).lean is not None
     plain = build_tiny_model({}, seed=0)
-    assert not supports_lean(plain) and ModelRunner(plain, VOCAB).lean is None
+    assert not supports_lean(plain) and build_runner(plain, VOCAB).lean is None
     with pytest.raises(ValueError, match="sprinter_draft"):
         LeanDraft(plain)
 
@@ -94,17 +97,19 @@ def test_a_compiled_runner_takes_the_static_layout_over_the_lean_one(target, dra
     stays lean; asked for either layout explicitly, it takes that one. In the static layout,
     eagerly, the restricted draft's rows are the lean ones."""
     assert compiled_over_lean(torch.device("cuda")) and not compiled_over_lean(draft.device)
-    on_cpu = ModelRunner(draft, VOCAB, static=True, compiled=True)
+    on_cpu = build_runner(draft, VOCAB, {"static": True, "compiled": True})
     assert on_cpu.lean is not None and not on_cpu.compiled and on_cpu.layout == "lean"
-    assert ModelRunner(target, VOCAB, static=True, compiled=True).layout == "compiled:packed"
-    compiled = ModelRunner(draft, VOCAB, lean=False, static=True, compiled=True)
+    assert (
+        build_runner(target, VOCAB, {"static": True, "compiled": True}).layout == "compiled:packed"
+    )
+    compiled = build_runner(draft, VOCAB, {"static": True, "compiled": True}, lean=False)
     assert compiled.lean is None and compiled.static and compiled.compiled
-    asked = ModelRunner(draft, VOCAB, lean=True, static=True, compiled=True)
+    asked = build_runner(draft, VOCAB, {"static": True, "compiled": True}, lean=True)
     assert asked.lean is not None and not asked.compiled
     static = Engine(
-        ModelRunner(target, VOCAB),
+        build_runner(target, VOCAB),
         SAMPLING,
-        draft=ModelRunner(draft, VOCAB, lean=False, static=True),
+        draft=build_runner(draft, VOCAB, {"static": True}, lean=False),
     )
     _, lean = engine_pair(target, draft, SAMPLING)
     rows, seeds = PROMPTS * 2, list(range(8))
@@ -120,8 +125,8 @@ def test_models_lean_draft_decides_whether_a_loaded_draft_runs_lean(allowed: boo
     spec = {"draft": {"path": "tiny_random", "config": {"head_vocab_size": HEAD}}}
     loaded = load_role({**spec, "lean_draft": allowed}, "draft").model
     assert supports_lean(loaded)
-    assert (ModelRunner(loaded, VOCAB).lean is not None) == allowed
-    assert ModelRunner(loaded, VOCAB, lean=True).lean is not None  # an explicit choice wins
+    assert (build_runner(loaded, VOCAB).lean is not None) == allowed
+    assert build_runner(loaded, VOCAB, lean=True).lean is not None  # an explicit choice wins
 
 
 @pytest.mark.parametrize("hidden_layer", [-1, 0, 1, 2])
@@ -132,8 +137,8 @@ def test_lean_forwards_equal_the_hf_forwards_through_the_row_cache(
     """Prefill, ragged appends (rows feeding 0-3 tokens), rejected drafts, packing and rows
     leaving the batch: lean and Hugging Face runners agree on logits and hidden states."""
     model = draft if kind == "near_copy" else factorised()
-    hf = ModelRunner(model, VOCAB, hidden_layer, lean=False)
-    lean = ModelRunner(model, VOCAB, hidden_layer)
+    hf = build_runner(model, VOCAB, hidden_layer=hidden_layer, lean=False)
+    lean = build_runner(model, VOCAB, hidden_layer=hidden_layer)
     seqs = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15]]
     caches = [hf.new_cache(3), lean.new_cache(3)]
     assert isinstance(caches[1].kv, StaticKV)
@@ -168,7 +173,7 @@ def test_lean_forwards_equal_the_hf_forwards_through_the_row_cache(
 
 
 def test_a_long_row_grows_the_buffers_and_keeps_its_past(draft) -> None:
-    hf, lean = ModelRunner(draft, VOCAB, lean=False), ModelRunner(draft, VOCAB)
+    hf, lean = build_runner(draft, VOCAB, lean=False), build_runner(draft, VOCAB)
     prompt = [(7 * i) % 120 + 3 for i in range(300)]  # past the first buffer's capacity
     outs = []
     for runner in (hf, lean):
@@ -185,7 +190,7 @@ def test_a_long_row_grows_the_buffers_and_keeps_its_past(draft) -> None:
 def test_restricted_logits_are_the_full_ones_on_the_head_in_ascending_order(draft, layout) -> None:
     """The lean and static layouts hand a restricted draft step the head's K logits, not a
     scatter over the vocabulary (the compiled GPU draft runs the static one)."""
-    runner = ModelRunner(draft, VOCAB, **layout)
+    runner = build_runner(draft, VOCAB, {**layout})
     full = feed(runner, runner.new_cache(2), PROMPTS[:2])
     head = feed(runner, runner.new_cache(2), PROMPTS[:2], restricted=True)
     support = head.support
@@ -200,7 +205,7 @@ def test_restricted_logits_are_the_full_ones_on_the_head_in_ascending_order(draf
 
 def test_the_lean_forward_follows_weights_changed_in_place(draft) -> None:
     model = restricted_copy(build_tiny_model({}, seed=0), seed=3).float()
-    hf, lean = ModelRunner(model, VOCAB, lean=False), ModelRunner(model, VOCAB)
+    hf, lean = build_runner(model, VOCAB, lean=False), build_runner(model, VOCAB)
     before = feed(lean, lean.new_cache(1), [PROMPTS[0]]).logits
     with torch.no_grad():  # an optimiser step on a stacked and an unstacked weight
         model.model.layers[0].self_attn.k_proj.weight.mul_(1.5)
@@ -230,9 +235,9 @@ def test_packed_bf16_weights_give_the_unpacked_values_and_follow_in_place_change
     def plain() -> tuple[torch.Tensor, torch.Tensor]:
         with monkeypatch.context() as patch:
             patch.setattr(lean_module, "packs", lambda weight: False)
-            return outputs(ModelRunner(model, VOCAB))
+            return outputs(build_runner(model, VOCAB))
 
-    packed = ModelRunner(model, VOCAB)
+    packed = build_runner(model, VOCAB)
     before = outputs(packed)
     lean = packed.lean
     assert lean is not None and lean._packed_head.is_mkldnn and lean._packed_up.is_mkldnn
@@ -269,7 +274,7 @@ def test_static_kv_layer_writes_views_and_selects_rows() -> None:
 def engine_pair(target, draft, sampling: SamplingConfig) -> tuple[Engine, Engine]:
     """The same engine with the draft through Hugging Face (full vocabulary) and lean."""
     return tuple(
-        Engine(ModelRunner(target, VOCAB), sampling, draft=ModelRunner(draft, VOCAB, lean=lean))
+        Engine(build_runner(target, VOCAB), sampling, draft=build_runner(draft, VOCAB, lean=lean))
         for lean in (False, True)
     )
 
@@ -332,7 +337,7 @@ def test_the_restricted_draw_follows_the_drafts_law(draft) -> None:
     """20k rows' first drafted token against the draft's exact warped q (Hugging Face's
     logits over the full vocabulary); the counts reject a law off by one head token."""
     sampling = SamplingConfig(temperature=1.3)
-    engine = Engine(ModelRunner(draft, VOCAB), sampling, draft=ModelRunner(draft, VOCAB))
+    engine = Engine(build_runner(draft, VOCAB), sampling, draft=build_runner(draft, VOCAB))
     prompt = PROMPTS[0]
     q = warp_probs(MemoRunner(draft, VOCAB)._row(tuple(prompt))[0], sampling)
     counts: Counter = Counter()
@@ -384,7 +389,7 @@ def test_the_shipped_draft_loads_and_runs_lean(remote_code: bool) -> None:
         kind = AutoModelForCausalLM
     model = kind.from_pretrained(SHIPPED, dtype=torch.float32).eval()
     assert (type(model).__module__ == SprinterDraftForCausalLM.__module__) != remote_code
-    hf, lean = ModelRunner(model, 49152, lean=False), ModelRunner(model, 49152)
+    hf, lean = build_runner(model, 49152, lean=False), build_runner(model, 49152)
     assert lean.lean is not None and lean.support is not None
     tokens = [[1, 4093, 314, 253, 1345, 30, 13, 2683, 198]]
     ref, out = (feed(r, r.new_cache(1), tokens) for r in (hf, lean))
@@ -407,10 +412,10 @@ def test_the_step_floor_times_the_lean_step_when_asked() -> None:
 
 def test_a_cast_model_is_restacked_with_its_rotary_table() -> None:
     model = restricted_copy(build_tiny_model({}, seed=0), seed=4).float()
-    lean = ModelRunner(model, VOCAB)
+    lean = build_runner(model, VOCAB)
     feed(lean, lean.new_cache(1), [PROMPTS[1]])
     model.bfloat16()  # the same parameter objects, new storage
-    hf = ModelRunner(model, VOCAB, lean=False)
+    hf = build_runner(model, VOCAB, lean=False)
     ours, ref = (feed(r, r.new_cache(1), [PROMPTS[1]]).logits for r in (lean, hf))
     assert lean.lean._rope_table.dtype == torch.bfloat16
     torch.testing.assert_close(ours, ref, atol=4e-3, rtol=0)  # a bf16 ulp (logits below 1)

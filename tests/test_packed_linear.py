@@ -16,10 +16,10 @@ from transformers import DynamicCache
 
 from sprinter_train.models import packed as packed_module
 from sprinter_train.models.body import body, head_logits
-from sprinter_train.models.lean import packs
 from sprinter_train.models.packed import PackedLinear, pack_linears, packed_linear
 from sprinter_train.models.roles import load_roles
 from sprinter_train.models.tiny import build_tiny_model
+from sprinter_train.models.weight_packing import packs
 
 native_bf16 = pytest.mark.skipif(
     not packs(torch.zeros(1, dtype=torch.bfloat16)),

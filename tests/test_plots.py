@@ -17,7 +17,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("svg")  # a caller's choice (a notebook's inline backend, a GUI) ...
-import sprinter_train.bench.report.report
+import sprinter_train.bench.report.plots
 from sprinter_train.core.plots import plot_curve
 from sprinter_train.evaluation.plots import plot_roc
 

@@ -22,6 +22,7 @@ import torch
 
 from sprinter_train.core import compile_cache, precompiled
 from sprinter_train.core.precompiled import PrecompiledStep, portable_guards
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.policies import (
     SVIP,
     SpeculativeDecoding,
@@ -105,8 +106,8 @@ def test_a_later_process_runs_the_saved_graphs_and_compiles_nothing(
     """The first run compiles and saves two graphs (one-token blocks, wider ones) with the
     eager step's outputs; the next loads them, compiles nothing, counts them as cache hits
     and gives the same outputs. A file that cannot be loaded is removed, with a warning."""
-    eager = forwards(ModelRunner(models["target"], VOCAB, static=True))
-    first_runner = ModelRunner(models["target"], VOCAB, static=True, compiled=True)
+    eager = forwards(build_runner(models["target"], VOCAB, {"static": True}))
+    first_runner = build_runner(models["target"], VOCAB, {"static": True, "compiled": True})
     first = saved_step(first_runner, tmp_path)
     outputs = forwards(first_runner)
     assert first.compiled == 2 and len(list(tmp_path.glob("*.graph"))) == 2
@@ -117,7 +118,7 @@ def test_a_later_process_runs_the_saved_graphs_and_compiles_nothing(
     later_process()
     before = compile_cache.compile_counters()
     graphs_before = compiled.compiled_graphs()
-    again_runner = ModelRunner(models["target"], VOCAB, static=True, compiled=True)
+    again_runner = build_runner(models["target"], VOCAB, {"static": True, "compiled": True})
     again = saved_step(again_runner, tmp_path)
     with caplog.at_level(logging.WARNING, logger=precompiled.__name__):
         repeated = forwards(again_runner)
@@ -153,8 +154,8 @@ def test_a_graph_dynamo_cannot_save_falls_back_to_a_plain_compile(
         raise torch._dynamo.exc.PackageError("a guard that cannot be serialised")
 
     monkeypatch.setattr(torch._dynamo.aot_compile, "aot_compile_fullgraph", unsaveable)
-    eager = forwards(ModelRunner(models["target"], VOCAB, static=True))
-    runner = ModelRunner(models["target"], VOCAB, static=True, compiled=True)
+    eager = forwards(build_runner(models["target"], VOCAB, {"static": True}))
+    runner = build_runner(models["target"], VOCAB, {"static": True, "compiled": True})
     step = PrecompiledStep(runner.backend.body, tmp_path, SYMBOLIC, backend="eager")
     runner.backend.step = step
     with caplog.at_level(logging.WARNING, logger=precompiled.__name__):
@@ -197,10 +198,10 @@ def test_a_compiled_engine_with_a_folder_emits_the_eager_tokens_run_after_run(
     """With a compile-cache folder in use, a compiled engine's runners are saved steps: they
     emit the eager static layout's tokens for every kind of policy, and a later process
     emits them again from the saved graphs, compiling none."""
-    monkeypatch.setattr(compile_cache, "_IN_USE", [tmp_path])
     monkeypatch.setattr(
         compiled, "PrecompiledStep", functools.partial(PrecompiledStep, backend="aot_eager")
     )
+    cache = compile_cache.CompileCache(tmp_path)  # the layout's: the builder points at it
     parity = Sprinter(lambda e, b, r, step: (step.tokens % 2).float(), tau=0.5, max_run=5)
     policies = [
         TargetOnly(),
@@ -210,18 +211,18 @@ def test_a_compiled_engine_with_a_folder_emits_the_eager_tokens_run_after_run(
         parity,
     ]
 
-    def tokens(layout: dict[str, bool]) -> tuple[list, dict[str, ModelRunner]]:
+    def tokens(layout: dict[str, object]) -> tuple[list, dict[str, ModelRunner]]:
         engine = engine_for(models, sampling, layout=layout)
         out = [[r.tokens for r in engine.generate(PROMPTS[:2], p, NEW_TOKENS)] for p in policies]
         return out, engine.present_runners
 
     eager, _ = tokens({"static": True})
-    first, runners = tokens({"static": True, "compiled": True})
+    first, runners = tokens({"static": True, "compiled": True, "compile_cache": cache})
     steps = [r.backend.step for r in runners.values()]
     assert all(isinstance(s, PrecompiledStep) for s in steps)
     assert first == eager and sum(s.compiled for s in steps) > 0
     later_process()
-    again, runners = tokens({"static": True, "compiled": True})
+    again, runners = tokens({"static": True, "compiled": True, "compile_cache": cache})
     assert again == eager
     assert sum(r.backend.step.compiled for r in runners.values()) == 0
 
@@ -234,9 +235,12 @@ def test_on_cuda_saved_steps_replay_captured_with_the_dynamic_tokens(
     """The GPU's default layout (compiled, captured by hand) with a compile-cache folder in
     use: inductor's graphs saved, then loaded by a later process and captured again, emit
     the dynamic layout's tokens on the same GPU (float32), the second run compiling none."""
-    monkeypatch.setattr(compile_cache, "_IN_USE", [tmp_path])
     cuda = {role: model.to("cuda") for role, model in tiny_trio().items()}
-    layout = {"static": True, "compiled": True}
+    layout = {
+        "static": True,
+        "compiled": True,
+        "compile_cache": compile_cache.CompileCache(tmp_path),
+    }
     policies = [TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(h=0.25, max_gamma=4, c=0.15)]
     expected = engine_for(cuda, sampling)
     want = [[r.tokens for r in expected.generate(PROMPTS, p, NEW_TOKENS)] for p in policies]

@@ -7,10 +7,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.cache.rows import DynamicRowCache
 from sprinter_train.decoding.cache.static import StaticRowCache
 from sprinter_train.decoding.runner.runner import ModelRunner
-from sprinter_train.models.lean import StaticKV
+from sprinter_train.models.static_kv import StaticKV
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import feed_rows
 
@@ -36,7 +37,7 @@ def feed(runner: ModelRunner, cache, rows: list[list[int]]) -> torch.Tensor:
 def test_ragged_appends_rejections_packing_and_leaving_rows(model, static) -> None:
     """Both layouts; the static one keeps its slot map in device buffers (`SlotMappedKV`),
     its rows leaving into a smaller bucket."""
-    runner = ModelRunner(model, VOCAB, static=static)
+    runner = build_runner(model, VOCAB, {"static": static})
     seqs = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
     cache = runner.new_cache(len(seqs))
     assert isinstance(cache, StaticRowCache) == static
@@ -71,7 +72,7 @@ def test_ragged_appends_rejections_packing_and_leaving_rows(model, static) -> No
 
 
 def test_a_row_alone_gives_the_same_logits_as_in_a_batch(model) -> None:
-    runner = ModelRunner(model, VOCAB)
+    runner = build_runner(model, VOCAB)
     alone, batch = runner.new_cache(1), runner.new_cache(3)
     prompt = [20, 21, 22, 23]
     solo = feed(runner, alone, [prompt])[0, :4]
@@ -81,7 +82,7 @@ def test_a_row_alone_gives_the_same_logits_as_in_a_batch(model) -> None:
 
 def test_priming_rows_one_at_a_time_equals_a_full_forward(model) -> None:
     """An empty cache filled row by row (no padding compute), then extended in a batch."""
-    runner = ModelRunner(model, VOCAB)
+    runner = build_runner(model, VOCAB)
     seqs = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15]]
     cache = runner.new_cache(len(seqs))
     runner.prime(cache, [s[:-1] for s in seqs])

@@ -8,10 +8,10 @@ import statistics
 import pytest
 import torch
 
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.policies import SpeculativeDecoding, SpecVerification
 from sprinter_train.decoding.policies.plans.gamma_plan import GammaPlanner
 from sprinter_train.decoding.runner.requests import ForwardRequest
-from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.decoding.timings import RunningLatency, Timings
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import GREEDY, PROMPTS, ATable, engine_for, tiny_trio
@@ -61,7 +61,7 @@ def test_timings_learn_from_what_they_observe_unless_fixed() -> None:
 
 def test_the_runner_reports_each_forward_shape_once() -> None:
     model = build_tiny_model({}, seed=0)
-    runner = ModelRunner(model, int(model.config.vocab_size))
+    runner = build_runner(model, int(model.config.vocab_size))
     cache = runner.new_cache(2)
     runner.prime(cache, [[1, 2, 3], [4, 5]])
     assert runner.forward_times() == []  # a prefill is not a verification forward

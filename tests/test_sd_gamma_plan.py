@@ -12,6 +12,7 @@ import pytest
 from sprinter_train.bench.run.methods import at_batch_size, plan_methods
 from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.policies.plans.gamma_plan import (
@@ -19,7 +20,6 @@ from sprinter_train.decoding.policies.plans.gamma_plan import (
     GammaPlanner,
     best_gamma,
 )
-from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.decoding.timings import Seconds, StepCost, Timings
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import assert_target_law_with_power, tiny_trio
@@ -149,9 +149,9 @@ SHIFTING = Timings(
 
 def engine_for(models, sampling: SamplingConfig, timings: Timings = SHIFTING) -> Engine:
     return Engine(
-        ModelRunner(models["target"], VOCAB),
+        build_runner(models["target"], VOCAB),
         sampling,
-        draft=ModelRunner(models["draft"], VOCAB),
+        draft=build_runner(models["draft"], VOCAB),
         timings=timings,
     )
 

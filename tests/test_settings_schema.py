@@ -11,10 +11,11 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from sprinter_train import __main__ as entry
 from sprinter_train.core.config import CONF_DIR, compose_config
@@ -287,3 +288,24 @@ def test_every_key_of_every_config_option_is_declared() -> None:
     ]
     found = {option: config_problems(compose_config("stage=all", option)) for option in options}
     assert {option: lines for option, lines in found.items() if lines} == {}
+
+
+@dataclass
+class Knob:
+    """A stand-in method class: its signature is what declares its config node's keys."""
+
+    power: float = 1.0
+
+
+def test_a_new_methods_own_parameters_are_declared_by_its_class() -> None:
+    """A method is one class and one config node: the node's keys are its class's parameters
+    (instantiate passes them), so they need no line in stages/schema.py, and a key the class
+    does not take is refused as any unknown key is."""
+    cfg = compose_config("stage=train")
+    with open_dict(cfg):
+        cfg.methods.knob = {"_target_": f"{__name__}.Knob", "power": 2.0}
+    assert config_problems(cfg) == []
+    with open_dict(cfg):
+        cfg.methods.knob.powr = 2.0
+    (line,) = config_problems(cfg)
+    assert line.startswith("methods.knob.powr is not a setting")

@@ -16,11 +16,11 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from sprinter_train.bench.timing.latency import measure_runner_times
-from sprinter_train.core.compile_cache import step_of_its_own
+from sprinter_train.core.compile_cache import CompileCache, cache_folder, step_of_its_own
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.sampling import inverse_cdf, warp_probs
 from sprinter_train.decoding.batch import Round
-from sprinter_train.decoding.builder import decoding_problems, runner_layout
+from sprinter_train.decoding.builder import build_runner, decoding_problems, runner_layout
 from sprinter_train.decoding.cache import shapes as static_shapes
 from sprinter_train.decoding.cache import static as static_cache
 from sprinter_train.decoding.cache.static import (
@@ -165,7 +165,7 @@ def test_a_full_cache_packs_early_and_grows_without_changing_tokens(models, monk
 def test_the_next_generation_reuses_the_buffers_zeroed(models) -> None:
     """A finished cache's buffers go back to the runner's pool and the next cache of that
     shape gets the same addresses (what a recorded CUDA graph needs), cleared."""
-    runner = ModelRunner(models["target"], VOCAB, static=True, min_capacity=100)
+    runner = build_runner(models["target"], VOCAB, {"static": True, "min_capacity": 100})
     first = runner.new_cache(3, 10)
     assert first.capacity == capacity_bucket(100) and first.bucket == 4
     address = first.kv.layers[0].keys.data_ptr()
@@ -266,8 +266,8 @@ def test_one_group_of_prompts_fills_the_static_cache_through_its_step(models, ca
     here, the eager path); a prompt width that compiles is compile time, unwarned (a prompt
     length is new by nature, not a shape dynamo forgot)."""
     rows = [[3, 5, 7, 9], [4, 6], [8]]
-    block = ModelRunner(models["target"], VOCAB, static=True, padded_prefill=True)
-    by_length = ModelRunner(models["target"], VOCAB, static=True)
+    block = build_runner(models["target"], VOCAB, {"static": True, "padded_prefill": True})
+    by_length = build_runner(models["target"], VOCAB, {"static": True})
     steps = []
     step = block.backend.step
     block.backend.step = lambda *inputs: (steps.append(1), step(*inputs))[1]
@@ -409,18 +409,22 @@ def test_a_forward_attends_over_its_filled_span_with_the_whole_capacitys_tokens(
 
 def test_the_switches_resolve_and_are_validated() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    # capture: the runner's choice; the drafts as the target (decoding.compile_drafts)
+    # capture: resolved per runner (`resolve_layout`); the drafts as the target
+    # (decoding.compile_drafts); a compiled layout carries its compile cache (default: auto)
     prefill = {"prefill_tokens": 1 << 16, "captured": None, "drafts": {}}
     layout = ("static", "compiled", "min_capacity", "padded_prefill")
+    auto = CompileCache(cache_folder("auto"))
     assert runner_layout({}, cpu) == {
         **dict.fromkeys(layout, False),
         **prefill,
         "min_capacity": 0,
+        "compile_cache": None,
     }
     assert runner_layout({}, cuda) == {
         **dict.fromkeys(layout, True),
         **prefill,
         "min_capacity": 0,
+        "compile_cache": auto,
     }
     assert runner_layout({"static_cache": True}, cpu) == {
         "static": True,
@@ -428,6 +432,7 @@ def test_the_switches_resolve_and_are_validated() -> None:
         "min_capacity": 0,
         "padded_prefill": False,
         **prefill,
+        "compile_cache": None,
     }
     on = runner_layout({"compile": "true", "prefill": "padded", "prefill_tokens": 9}, cpu)
     assert on == {
@@ -438,7 +443,11 @@ def test_the_switches_resolve_and_are_validated() -> None:
         "prefill_tokens": 9,
         "captured": None,
         "drafts": {},
+        "compile_cache": auto,
     }
+    assert runner_layout({"compile": True, "compile_cache": None}, cpu)["compile_cache"] == (
+        CompileCache(None)  # null: the on-disk caches off
+    )
     assert not runner_layout({"prefill": "by_length"}, cuda)["padded_prefill"]
     assert runner_layout({"static_capacity": 512}, cpu)["min_capacity"] == 512
     assert runner_layout({"capture": "false"}, cuda)["captured"] is False
@@ -465,7 +474,7 @@ def test_the_target_forward_is_one_graph_at_every_bucket(models) -> None:
     block widths 1 .. gamma_max + 1 (gamma_max 4 here), also through prepacked linears."""
     target = copy.deepcopy(models["target"])
     assert pack_linears(target) > 0  # the bench's float32 target multiplies by packed copies
-    runner = ModelRunner(target, VOCAB, static=True)
+    runner = build_runner(target, VOCAB, {"static": True})
     step = runner.backend.body
     for rows in (1, 2, 4):
         cache = runner.new_cache(rows, 16)
@@ -484,7 +493,7 @@ def test_spans_up_to_the_capacity_share_one_graph_once_the_span_is_symbolic(mode
     compile a graph the shorter spans' one could serve, one the next process need not share.
     Traced through AOTAutograd, whose guards these are, without inductor, on a code object
     of this test's own."""
-    runner = ModelRunner(models["target"], VOCAB, static=True)
+    runner = build_runner(models["target"], VOCAB, {"static": True})
     cache = runner.new_cache(1, 64)
     counter = CompileCounterWithBackend("aot_eager")
     own = step_of_its_own(runner.backend.body.forward, "spans up to the capacity")
@@ -506,7 +515,7 @@ def test_a_compiled_step_is_two_graphs_whatever_its_rows_spans_capacities_and_wi
     the width from the first prompt's), so prefills and then forwards of widths 1 and 4 at
     row buckets 2, 8 and 4, over growing spans and a capacity that grows, compile two graphs:
     width one, and past it."""
-    runner = ModelRunner(models["target"], VOCAB, static=True)
+    runner = build_runner(models["target"], VOCAB, {"static": True})
     counter = CompileCounterWithBackend("aot_eager")
     own = step_of_its_own(runner.backend.body.forward, "two graphs")
     runner.backend.step = torch.compile(own, backend=counter, fullgraph=True, dynamic=None)
@@ -528,8 +537,8 @@ def test_a_compiled_step_is_two_graphs_whatever_its_rows_spans_capacities_and_wi
 def compiled_trio(models) -> dict[str, ModelRunner]:
     """The target compiled (inductor), the draft in the static layout run eagerly."""
     return {
-        "target": ModelRunner(models["target"], VOCAB, static=True, compiled=True),
-        "draft": ModelRunner(models["draft"], VOCAB, static=True),
+        "target": build_runner(models["target"], VOCAB, {"static": True, "compiled": True}),
+        "draft": build_runner(models["draft"], VOCAB, {"static": True}),
     }
 
 
@@ -583,7 +592,7 @@ def test_every_method_emits_the_eager_tokens_with_every_model_compiled(models, e
     """Target, draft and companion compiled (automatic dynamic shapes keep their graphs few),
     one policy of every registry class, greedy and sampled, rows leaving at EOS."""
     compiled = {
-        role: ModelRunner(models[role], VOCAB, static=True, compiled=True)
+        role: build_runner(models[role], VOCAB, {"static": True, "compiled": True})
         for role in ("target", "draft", "companion")
     }
     for sampling in (GREEDY, SAMPLING):
@@ -605,11 +614,11 @@ def test_every_method_emits_the_eager_tokens_with_every_model_compiled(models, e
 @pytest.mark.law
 @pytest.mark.slow
 def test_sd_keeps_the_target_law_with_a_compiled_static_target(models) -> None:
-    runner = ModelRunner(models["target"], VOCAB, static=True, compiled=True)
+    runner = build_runner(models["target"], VOCAB, {"static": True, "compiled": True})
     compiled = Engine(
         runner,
         SAMPLING,
-        draft=ModelRunner(models["draft"], VOCAB),
+        draft=build_runner(models["draft"], VOCAB),
         timings=fixed_timings(),
     )
     counts = first_tokens(compiled, SpeculativeDecoding(gamma=2), ragged_rows(RUNS))
@@ -625,16 +634,18 @@ def test_on_cuda_the_compiled_static_target_emits_the_dynamic_tokens(sampling, c
     dynamic layout prefilled by length on the same GPU, float32; compile time stays out of
     the forward seconds."""
     cuda = {role: model.to("cuda") for role, model in tiny_trio().items()}
-    runner = ModelRunner(cuda["target"], VOCAB, static=True, compiled=True, captured=captured)
+    runner = build_runner(
+        cuda["target"], VOCAB, {"static": True, "compiled": True, "captured": captured}
+    )
     for policy in (TargetOnly(), SpeculativeDecoding(gamma=3)):
         plain = Engine(
-            ModelRunner(cuda["target"], VOCAB, padded_prefill=False),
+            build_runner(cuda["target"], VOCAB, {"padded_prefill": False}),
             sampling,
-            draft=ModelRunner(cuda["draft"], VOCAB, padded_prefill=False),
+            draft=build_runner(cuda["draft"], VOCAB, {"padded_prefill": False}),
             timings=fixed_timings(),
         )
         compiled = Engine(
-            runner, sampling, draft=ModelRunner(cuda["draft"], VOCAB), timings=fixed_timings()
+            runner, sampling, draft=build_runner(cuda["draft"], VOCAB), timings=fixed_timings()
         )
         expected = [r.tokens for r in plain.generate(PROMPTS, policy, NEW_TOKENS)]
         for _ in range(2):  # the second generation replays recorded graphs
@@ -645,7 +656,7 @@ def test_on_cuda_the_compiled_static_target_emits_the_dynamic_tokens(sampling, c
 def test_a_recompile_of_a_known_shape_is_compile_time_not_a_forward(models, monkeypatch, caplog):
     """Dynamo may compile again a shape the runner has seen (a guard failed): that forward's
     time goes to compile_seconds, with a warning, and never into the forward timings."""
-    runner = ModelRunner(models["target"], VOCAB, static=True, compiled=True)
+    runner = build_runner(models["target"], VOCAB, {"static": True, "compiled": True})
     runner.backend.step = runner.backend.body  # the accounting alone: no real compile here
     counter = {"n": 0}
     monkeypatch.setattr(backends, "compiled_graphs", lambda: counter["n"])
@@ -675,7 +686,9 @@ def test_the_engine_reuses_the_latency_profiles_graphs(models) -> None:
     """The bench's latency profile builds its inputs in inference mode and the engine outside
     it; dynamo guards on dispatch keys, so before the runner normalised its inputs the engine
     recompiled every shape the profile had compiled (the time hidden in its forwards)."""
-    target = ModelRunner(models["target"], VOCAB, static=True, compiled=True, min_capacity=128)
+    target = build_runner(
+        models["target"], VOCAB, {"static": True, "compiled": True, "min_capacity": 128}
+    )
     measure_runner_times({"target": target}, {"target": [1]}, 1, 16, torch.device("cpu"), [1])
     graphs = runner_module.compiled_graphs()
     assert target.compiles >= 1 and target.compile_seconds > 0
@@ -688,7 +701,9 @@ def test_the_engine_replays_the_latency_profiles_captured_graphs(models, replaye
     """The profile times the forwards a round runs, warped as the engine warps them: the
     engine then replays the profile's graphs on the pooled cache, capturing none again (on a
     GPU each capture is a synchronisation and tens of milliseconds of set-up)."""
-    target = ModelRunner(models["target"], VOCAB, static=True, captured=True, min_capacity=128)
+    target = build_runner(
+        models["target"], VOCAB, {"static": True, "captured": True, "min_capacity": 128}
+    )
     widths = {"target": [1]}
     measure_runner_times({"target": target}, widths, 1, 16, torch.device("cpu"), [1], SAMPLING)
     captures = target.graphs.captures
@@ -744,7 +759,7 @@ def test_a_fixed_length_draft_round_replays_as_one_graph(
 
 
 def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed) -> None:
-    runner = ModelRunner(models["target"], VOCAB, static=True, captured=True)
+    runner = build_runner(models["target"], VOCAB, {"static": True, "captured": True})
     engine_ = Engine(runner, GREEDY, timings=fixed_timings())
     first = engine_.generate(PROMPTS, TargetOnly(), 6)
     captures = runner.graphs.captures
@@ -776,7 +791,7 @@ def test_broken_logits_met_in_a_replay_stop_the_generation_where_uncaptured_does
     messages = []
     for captured in (False, True):
         target = copy.deepcopy(models["target"])
-        runner = ModelRunner(target, VOCAB, static=True, captured=captured)
+        runner = build_runner(target, VOCAB, {"static": True, "captured": captured})
         engine_ = Engine(runner, GREEDY, timings=fixed_timings())
         engine_.generate(PROMPTS, TargetOnly(), 4)  # every decode shape captured
         with torch.no_grad():
@@ -792,7 +807,7 @@ def test_broken_logits_met_in_a_replay_stop_the_generation_where_uncaptured_does
 def test_a_replayed_forwards_outputs_outlive_the_next_replay(models, replayed) -> None:
     """A replay writes into the graph's own output buffers: what a forward returned must not
     change when the next forward of that shape replays (the engine may hold it)."""
-    runner = ModelRunner(models["target"], VOCAB, static=True, captured=True)
+    runner = build_runner(models["target"], VOCAB, {"static": True, "captured": True})
     cache = runner.new_cache(2)
     runner.prime(cache, PROMPTS[:2])
     counts, keep = torch.ones(2, dtype=torch.long), torch.zeros((2, 1), dtype=torch.long)
@@ -819,7 +834,9 @@ def test_the_targets_forwards_are_transient_and_run_once_a_round(models, replaye
     captured runner hands them back uncopied (the next replay writes into the same buffers,
     with the values an uncaptured forward gives), and a round that ran the target twice
     stops instead of reading overwritten outputs."""
-    runners = [ModelRunner(models["target"], VOCAB, static=True, captured=c) for c in (1, 0)]
+    runners = [
+        build_runner(models["target"], VOCAB, {"static": True, "captured": c}) for c in (1, 0)
+    ]
     caches = [runner.new_cache(2) for runner in runners]
     for runner, cache in zip(runners, caches, strict=True):
         runner.prime(cache, PROMPTS[:2])

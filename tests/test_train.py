@@ -14,7 +14,7 @@ import torch
 from sprinter_train.__main__ import run_stage
 from sprinter_train.core.io import read_json
 from sprinter_train.harvest.reader import MissingInputError, open_records
-from sprinter_train.verifier import train as train_module
+from sprinter_train.verifier import fit as train_module
 from sprinter_train.verifier.checkpoint import (
     LinearVerifier,
     lam_name,

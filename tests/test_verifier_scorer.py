@@ -14,10 +14,10 @@ import torch
 from sprinter_train.core.half import FLOAT16_MAX
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.batch import DraftStep
+from sprinter_train.decoding.builder import build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.features.table import feature_order
 from sprinter_train.decoding.policies import Sprinter
-from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.harvest.reader import open_records
 from sprinter_train.models.loading import load_model
 from sprinter_train.verifier.checkpoint import load_verifier
@@ -159,9 +159,9 @@ def test_sprinters_decisions_do_not_depend_on_the_temperature(tmp_path, draft_mo
         torch.float32,
     ).model
     engine = Engine(
-        ModelRunner(target, VOCAB),
+        build_runner(target, VOCAB),
         SamplingConfig(temperature=0.9, top_k=20),
-        draft=ModelRunner(draft_model, VOCAB),
+        draft=build_runner(draft_model, VOCAB),
     )
     d = draft_model.config.hidden_size
     prompts = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8], [60, 61, 62]] * 2

@@ -27,6 +27,7 @@ import logging
 import os
 import struct
 import types
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,30 +71,53 @@ def cache_folder(setting: Any) -> Path | None:
 def use_compile_cache(setting: Any) -> Path | None:
     """Point inductor's on-disk caches at the folder `setting` names, or turn them off; call
     before the process compiles anything. Returns the folder in use."""
-    folder = cache_folder(setting)
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
-
-    if folder is not None:
-        writable_folder(folder, setting)
-    inductor_config.fx_graph_cache = folder is not None
-    functorch_config.enable_autograd_cache = folder is not None
-    use_shape_record(folder is not None)
-    _IN_USE[0] = folder
-    if folder is not None:
-        os.environ[ENV] = str(folder)
-        for path in sweep_truncated(folder):
-            log.warning("compile cache: removed %s, cut short by a killed compile", path)
-    return folder
+    cache = CompileCache(cache_folder(setting), setting)
+    cache.point(sweep=True)
+    return cache.folder
 
 
-_IN_USE: list[Path | None] = [None]  # the folder `use_compile_cache` set, if any
+@dataclass(frozen=True)
+class CompileCache:
+    """`decoding.compile_cache` resolved: the folder torch's on-disk caches and the saved
+    steps (`core.precompiled`, under `steps/`) live in, or None: the on-disk caches off.
+    Part of a compiled runner's layout (`decoding.builder`), which points the process at it
+    when it builds the runner (`apply`), so every caller of the builder gets it alike and
+    the folder travels with the layout, not through a process-wide setting of ours."""
 
+    folder: Path | None
+    setting: Any = field(default=None, compare=False)  # as written, for the error messages
 
-def folder_in_use() -> Path | None:
-    """The folder `use_compile_cache` pointed the caches at in this process (None: none,
-    or turned off): where `core.precompiled` keeps its saved graphs too."""
-    return _IN_USE[0]
+    def apply(self) -> None:
+        """Point torch at this cache unless it points there already: inductor's and
+        AOTAutograd's caches, the environment inductor reads and dynamo's record of changing
+        dimensions, all process-wide torch settings; the first time, the folder is made and
+        swept of the shared objects a killed compile cut short."""
+        self.point(sweep=not self.in_place())
+
+    def in_place(self) -> bool:
+        """Whether torch's caches point at this one already."""
+        from torch._inductor import config as inductor_config
+
+        on = self.folder is not None
+        if bool(inductor_config.fx_graph_cache) != on:
+            return False
+        return not on or os.environ.get(ENV) == str(self.folder)
+
+    def point(self, sweep: bool) -> None:
+        """Point torch's caches here; `sweep`: make and check the folder and sweep it."""
+        from torch._functorch import config as functorch_config
+        from torch._inductor import config as inductor_config
+
+        folder = self.folder
+        if folder is not None and sweep:
+            writable_folder(folder, self.setting if self.setting is not None else folder)
+        inductor_config.fx_graph_cache = folder is not None
+        functorch_config.enable_autograd_cache = folder is not None
+        use_shape_record(folder is not None)
+        if folder is not None:
+            os.environ[ENV] = str(folder)
+            for path in sweep_truncated(folder) if sweep else ():
+                log.warning("compile cache: removed %s, cut short by a killed compile", path)
 
 
 def use_shape_record(on: bool) -> None:

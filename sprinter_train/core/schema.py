@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,14 +269,18 @@ def undeclared(
 
 
 def unknown(
-    tree: Mapping[str, Any], schema: Mapping[str, Spec], free: tuple[str, ...] = ()
+    tree: Mapping[str, Any],
+    schema: Mapping[str, Spec],
+    free: tuple[str, ...] = (),
+    known: Callable[[str], bool] = lambda key: False,
 ) -> list[str]:
     """One line per key of `tree` no spec declares (of any type: a `++`-added key with a
-    typo was otherwise ignored), naming the closest declared key."""
+    typo was otherwise ignored), naming the closest declared key; `known` admits keys
+    declared elsewhere (a method's parameters, by its class)."""
     names, lookup = list(schema), Lookup(schema)
     found = []
     for key, _ in leaves(tree):
-        if lookup(key) is not None or any(_under(p, key) for p in free):
+        if lookup(key) is not None or any(_under(p, key) for p in free) or known(key):
             continue
         close = difflib.get_close_matches(key, [_fill(p, key) for p in names], n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else ""

@@ -1,12 +1,14 @@
 """The one place that turns the decoding settings into runners and engines.
 
 The `decoding` section's layout keys (static_cache, compile, compile_drafts, static_capacity,
-prefill, prefill_tokens, capture) are declared in stages/schema.py, checked against each
-other (`decoding_problems`) and resolved for a device
-(`runner_layout`) here, and every stage, the bench, the Hugging Face callables and the
-benchmark scripts get their runners (`build_runner`) and engines (`build_engine`) from here,
-so a layout means the same thing wherever it is used. These functions take plain mappings:
-the stages turn their config into them.
+prefill, prefill_tokens, capture, compile_cache) are declared in stages/schema.py, checked
+against each other (`decoding_problems`), read for a device (`runner_layout`) and resolved,
+per model and role, into a frozen `RunnerLayout` (`resolve_layout`) here and nowhere else:
+the runner and its backends only read the resolved layout. Every stage, the bench, the
+Hugging Face callables and the benchmark scripts get their runners (`build_runner`) and
+engines (`build_engine`) from here, so a layout means the same thing wherever it is used,
+and a compiled layout's compile cache is pointed at by the builder itself (no caller has to
+remember to). These functions take plain mappings: the stages turn their config into them.
 """
 
 from __future__ import annotations
@@ -16,13 +18,31 @@ from typing import Any
 
 import torch
 
+from sprinter_train.core.compile_cache import CompileCache, cache_folder
 from sprinter_train.core.runtime import parse_switch, resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.decoding.cache.static import supports_static
 from sprinter_train.decoding.engine import PACK_EVERY, Engine
+from sprinter_train.decoding.runner.layout import RunnerLayout
 from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.decoding.timings import Timings
+from sprinter_train.models.lean import uses_lean
 
 DRAFTS = "drafts"  # a layout's settings that differ for the draft and companion runners
+# what a layout mapping may hold (`runner_layout`'s keys and `lean`); absent: the default
+SETTINGS = frozenset(
+    {
+        "lean",
+        "static",
+        "compiled",
+        "captured",
+        "min_capacity",
+        "padded_prefill",
+        "prefill_tokens",
+        "compile_cache",
+        DRAFTS,
+    }
+)
 
 
 def decoding_problems(decoding: Mapping[str, Any]) -> list[str]:
@@ -50,8 +70,10 @@ def runner_layout(decoding: Mapping[str, Any], device: torch.device) -> dict[str
     """`ModelRunner`'s layout keyword arguments from the `decoding` section on `device`:
     `static` (`static_cache`; auto follows compile), `compiled` (`compile`, static only),
     `min_capacity` (`static_capacity`), `padded_prefill` (`prefill`; auto: padded on CUDA,
-    see `runner.prefill_groups`), `prefill_tokens` and `captured` (`capture`; auto leaves it
-    to the runner, true asks for CUDA graphs where they exist: on CUDA)."""
+    see `runner.prefill_groups`), `prefill_tokens`, `captured` (`capture`; auto, None, is
+    resolved per runner by `resolve_layout`, true asks for CUDA graphs where they exist: on
+    CUDA) and, where it compiles, `compile_cache` (`decoding.compile_cache` as a
+    `CompileCache`: its folder, or None, the on-disk caches off)."""
     compiled = compiles(decoding, device)
     static_on = parse_switch(decoding.get("static_cache", "auto"))
     static = compiled if static_on == "auto" else bool(static_on)
@@ -64,7 +86,11 @@ def runner_layout(decoding: Mapping[str, Any], device: torch.device) -> dict[str
         "padded_prefill": device.type == "cuda" if prefill == "auto" else prefill == "padded",
         "prefill_tokens": int(decoding.get("prefill_tokens", 1 << 16)),
         "captured": None if capture == "auto" else bool(capture) and device.type == "cuda",
+        "compile_cache": None,
     }
+    if compiled:
+        setting = decoding.get("compile_cache", "auto")
+        layout["compile_cache"] = CompileCache(cache_folder(setting), setting)
     return {**layout, DRAFTS: draft_changes(decoding, layout, device)}
 
 
@@ -83,6 +109,66 @@ def draft_changes(
     return {"compiled": False, "captured": device.type == "cuda" if captured is None else captured}
 
 
+def compiled_over_lean(device: torch.device) -> bool:
+    """Whether a compiled runner runs a lean-capable draft compiled in the static layout
+    rather than lean and eager: the lean buffers grow per step, so the lean path cannot
+    compile. Chosen on a GPU, where the compiled step wins; not on a CPU, where the lean
+    prepacked eager step does (docs/results/design-figures.md)."""
+    return device.type == "cuda"
+
+
+def resolve_layout(
+    model: torch.nn.Module, settings: Mapping[str, Any], role: str = "target"
+) -> RunnerLayout:
+    """The `RunnerLayout` of `model` for `role` from a layout mapping (`runner_layout`'s
+    keys, any subset; `lean` too): every choice the runner and its backends read, made here.
+
+    - `lean` (absent or None: `uses_lean`, a model that supports it unless loaded with
+      `models.lean_draft=false`) runs the distilled draft through `LeanDraft`, except that
+      a compiled or captured static layout of a model that supports one takes it instead
+      where `compiled_over_lean` says so (the lean buffers grow step by step: no settled
+      shapes to compile); an explicit `lean` is kept.
+    - `static`: any other model that supports it (`supports_static`) runs the static layout;
+      `compiled` (static only) compiles its body; `captured` (absent or None: compiled on a
+      GPU; any static layout when true) replays its forwards from graphs captured by hand,
+      with coarse spans; a compiled layout on a GPU not captured runs `reduce-overhead`.
+    - `padded_prefill` (absent or None: on CUDA), `prefill_tokens`, `min_capacity`.
+    - `compile_cache`: kept where the layout compiles.
+    - `role`: the draft and companion take the mapping's `DRAFTS` changes."""
+    unknown = set(settings) - SETTINGS
+    if unknown:
+        raise TypeError(f"unknown layout settings: {sorted(unknown)}")
+    options = {k: v for k, v in settings.items() if k != DRAFTS}
+    if role != "target":
+        options.update(settings.get(DRAFTS) or {})
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    lean_asked, captured_asked = options.get("lean"), options.get("captured")
+    static_asked, compiled_asked = options.get("static", False), options.get("compiled", False)
+    lean = uses_lean(model) if lean_asked is None else bool(lean_asked)
+    asks_static = static_asked and (compiled_asked or captured_asked)
+    if lean_asked is None and asks_static and supports_static(model):
+        lean = lean and not compiled_over_lean(device)
+    static = bool(static_asked) and not lean and supports_static(model)
+    compiled = bool(compiled_asked) and static
+    captured = static and (compiled and cuda if captured_asked is None else bool(captured_asked))
+    reduce_overhead = compiled and cuda and not captured
+    padded = options.get("padded_prefill")
+    return RunnerLayout(
+        backend="lean" if lean else "static" if static else "dynamic",
+        compiled=compiled,
+        captured=captured,
+        reduce_overhead=reduce_overhead,
+        coarse_spans=captured,
+        prefills=static and not reduce_overhead,
+        shrink_rows=not (compiled and cuda),
+        min_capacity=int(options.get("min_capacity", 0) or 0),
+        padded_prefill=cuda if padded is None else bool(padded),
+        prefill_tokens=int(options.get("prefill_tokens", 1 << 16)),
+        compile_cache=options.get("compile_cache") if compiled else None,
+    )
+
+
 def build_runner(
     model: torch.nn.Module,
     vocab_size: int,
@@ -91,15 +177,15 @@ def build_runner(
     lean: bool | None = None,
     role: str = "target",
 ) -> ModelRunner:
-    """A runner of `model` in `layout` (`runner_layout`'s keys; None or empty: the runner's
-    own defaults) for `role` (target, draft or companion: the two drafts take the layout's
-    `DRAFTS` changes). `lean`: None lets the runner choose (see `ModelRunner`); the lean
-    draft keeps its own layout whatever `layout` says."""
-    options = dict(layout or {})
-    changes = options.pop(DRAFTS, {})
-    if role != "target":
-        options.update(changes)
-    return ModelRunner(model, vocab_size, hidden_layer=hidden_layer, lean=lean, **options)
+    """A runner of `model` in `layout` (`runner_layout`'s keys; None or empty: the defaults)
+    for `role` (target, draft or companion: the two drafts take the layout's `DRAFTS`
+    changes), resolved by `resolve_layout`; `lean`: None leaves it to `resolve_layout`, and
+    a lean draft keeps its own layout whatever `layout` says. A compiled layout's compile
+    cache is pointed at here, before the runner compiles anything."""
+    resolved = resolve_layout(model, {**(layout or {}), "lean": lean}, role)
+    if resolved.compile_cache is not None:
+        resolved.compile_cache.apply()
+    return ModelRunner(model, vocab_size, hidden_layer=hidden_layer, layout=resolved)
 
 
 def build_engine(

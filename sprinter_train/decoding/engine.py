@@ -102,8 +102,9 @@ class Engine(RoundLoop):
         """Feed each active row what `role`'s cache lacks of its committed tokens, then
         after[r, :after_counts[r]] (drafts on the device); outputs at the fed positions that
         predict each of those drafts and the token past them: (B, A + 1, ...). `restricted`:
-        see `ModelRunner.forward`; `warp`: the caller will warp the logits (`warped`); `then`:
-        and do this with them (`after_warp`: a draw or a speculative check)."""
+        see `ModelRunner.run` (`ForwardRequest`); `warp`: the caller will warp the logits
+        (`warped`); `then`: and do this with them (`after_warp`: a draw or a speculative
+        check)."""
         lack = self.lacking(batch, role)
         sizes = [len(x) for x in lack]
         extra = 0 if after is None else after.shape[1]
@@ -143,8 +144,9 @@ class Engine(RoundLoop):
     ) -> RowOutput:
         """One forward of `role` over the batch's rows (its call counted; its time is read from
         the runner once the generation ends); `warp`, `then`: see `feed`. The target's
-        outputs are transient (`ModelRunner.forward`): it runs once a round (`target_probs`
-        checks), and what reads them reads them in that round and its commit."""
+        outputs are transient (`ModelRunner.run`, `ForwardRequest.transient`): it runs once a
+        round (`target_probs` checks), and what reads them reads them in that round and its
+        commit."""
         sampling = self.sampling if warp else None
         runner, cache = self.runner(role), batch.caches[role]
         transient = role == "target"

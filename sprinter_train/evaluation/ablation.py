@@ -22,12 +22,13 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from sklearn.linear_model import LogisticRegression
 
-from sprinter_train.decoding.features.table import FEATURES, feature_order
+from sprinter_train.decoding.features.table import feature_order
 from sprinter_train.evaluation.bootstrap import PromptBootstrap
 from sprinter_train.evaluation.ceiling import Interval, fit_best
 from sprinter_train.harvest.reader import RecordSet
-from sprinter_train.verifier.features import FeatureSpec, build_features
-from sprinter_train.verifier.train import make_embedder
+from sprinter_train.verifier.data import rows_features
+from sprinter_train.verifier.embedder import make_embedder
+from sprinter_train.verifier.features import FeatureSpec
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +97,11 @@ def group_blocks(
     embedder_of: Callable[[], Any],
     settings: Mapping[str, Any] | None = None,
 ) -> tuple[Blocks, dict[str, str]]:
-    """Each wanted group's float32 block on `rows`, built by the verifier's own build_features
+    """Each wanted group's float32 block on `rows`, built by the verifier's own rows_features
     with `settings` (train.feature_settings: the run position's cap, the acceptance prior);
     a group the records cannot give is returned in the second dict with the reason."""
     frame = records.frame
-    hidden = records.hidden(rows)
+    arrays: dict[str, np.ndarray] = {}  # each recorded array read once
     blocks: Blocks = {}
     skipped: dict[str, str] = {}
     for group in wanted:
@@ -110,11 +111,8 @@ def group_blocks(
             if missing:
                 skipped[group] = f"the records have no column {', '.join(missing)}"
                 continue
-            columns = {c: frame[c].to_numpy()[rows] for c in spec.record_columns()}
-            width = FEATURES[group].width
-            embedder = embedder_of() if width == "embedding" else None
-            target = records.hidden(rows, "target_hidden") if width == "target_hidden" else None
-            features = build_features(spec, hidden, columns, embedder, target)
+            embedder = embedder_of() if "embedding" in spec.widths else None
+            features = rows_features(records, rows, spec, embedder, arrays)
         except (ValueError, OSError, KeyError, TypeError) as error:
             skipped[group] = f"{type(error).__name__}: {error}"
             continue

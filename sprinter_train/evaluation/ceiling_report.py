@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 from sprinter_train.evaluation.bootstrap import PromptBootstrap
 from sprinter_train.evaluation.ceiling import ceiling
 from sprinter_train.harvest.reader import RecordSet
+from sprinter_train.verifier.embedder import make_embedder
 from sprinter_train.verifier.features import FeatureSpec
-from sprinter_train.verifier.train import make_embedder
 
 log = logging.getLogger(__name__)
 

@@ -18,17 +18,17 @@ from sprinter_train.evaluation.calibration import probabilities
 from sprinter_train.harvest.reader import RecordSet
 from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint
-from sprinter_train.verifier.features import build_features
-from sprinter_train.verifier.train import make_embedder
+from sprinter_train.verifier.data import rows_features
+from sprinter_train.verifier.embedder import make_embedder
 
 
 def verifier_logits(
     cfg: DictConfig, records: RecordSet, rows: np.ndarray, verifiers: dict[str, VerifierCheckpoint]
 ) -> dict[str, np.ndarray]:
-    """Each verifier's logit on the given rows (hidden states read once); the logits, not the
-    scores, so that a temperature can be applied without losing the tails to rounding."""
-    hidden = records.hidden(rows)
-    frame, target = records.frame, None
+    """Each verifier's logit on the given rows (each recorded array read once); the logits,
+    not the scores, so that a temperature can be applied without losing the tails to
+    rounding."""
+    arrays: dict[str, np.ndarray] = {}
     out = {}
     for name, checkpoint in verifiers.items():
         if int(checkpoint.meta["d"]) != records.d:
@@ -37,11 +37,8 @@ def verifier_logits(
                 f"{records.records_dir} have d={records.d} (another draft or layer)"
             )
         spec = checkpoint.spec
-        columns = {c: frame[c].to_numpy()[rows] for c in spec.record_columns()}
-        if "target_hidden" in spec.widths and target is None:
-            target = records.hidden(rows, "target_hidden")
         embedder = make_embedder(cfg, spec, records)
-        features = build_features(spec, hidden, columns, embedder, target)
+        features = rows_features(records, rows, spec, embedder, arrays)
         out[name] = checkpoint.logits(features.batch())
     return out
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +26,25 @@ from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.io import write_json
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.core.validation import check_whole, prompt_room
+from sprinter_train.core.validation import prompt_room
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.decoding.builder import runner_layout
 from sprinter_train.harvest.account import interleaved_note, throughput
-from sprinter_train.harvest.calibration import accept_setting, measure_accept
 from sprinter_train.harvest.continuations import (
     ContinuationRunners,
     HarvestSequence,
-    RunLaw,
     build_sequences,
     runners_for,
 )
 from sprinter_train.harvest.manifest import build_manifest, count_records, harvest_fingerprint
 from sprinter_train.harvest.mixes import assign_mixes
-from sprinter_train.harvest.records import (
-    RecordBatch,
-    concat_batches,
-    harvest_batch,
-    hidden_dim,
-    target_dim,
+from sprinter_train.harvest.options import (
+    HarvestOptions,
+    harvest_problems,
+    resolve_accept,
+    shared_rows_of,
 )
+from sprinter_train.harvest.records import RecordBatch, array_widths, concat_batches, harvest_batch
 from sprinter_train.harvest.shards import (
     ShardPlan,
     plan_shards,
@@ -58,78 +56,19 @@ from sprinter_train.models.roles import Roles, load_roles
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class HarvestOptions:
-    """The settings a shard's contents depend on (all of them go into the fingerprint)."""
-
-    mix_weights: dict[str, float]
-    continuation_tokens: int  # generated tokens per draft/target/interleaved prompt
-    positions_per_prompt: int  # records per prompt at most (the original mix's region)
-    gamma: int  # sd_interleaved's block size
-    interleaved_accept: float | None  # P(a draft run goes on); None: auto, not measured yet
-    interleaved_max_run: int  # drafts a round at most (the run goes on in the next round)
-    hidden_layer: int
-    seed: int
-    split: str | None
-    prompts_per_shard: int
-    sampling: SamplingConfig
-
-    @classmethod
-    def from_cfg(cls, hcfg: dict[str, Any], sampling: SamplingConfig) -> HarvestOptions:
-        n = int(hcfg["continuation_tokens"])
-        cap = int(hcfg.get("max_positions_per_prompt") or n)
-        whole = (n, cap, int(hcfg["gamma"]), int(hcfg["interleaved_max_run"]))
-        if min(whole) < 1:
-            raise ValueError(
-                "harvest.continuation_tokens, max_positions_per_prompt, gamma, "
-                "interleaved_max_run: >= 1"
-            )
-        return cls(
-            mix_weights={k: float(v) for k, v in hcfg["mix_weights"].items()},
-            continuation_tokens=min(n, cap),
-            positions_per_prompt=cap,
-            gamma=int(hcfg["gamma"]),
-            interleaved_accept=accept_setting(hcfg["interleaved_accept"]),
-            interleaved_max_run=int(hcfg["interleaved_max_run"]),
-            hidden_layer=int(hcfg["hidden_layer"]),
-            seed=int(hcfg["seed"]),
-            split=hcfg.get("split"),
-            prompts_per_shard=max(1, int(hcfg["shard_rows"]) // cap),
-            sampling=sampling,
-        )
-
-    def fingerprint_settings(self) -> dict[str, Any]:
-        return {**asdict(self), "sampling": asdict(self.sampling)}
-
-    @property
-    def runs(self) -> RunLaw:
-        return RunLaw(self.interleaved_accept, self.interleaved_max_run)
-
-    def needs_accept(self) -> bool:
-        """Whether alpha is still to be measured: `auto`, and interleaved prompts exist."""
-        return self.interleaved_accept is None and self.mix_weights.get("interleaved", 0) > 0
-
-
-def resolve_accept(
-    options: HarvestOptions,
-    models: Roles,
-    prompts: Sequence[Prompt],
-    calibration_prompts: int,
-    device: torch.device,
-) -> HarvestOptions:
-    """The options with `auto` alpha measured on the first `calibration_prompts` prompts
-    (harvest/calibration.py); unchanged when it is given or no prompt is interleaved."""
-    if not options.needs_accept():
-        return options
-    alpha = measure_accept(
-        models,
-        prompts[:calibration_prompts],
-        options.positions_per_prompt,
-        options.sampling,
-        device,
-    )
-    return replace(options, interleaved_accept=alpha)
+# the settings' readers and checks live in options.py; stages/settings.py, the tests and
+# benchmarks/harvest_throughput.py reach them here as well
+__all__ = [
+    "HarvestOptions",
+    "harvest",
+    "harvest_problems",
+    "harvest_prompts",
+    "make_fabric",
+    "max_context",
+    "rank_main",
+    "resolve_accept",
+    "shared_rows_of",
+]
 
 
 def harvest_prompts(
@@ -205,34 +144,9 @@ def harvest_prompts(
         phase_seconds["generation"] = phase_seconds.get("generation", 0.0) + generated - clock
         forced = time.perf_counter() - generated
         phase_seconds["teacher_forced"] = phase_seconds.get("teacher_forced", 0.0) + forced
-    joined = concat_batches(batches, hidden_dim(models), target_dim(models))
+    joined = concat_batches(batches, array_widths(models))
     index = np.concatenate([rows_of[i] for i in range(len(prompts))] or [np.zeros(0, int)])
     return joined.take(index), [sequences[i] for i in range(len(prompts))]
-
-
-def harvest_problems(harvest: dict[str, Any]) -> list[str]:
-    """The `harvest` section's out-of-range batch sizes, one line each."""
-    problems: list[str] = []
-    for key in ("batch_size", "generation_batch_size", "statistics_rows", "calibration_prompts"):
-        if key in harvest:
-            check_whole(problems, f"harvest.{key}", harvest[key], 1)
-    if "interleaved_accept" in harvest:
-        try:
-            accept_setting(harvest["interleaved_accept"])
-        except ValueError as error:
-            problems.append(str(error))
-    return problems
-
-
-def shared_rows_of(hcfg: dict[str, Any]) -> int:
-    """harvest.shared_generation_rows, a whole number >= 0 (0: target and interleaved rows
-    never share a generation call)."""
-    value = hcfg["shared_generation_rows"]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"harvest.shared_generation_rows must be a whole number >= 0, got {value!r}"
-        )
-    return value
 
 
 def max_context(models: Roles, reserve: int) -> int | None:
@@ -303,8 +217,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
     fingerprint = harvest_fingerprint(models, options.fingerprint_settings(), data_cfg, dtype)
     records_dir = Path(cfg.experiment_dir) / "records"
     records_dir.mkdir(parents=True, exist_ok=True)
-    dim = hidden_dim(models)
-    dims = {"hidden": dim, "target_hidden": target_dim(models)}
+    dims = array_widths(models)
 
     # 2. this rank's shards that are not complete yet
     mine = plans[rank::world]
@@ -370,8 +283,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
             plans=plans,
             counts=counts,
             fingerprint=fingerprint,
-            dim=dim,
-            target_dim=dims["target_hidden"],
+            widths=dims,
             records_dir=records_dir,
             dtype=dtype,
             device=str(device),

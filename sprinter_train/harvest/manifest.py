@@ -14,6 +14,7 @@ import pyarrow as pa
 import torch
 
 import sprinter_train
+from sprinter_train.decoding.features.table import recorded_arrays
 from sprinter_train.harvest.schema import HIDDEN_DTYPE, SCHEMA_VERSION, record_schema
 from sprinter_train.harvest.shards import ShardPlan, read_records, shard_hashes
 from sprinter_train.models.identity import content_digest, model_files
@@ -134,8 +135,7 @@ def build_manifest(
     plans: list[ShardPlan],
     counts: dict[str, Any],
     fingerprint: str,
-    dim: int,
-    target_dim: int,
+    widths: dict[str, int],
     records_dir: Path,
     dtype: torch.dtype,
     device: str,
@@ -157,17 +157,7 @@ def build_manifest(
         "interleaved": interleaved,  # the interleaved mix's alpha and its source
         "data": data_cfg,
         "counts": counts,
-        "hidden": {
-            "layer": settings["hidden_layer"],
-            "d": dim,
-            "dtype": HIDDEN_DTYPE,
-            "file": "<shard>.hidden.npy, row i = parquet row i",
-        },
-        "target_hidden": {
-            "d": target_dim,
-            "dtype": HIDDEN_DTYPE,
-            "file": "<shard>.target_hidden.npy, row i = parquet row i (the target's final state)",
-        },
+        **array_sections(settings, widths),
         "columns": {f.name: str(f.type) for f in record_schema()},
         "nullable": ["S", "A"] if models.companion is None else [],
         "shards": [
@@ -184,3 +174,19 @@ def build_manifest(
         "world_size": world_size,
         "pyarrow": pa.__version__,
     }
+
+
+def array_sections(settings: dict[str, Any], widths: dict[str, int]) -> dict[str, Any]:
+    """The manifest's section of each recorded array, under its feature's name: its width
+    (`widths`), dtype and file, and what its declaration adds (`Array.about`: the draft's
+    hidden layer)."""
+    sections = {}
+    for name, array in recorded_arrays().items():
+        note = f" ({array.note})" if array.note else ""
+        sections[name] = {
+            **(array.about(settings) if array.about is not None else {}),
+            "d": widths[name],
+            "dtype": HIDDEN_DTYPE,
+            "file": f"<shard>.{name}.npy, row i = parquet row i{note}",
+        }
+    return sections

@@ -2,9 +2,10 @@
 
 The shard list comes from `records/manifest.json` (never from a folder glob); the manifest
 exists only while the set is whole, so a missing one means the harvest has not finished.
-Hidden states stay memory-mapped until a caller asks for the rows it needs. Every read checks
-the records' page checksums and value ranges; with `verify` (harvest.verify_hashes, on by
-default) also each shard file's sha256 against the manifest and that hidden states are finite.
+The float16 arrays beside the records (one per recorded verifier feature: shards.array_kinds())
+stay memory-mapped until a caller asks for the rows it needs. Every read checks the records'
+page checksums and value ranges; with `verify` (harvest.verify_hashes, on by default) also each
+shard file's sha256 against the manifest and that the arrays are finite.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ import pandas as pd
 
 from sprinter_train.core.io import MissingInputError, corrupt_input, read_json_input
 from sprinter_train.harvest.schema import HIDDEN_DTYPE, SCHEMA_VERSION
-from sprinter_train.harvest.shards import REDO, file_sha256, read_records, shard_files
+from sprinter_train.harvest.shards import (
+    REDO,
+    array_kinds,
+    file_sha256,
+    read_records,
+    shard_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +37,7 @@ HARVEST_HINT = "make them with `python -m sprinter_train stage=harvest experimen
 
 @dataclass
 class RecordSet:
-    """The records of one experiment: a DataFrame of columns plus per-shard hidden states."""
+    """The records of one experiment: a DataFrame of columns plus per-shard float16 arrays."""
 
     records_dir: Path
     manifest: dict[str, Any]
@@ -56,7 +63,13 @@ class RecordSet:
 
     @property
     def d(self) -> int:
-        return int(self.manifest["hidden"]["d"])
+        """Width of the draft's recorded hidden state, the `d` a verifier's sidecar holds."""
+        return self.widths["hidden"]
+
+    @property
+    def widths(self) -> dict[str, int]:
+        """The width of each recorded array (by feature name, as FeatureSpec.layout_of reads)."""
+        return array_widths(self.manifest)
 
     @property
     def has_companion(self) -> bool:
@@ -91,15 +104,15 @@ class RecordSet:
 
     @property
     def target_d(self) -> int:
-        """Width of the target's recorded hidden state."""
-        return int(self.manifest["target_hidden"]["d"])
+        """Width of the target's recorded hidden state (train.py's layout until it reads
+        `widths`)."""
+        return self.widths["target_hidden"]
 
     def hidden(self, rows: np.ndarray, kind: str = "hidden") -> np.ndarray:
-        """float16 (len(rows), width) hidden states of the given global rows, in that order:
-        the draft's (`hidden`) or the target's at the last verified position
-        (`target_hidden`)."""
+        """float16 (len(rows), width) rows of one recorded array (`kind`: its feature's name;
+        by default the draft's hidden state), the given global rows in that order."""
         rows = np.asarray(rows, dtype=np.int64)
-        width = self.d if kind == "hidden" else self.target_d
+        width = self.widths[kind]
         out = np.empty((len(rows), width), dtype=HIDDEN_DTYPE)
         shard_of = np.searchsorted(self.shard_offsets, rows, side="right") - 1
         for s in np.unique(shard_of):
@@ -117,7 +130,7 @@ class RecordSet:
 
 
 def map_hidden(path: Path, rows: int, d: int, hint: str) -> np.ndarray:
-    """A shard's hidden states, memory-mapped; a truncated file, or one of another shape or
+    """A shard's float16 array, memory-mapped; a truncated file, or one of another shape or
     dtype than the manifest's, is an error naming it (the harvest redoes such a shard)."""
     remedy = f"rerun stage=harvest, which redoes only the broken shard ({hint})"
     try:
@@ -141,7 +154,7 @@ def records_dir_of(experiment_dir: str | Path) -> Path:
 
 
 def verify_shards(records_dir: Path, manifest: dict[str, Any]) -> None:
-    """Each shard file's sha256 against the manifest's and finite hidden states; a mismatch
+    """Each shard file's sha256 against the manifest's and finite arrays; a mismatch
     is a CorruptInputError naming the file and the command that redoes its shard."""
     remedy = REDO.format(exp=records_dir.parent.name)
     unhashed = [s["name"] for s in manifest["shards"] if "sha256" not in s]
@@ -163,12 +176,13 @@ def verify_shards(records_dir: Path, manifest: dict[str, Any]) -> None:
         for kind, d in array_widths(manifest).items():
             hidden = map_hidden(files[kind], int(shard["rows"]), d, hint)
             if not np.isfinite(hidden).all():
-                raise corrupt_input(files[kind], "non-finite hidden states", remedy)
+                raise corrupt_input(files[kind], f"non-finite {kind} values", remedy)
 
 
 def array_widths(manifest: dict[str, Any]) -> dict[str, int]:
-    """The width of each float16 array a shard holds beside its records."""
-    return {kind: int(manifest[kind]["d"]) for kind in ("hidden", "target_hidden")}
+    """The width of each float16 array a shard holds beside its records (shards.array_kinds,
+    each described in the manifest under its name)."""
+    return {kind: int(manifest[kind]["d"]) for kind in array_kinds()}
 
 
 class OldRecordsError(MissingInputError):
@@ -196,7 +210,7 @@ def open_records(
     verify: bool = True,
 ) -> RecordSet:
     """Load the named columns of every shard in the manifest; fail naming stage=harvest.
-    `verify=False` (harvest.verify_hashes=false) skips the hash and finite-hidden checks,
+    `verify=False` (harvest.verify_hashes=false) skips the hash and finite-array checks,
     which read every byte of the record set, for speed."""
     experiment_dir = Path(experiment_dir)
     records_dir = records_dir_of(experiment_dir)
@@ -214,7 +228,7 @@ def open_records(
     manifest = read_json_input(
         manifest_path,
         f"rewrite it with the same stage=harvest command ({hint})",
-        keys=("shards", "hidden"),
+        keys=("shards", *array_kinds()),
     )
     check_schema_version(manifest, records_dir, stage, experiment_dir.name)
     names = [s["name"] for s in manifest["shards"]]

@@ -5,14 +5,15 @@ single forward of draft, companion and target over a whole sequence gives q, p a
 every position of its region. At each position t we sample x ~ q_t (the warped draft
 distribution) and record SPRINTER's q(x), p(x) (labels q/p <= lam are computed at train
 time), SV §4.2's S and A, SVIP §2's draft entropy, and the draft hidden state at t - 1, the
-verifier's input. x comes from one core.sampling.sample call per sequence with the prompt's
+verifier's input (with every other array a feature of decoding/features/table.py declares).
+x comes from one core.sampling.sample call per sequence with the prompt's
 own generator: the i-th position of a region takes the i-th uniform of its prompt's stream,
 whatever else is in the batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +23,12 @@ from sprinter_train.core.broken_logits import check_logits
 from sprinter_train.core.distributions import acceptance_alpha, entropy
 from sprinter_train.core.half import as_record_half
 from sprinter_train.core.sampling import SamplingConfig, sample, warp_probs
-from sprinter_train.decoding.features.table import AtPosition, SequenceHistory, feature_columns
+from sprinter_train.decoding.features.table import (
+    AtPosition,
+    SequenceHistory,
+    feature_columns,
+    recorded_arrays,
+)
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.mixes import prompt_seed
 from sprinter_train.harvest.schema import numpy_dtypes
@@ -39,24 +45,22 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
 
 @dataclass
 class RecordBatch:
-    """Column arrays (one entry per record) and the aligned float16 hidden states: the
-    draft's that produced q, and the target's at the record's last target-verified position
-    (`target_state_rows`; zero rows where there is none)."""
+    """Column arrays (one entry per record) and the aligned float16 arrays the features
+    declare (`recorded_arrays()`, by name: the draft's hidden state that produced q, the
+    target's at the record's last target-verified position, ...)."""
 
     columns: dict[str, np.ndarray]
-    hidden: np.ndarray
-    target_hidden: np.ndarray
+    arrays: dict[str, np.ndarray]
 
     @property
     def rows(self) -> int:
-        return int(self.hidden.shape[0])
+        return int(len(self.columns["position"]))
 
     def take(self, index: np.ndarray) -> RecordBatch:
-        """These rows, in this order (columns and hidden states together)."""
+        """These rows, in this order (columns and arrays together)."""
         return RecordBatch(
             {k: v[index] for k, v in self.columns.items()},
-            self.hidden[index],
-            self.target_hidden[index],
+            {k: v[index] for k, v in self.arrays.items()},
         )
 
 
@@ -194,7 +198,7 @@ def harvest_batch(
         device
     )
     draft_final, hidden = _states(models.draft.model, ids, mask, rows, cols, hidden_layer)
-    # the target's final state at t - 1 gives p_t; a record's target_hidden is another's
+    # the target's final state at t - 1 gives p_t (an at_last_verified array: another's)
     target_final, _ = _states(models.target.model, ids, mask, rows, cols)
     companion_final = None
     if models.companion is not None:
@@ -208,22 +212,23 @@ def harvest_batch(
         return named
 
     vocab = models.vocab_size
-    tokens, blocks = [], []
+    arrays = recorded_arrays()
+    tokens, blocks, array_blocks = [], [], []
     for group in _groups(sequences, statistics_rows):
         start = sum(s.region_end - s.region_start for s in sequences[: group.start])
         end = start + sum(s.region_end - s.region_start for s in sequences[group])
-        at = slice(start, end)
+        span = slice(start, end)
         q, draft_logits = _warped(
-            models.draft.model, draft_final[at], vocab, sampling, "draft", where(start)
+            models.draft.model, draft_final[span], vocab, sampling, "draft", where(start)
         )
         p, target_logits = _warped(
-            models.target.model, target_final[at], vocab, sampling, "target", where(start)
+            models.target.model, target_final[span], vocab, sampling, "target", where(start)
         )
         c = None
         if companion_final is not None:
             c, _ = _warped(
                 models.companion.model,
-                companion_final[at],
+                companion_final[span],
                 vocab,
                 sampling,
                 "companion",
@@ -238,13 +243,15 @@ def harvest_batch(
             offset += n
         tokens.append(x)
         stats_of = token_statistics(q, p, c, x)
-        at = AtPosition(q, p, draft_logits, target_logits, x)
+        at = AtPosition(q, p, draft_logits, target_logits, x, hidden[span], target_final[span])
         for column in feature_columns():  # at_last_verified ones: moved to that record below
             if column.at_position is not None:
                 stats_of[column.name] = column.at_position(at)
         blocks.append({k: v.float().cpu() for k, v in stats_of.items()})
+        array_blocks.append({k: as_record_half(a.at_position(at)).cpu() for k, a in arrays.items()})
     x = torch.cat(tokens)
     stats = {name: torch.cat([b[name] for b in blocks]) for name in blocks[0]}
+    recorded = {name: torch.cat([b[name] for b in array_blocks]).numpy() for name in arrays}
 
     counts = [s.region_end - s.region_start for s in sequences]
     columns: dict[str, np.ndarray] = {
@@ -282,11 +289,12 @@ def harvest_batch(
         if column.at_last_verified:
             own = columns[column.name]
             columns[column.name] = np.where(has, own[np.maximum(source, 0)], 0).astype(own.dtype)
-    target_hidden = as_record_half(target_final).cpu().numpy()[np.maximum(source, 0)]
-    target_hidden[~has] = 0
+    for name, array in arrays.items():
+        if array.at_last_verified:
+            recorded[name] = recorded[name][np.maximum(source, 0)]
+            recorded[name][~has] = 0
     columns = {name: columns[name] for name in dtypes}
-    hidden_np = as_record_half(hidden).cpu().numpy()
-    return RecordBatch(columns, hidden_np, target_hidden)
+    return RecordBatch(columns, recorded)
 
 
 def _groups(sequences: Sequence[HarvestSequence], rows: int) -> list[slice]:
@@ -303,26 +311,22 @@ def _groups(sequences: Sequence[HarvestSequence], rows: int) -> list[slice]:
     return groups
 
 
-def hidden_dim(models: Roles) -> int:
-    """Width of the recorded draft hidden state (every layer of a transformer has the same)."""
-    return int(models.draft.model.config.hidden_size)
-
-
-def target_dim(models: Roles) -> int:
-    """Width of the recorded target hidden state (its final one)."""
-    return int(models.target.model.config.hidden_size)
+def array_widths(models: Roles) -> dict[str, int]:
+    """The width of each recorded array with these models (each `Array.width_of`)."""
+    return {name: int(array.width_of(models)) for name, array in recorded_arrays().items()}
 
 
 def empty_batch(models: Roles) -> RecordBatch:
-    return concat_batches([], hidden_dim(models), target_dim(models))
+    return concat_batches([], array_widths(models))
 
 
-def concat_batches(batches: Sequence[RecordBatch], dim: int, target_width: int) -> RecordBatch:
-    """Join batches; with none, typed empty columns so an empty shard still has the schema."""
+def concat_batches(batches: Sequence[RecordBatch], widths: Mapping[str, int]) -> RecordBatch:
+    """Join batches; with none, typed empty columns and (0, width) arrays (`widths`: each
+    recorded array's) so an empty shard still has the schema."""
     if not batches:
         columns = {name: np.array([], dtype=dtype) for name, dtype in numpy_dtypes().items()}
-        empty = np.zeros((0, target_width), dtype=np.float16)
-        return RecordBatch(columns, np.zeros((0, dim), dtype=np.float16), empty)
+        empty = {name: np.zeros((0, width), dtype=np.float16) for name, width in widths.items()}
+        return RecordBatch(columns, empty)
     columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in batches[0].columns}
-    hidden = np.concatenate([b.hidden for b in batches])
-    return RecordBatch(columns, hidden, np.concatenate([b.target_hidden for b in batches]))
+    arrays = {k: np.concatenate([b.arrays[k] for b in batches]) for k in batches[0].arrays}
+    return RecordBatch(columns, arrays)

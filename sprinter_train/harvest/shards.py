@@ -4,8 +4,9 @@ Shards are fixed groups of consecutive prompts (named by group index, never by c
 folder), so which prompts a shard holds depends only on the prompt order and the config:
 a resumed run, a 1-process run and an N-process run all write the same shards. Each file
 is written under a temporary name and renamed; the records parquet is written last and holds
-the sha256 of the other two, so a shard whose three files check out is complete and a file
-changed after writing is caught (on resume here, on read by harvest/reader.py).
+the sha256 of the others (the sequences and each array the verifier features record,
+decoding/features/table.py's `recorded_arrays()`), so a shard whose files check out is complete
+and a file changed after writing is caught (on resume here, on read by harvest/reader.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pyarrow.parquet as pq
 from sprinter_train.core.io import TEMP_NAME, atomic_write, corrupt_input, file_sha256
 from sprinter_train.core.processes import pid_alive
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.features.table import feature_columns
+from sprinter_train.decoding.features.table import feature_columns, recorded_arrays
 from sprinter_train.harvest.continuations import HarvestSequence
 from sprinter_train.harvest.records import RecordBatch
 from sprinter_train.harvest.schema import (
@@ -39,14 +40,9 @@ log = logging.getLogger(__name__)
 SHARD_PREFIX = "shard-"
 META_FINGERPRINT = b"sprinter.fingerprint"
 META_PROMPTS = b"sprinter.prompts"
-META_HIDDEN_DIM = b"sprinter.hidden_dim"
+META_HIDDEN_DIM = b"sprinter.hidden_dim"  # the draft hidden state's width: a verifier's d
 META_SCHEMA = b"sprinter.schema_version"
-META_SHA256 = {
-    "hidden": b"sprinter.hidden_sha256",
-    "target_hidden": b"sprinter.target_hidden_sha256",
-    "sequences": b"sprinter.sequences_sha256",
-}
-ARRAYS = ("hidden", "target_hidden")  # float16 (rows, width) arrays beside the records
+FILES = ("records", "sequences")  # a shard's files besides its arrays (named by feature)
 REDO = (
     "rerun `python -m sprinter_train stage=harvest experiment={exp}`, which redoes only this shard"
 )
@@ -89,11 +85,25 @@ def plan_shards(
     ]
 
 
+def array_kinds() -> tuple[str, ...]:
+    """The float16 (rows, width) arrays a shard holds beside its records, one `.npy` file each:
+    the recorded arrays the verifier features declare, read at call time (as record_schema)."""
+    kinds = tuple(recorded_arrays())
+    if clash := set(kinds) & set(FILES):
+        raise ValueError(f"a verifier feature's array is named like a shard file: {clash}")
+    return kinds
+
+
+def sha256_keys() -> dict[str, bytes]:
+    """The records file's metadata key of each other file's sha256, by kind."""
+    kinds = (*array_kinds(), "sequences")
+    return {kind: f"sprinter.{kind}_sha256".encode() for kind in kinds}
+
+
 def shard_files(records_dir: Path, name: str) -> dict[str, Path]:
     return {
         "records": records_dir / f"{name}.parquet",
-        "hidden": records_dir / f"{name}.hidden.npy",
-        "target_hidden": records_dir / f"{name}.target_hidden.npy",
+        **{kind: records_dir / f"{name}.{kind}.npy" for kind in array_kinds()},
         "sequences": records_dir / f"{name}.sequences.parquet",
     }
 
@@ -131,13 +141,11 @@ def write_shard(
     sequences: Sequence[HarvestSequence],
     fingerprint: str,
 ) -> int:
-    """Write one shard (hidden states, sequences, then records last); returns its row count."""
+    """Write one shard (its arrays, sequences, then records last); returns its row count."""
     files = shard_files(records_dir, plan.name)
-    hidden = np.ascontiguousarray(batch.hidden, dtype=HIDDEN_DTYPE)
-    arrays = {"hidden": hidden, "target_hidden": batch.target_hidden}
-    for kind, values in arrays.items():
+    for kind in array_kinds():
 
-        def _save(tmp: Path, values: np.ndarray = values) -> None:
+        def _save(tmp: Path, values: np.ndarray = batch.arrays[kind]) -> None:
             with open(tmp, "wb") as handle:
                 np.save(handle, np.ascontiguousarray(values, dtype=HIDDEN_DTYPE))
 
@@ -146,9 +154,9 @@ def write_shard(
     metadata = {
         META_FINGERPRINT: fingerprint.encode(),
         META_PROMPTS: plan.digest.encode(),
-        META_HIDDEN_DIM: str(hidden.shape[1]).encode(),
+        META_HIDDEN_DIM: str(batch.arrays["hidden"].shape[1]).encode(),
         META_SCHEMA: str(SCHEMA_VERSION).encode(),
-        **{key: file_sha256(files[kind]).encode() for kind, key in META_SHA256.items()},
+        **{key: file_sha256(files[kind]).encode() for kind, key in sha256_keys().items()},
     }
     _write_parquet(files["records"], _record_table(batch, metadata))
     return batch.rows
@@ -158,7 +166,7 @@ def shard_is_complete(
     records_dir: Path, plan: ShardPlan, fingerprint: str, dims: dict[str, int]
 ) -> bool:
     """True only for a whole shard of this plan and config (`dims`: the width of each of
-    ARRAYS); the hidden arrays are only mapped.
+    array_kinds()); the arrays are only mapped.
 
     A truncated or corrupt file, a shard of other prompts or an older config all answer
     False, and the caller redoes the shard.
@@ -179,7 +187,7 @@ def shard_is_complete(
             return False
         changed = [
             files[kind].name
-            for kind, key in META_SHA256.items()
+            for kind, key in sha256_keys().items()
             if key in meta and file_sha256(files[kind]).encode() != meta[key]
         ]
         if changed:
@@ -192,7 +200,7 @@ def shard_is_complete(
             return False
         sequences = pq.read_table(files["sequences"], page_checksum_verification=True)
         complete = sequences.num_rows == len(plan.prompts)
-        for kind in ARRAYS:
+        for kind in array_kinds():
             mapped = np.load(files[kind], mmap_mode="r")
             complete &= mapped.dtype == np.dtype(HIDDEN_DTYPE)
             complete &= mapped.shape == (table.num_rows, dims[kind])
@@ -201,7 +209,7 @@ def shard_is_complete(
         return False
     if not complete:
         log.warning(
-            "%s is incomplete (hidden states or sequences do not match); redoing it", plan.name
+            "%s is incomplete (its arrays or sequences do not match); redoing it", plan.name
         )
     return complete
 
@@ -251,11 +259,11 @@ def read_shard_records(path: Path, columns: list[str] | None, remedy: str) -> pa
 
 def shard_hashes(records_dir: Path, name: str) -> dict[str, str]:
     """sha256 of each of a shard's files, checked against the hashes its records file holds
-    from write time: a hidden or sequences file changed since then is an error naming it."""
+    from write time: an array or sequences file changed since then is an error naming it."""
     files = shard_files(records_dir, name)
     meta = pq.read_schema(files["records"]).metadata or {}
     hashes = {kind: file_sha256(path) for kind, path in files.items()}
-    for kind, key in META_SHA256.items():
+    for kind, key in sha256_keys().items():
         if key in meta and meta[key].decode() != hashes[kind]:
             raise corrupt_input(
                 files[kind],

@@ -7,17 +7,15 @@ builder, a rotary embedding recomputed from scratch, a dynamic cache that concat
 two-layer student that overhead is as large as the arithmetic. `LeanDraft` runs the same
 Llama arithmetic, in the same order and dtype, as plain tensor operations: rotary tables
 computed once (and grown when needed), the visibility mask taken from the caller, and the
-keys and values written into preallocated buffers (`StaticKV`).
+keys and values written into preallocated buffers (`StaticKV`, static_kv.py).
 
 On a CPU (float32, and bf16 where native), the draft's matrices are also kept prepacked in
-oneDNN's blocked layout (`pack`): F.linear hands oneDNN the plain (out, in) weight on every
-call, and at batch 1 its bf16 products are slower than the packed ones, most of all with the
-weights in cache (the same values, checked bit for bit; docs/results/design-figures.md,
-"Prepacked linears"; float32: `models.packed`).
+oneDNN's blocked layout (`pack`, weight_packing.py): F.linear hands oneDNN the plain (out,
+in) weight on every call, and at batch 1 its bf16 products are slower than the packed ones,
+most of all with the weights in cache (the same values, checked bit for bit;
+docs/results/design-figures.md, "Prepacked linears"; float32: `models.packed`).
 
-`StaticKV` offers the parts of `transformers.DynamicCache` the decoding engine's row cache
-uses (`layers[i].keys / .values`, `update`, `get_seq_length`, `batch_select_indices`), so
-the row cache keeps, crops and packs it as it does a dynamic one.
+Whether a loaded model decodes through it: `supports_lean`, `allow_lean`, `uses_lean`.
 """
 
 from __future__ import annotations
@@ -28,131 +26,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-MIN_CAPACITY = 256  # slots a fresh buffer holds; it doubles when a block does not fit
+# StaticKV: decoding/ (cache/rows.py, runner/backends.py) imports it from here too
+from sprinter_train.models.static_kv import KVLayer, StaticKV
+from sprinter_train.models.weight_packing import pack, project
+
 LEAN_ALLOWED = "sprinter_lean_allowed"  # the attribute `allow_lean` sets on a model
-
-
-def packs(weight: torch.Tensor) -> bool:
-    """Whether `pack` prepacks this weight: float32 on a CPU with oneDNN (F.linear is MKL's
-    sgemm there, several times slower at the engine's 2-8 rows: `models.packed`), and bf16 on
-    a CPU whose oneDNN has native bf16 (there F.linear is a oneDNN product too, and the packed
-    one gave its values bit for bit at every shape and batch tried); other dtypes and devices
-    keep F.linear."""
-    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if weight.dtype == torch.float32:
-        return True
-    return weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """A (out, in) weight as `project` multiplies by it: a prepacked oneDNN copy where `packs`
-    says so, else the weight itself."""
-    if packs(weight):
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-    return weight
-
-
-def project(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """F.linear(x, weight, bias) for a weight from `pack`."""
-    if weight.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
-
-
-class KVLayer:
-    """One layer's keys and values: (rows, kv heads, capacity, head dim) buffers whose first
-    slots are filled. `keys` / `values` are views of the filled slots; assigning one (as
-    `RowCache.pack` does, keys then values) writes the new contents into its buffer. The
-    buffers are inference tensors, so every write runs in inference mode."""
-
-    def __init__(self) -> None:
-        self.buffers: list[torch.Tensor | None] = [None, None]  # keys, values
-        self.filled = [0, 0]
-
-    @property
-    def length(self) -> int:
-        return self.filled[0]
-
-    @property
-    def keys(self) -> torch.Tensor:
-        return self._view(0)
-
-    @keys.setter
-    def keys(self, contents: torch.Tensor) -> None:
-        self._write(0, contents, 0)
-
-    @property
-    def values(self) -> torch.Tensor:
-        return self._view(1)
-
-    @values.setter
-    def values(self, contents: torch.Tensor) -> None:
-        self._write(1, contents, 0)
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write a block of (rows, kv heads, width, head dim) after the filled slots; return
-        every filled slot's keys and values (views, no copy)."""
-        self._write(0, keys, self.filled[0])
-        self._write(1, values, self.filled[1])
-        return self._view(0), self._view(1)
-
-    def select(self, rows: torch.Tensor) -> None:
-        with torch.inference_mode():
-            self.buffers = [None if b is None else b[rows] for b in self.buffers]
-
-    def _view(self, which: int) -> torch.Tensor:
-        buffer = self.buffers[which]
-        assert buffer is not None, "an empty layer holds no keys or values"
-        return buffer[:, :, : self.filled[which]]
-
-    def _write(self, which: int, contents: torch.Tensor, start: int) -> None:
-        """Put contents in slots start.. and mark everything past them empty; a buffer too
-        small (or of other rows or dtype) is replaced by one of twice the capacity that keeps
-        the slots before `start`."""
-        if not torch.is_inference_mode_enabled():
-            with torch.inference_mode():
-                return self._write(which, contents, start)
-        end = start + contents.shape[2]
-        buffer = self.buffers[which]
-        if (
-            buffer is None
-            or end > buffer.shape[2]
-            or buffer.shape[0] != contents.shape[0]
-            or buffer.dtype != contents.dtype
-        ):
-            rows, heads, _, dim = contents.shape
-            capacity = max(end, 2 * (0 if buffer is None else buffer.shape[2]), MIN_CAPACITY)
-            grown = contents.new_zeros((rows, heads, capacity, dim))
-            if start:
-                grown[:, :, :start] = buffer[:, :, :start]  # type: ignore[index]
-            self.buffers[which] = buffer = grown
-        buffer[:, :, start:end].copy_(contents)
-        self.filled[which] = end
-
-
-class StaticKV:
-    """Preallocated per-layer key/value buffers with DynamicCache's interface as the row cache
-    uses it; every layer holds the same number of slots."""
-
-    def __init__(self) -> None:
-        self.layers: list[KVLayer] = []
-
-    def get_seq_length(self, layer: int = 0) -> int:
-        return self.layers[layer].length if layer < len(self.layers) else 0
-
-    def update(
-        self, keys: torch.Tensor, values: torch.Tensor, layer: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        while len(self.layers) <= layer:
-            self.layers.append(KVLayer())
-        return self.layers[layer].append(keys, values)
-
-    def batch_select_indices(self, rows: torch.Tensor) -> None:
-        for layer in self.layers:
-            layer.select(rows)
 
 
 def supports_lean(model: nn.Module) -> bool:

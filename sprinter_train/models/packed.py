@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from sprinter_train.models.lean import pack, packs, project
+from sprinter_train.models.weight_packing import pack, packs, project
 
 # storage address of a packed module's weight -> that module (see `packed_linear`)
 _OWNERS: dict[int, weakref.ref[PackedLinear]] = {}

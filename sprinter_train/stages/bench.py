@@ -23,7 +23,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench.quality.tau_ladder import hold_taus
-from sprinter_train.bench.report.report import check_targets, plot_results, write_results
+from sprinter_train.bench.report.plots import plot_results
+from sprinter_train.bench.report.results_md import write_results
+from sprinter_train.bench.report.verdicts import check_targets
 from sprinter_train.bench.run import provenance
 from sprinter_train.bench.run.decode import decode_all
 from sprinter_train.bench.run.methods import at_batch_size
@@ -49,7 +51,7 @@ def tighten_taus(cfg: DictConfig, setup: Setup, results: dict[str, Any]) -> None
     """Each lossy method past the perplexity bar decoded again, untimed, at the stricter τ of
     `bench.guard.tau_ladder` until one holds it (bench/quality/tau_ladder.py): the batch-1 run's
     prompts and seeds, its policies."""
-    guard = cfg.bench.get("guard") or {}
+    guard = cfg.bench.guard
     hold_taus(
         results,
         at_batch_size(setup.plan, cfg, setup.gammas[1]).policies,
@@ -59,7 +61,7 @@ def tighten_taus(cfg: DictConfig, setup: Setup, results: dict[str, Any]) -> None
         [int(cfg.bench.seed) + i for i in range(len(setup.prompts))],
         int(cfg.bench.max_new_tokens),
         list(guard.get("tau_ladder") or []),
-        int(guard.get("nll_batch_size", 8)),
+        int(guard.nll_batch_size),
     )
 
 

@@ -32,7 +32,7 @@ from sprinter_train.evaluation.inputs import input_provenance, load_inputs, stal
 from sprinter_train.evaluation.learning import summarise as summarise_learning
 from sprinter_train.evaluation.metrics import score_metrics
 from sprinter_train.evaluation.mixes import mix_metrics, named_rows
-from sprinter_train.evaluation.report import render_markdown
+from sprinter_train.evaluation.report_md import render_markdown
 from sprinter_train.evaluation.scores import (
     predictor_descriptions,
     predictor_scores,

@@ -7,19 +7,22 @@ with the packages that own their sections, and this is the one place that knows 
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from sprinter_train.bench.run.methods import method_problems
-from sprinter_train.core.schema import Lookup, Switch, leaves, unknown
+from sprinter_train.core.schema import ANY, Lookup, Switch, leaves, unknown
 from sprinter_train.core.schema import problems as schema_problems
 from sprinter_train.core.validation import SectionCheck, problems_in, raise_problems
 from sprinter_train.decoding.builder import decoding_problems
 from sprinter_train.harvest.driver import harvest_problems
-from sprinter_train.stages.schema import FREE, schema
+from sprinter_train.stages.schema import FREE, METHODS, schema
 from sprinter_train.verifier.labels import lam_problems
 
 CHECKS: dict[str, SectionCheck] = {
@@ -51,7 +54,26 @@ def declared_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     """Every setting its declaration (stages/schema.py) refuses, one line each, and every key
     declared nowhere (a `++`-added typo would otherwise be ignored)."""
     tree, declared = resolved(cfg), schema()
-    return unknown(tree, declared, FREE) + schema_problems(tree, declared)
+    known = partial(method_parameter, tree)
+    return unknown(tree, declared, FREE, known) + schema_problems(tree, declared)
+
+
+def method_parameter(tree: Mapping[str, Any], key: str) -> bool:
+    """Whether `key` (methods.<m>.<k>...) is a parameter of method m's class: a method is its
+    class and its config node, and the class's signature declares the node's keys (instantiate
+    passes them), so a new method's own parameters need no entry in stages/schema.py. An entry
+    whose keys the schema declares for every method (`verifier`, `planner`, ...) stays the
+    schema's to check."""
+    parts = key.split(".")
+    node = (tree.get("methods") or {}).get(parts[1]) if parts[0] == "methods" else None
+    if len(parts) < 3 or not isinstance(node, Mapping) or not node.get("_target_"):
+        return False
+    try:
+        parameters = inspect.signature(get_class(str(node["_target_"]))).parameters
+    except (ImportError, ValueError, TypeError, AttributeError):
+        return False  # method_problems names a target that does not load
+    nested = any(p.startswith(f"{ANY}.{parts[2]}.") for p in METHODS)
+    return parts[2] in parameters and (len(parts) == 3 or not nested)
 
 
 def settle(cfg: DictConfig) -> DictConfig:

@@ -35,15 +35,21 @@ def split_features(
 
 
 def rows_features(
-    records: RecordSet, rows: np.ndarray, spec: FeatureSpec, embedder: Embedder | None = None
+    records: RecordSet,
+    rows: np.ndarray,
+    spec: FeatureSpec,
+    embedder: Embedder | None = None,
+    arrays: dict[str, np.ndarray] | None = None,
 ) -> Features:
-    """Features of these global rows (hidden states read for them only)."""
+    """Features of these global rows (the recorded arrays the spec reads, read for them
+    only). `arrays`, when given, holds arrays already read on these rows and gains those read
+    here, so that callers scoring several specs on the same rows read each array once."""
     columns = {c: records.frame[c].to_numpy()[rows] for c in spec.record_columns()}
-    hidden = (
-        records.hidden(rows) if "hidden" in spec.widths else np.zeros((len(rows), 0), np.float16)
-    )
-    target = records.hidden(rows, "target_hidden") if "target_hidden" in spec.widths else None
-    return build_features(spec, hidden, columns, embedder, target)
+    arrays = {} if arrays is None else arrays
+    for kind in spec.arrays:
+        if kind not in arrays:
+            arrays[kind] = records.hidden(rows, kind)
+    return build_features(spec, arrays, columns, embedder)
 
 
 class BatchIterator:

@@ -21,10 +21,11 @@ import torch
 from sprinter_train.core.half import as_record_half
 from sprinter_train.decoding.features.table import (
     FEATURES,
-    WIDTHS,
     RecordInputs,
     dense_features,
+    dense_widths,
     feature_order,
+    recorded_arrays,
 )
 
 Embedder = Callable[[np.ndarray], np.ndarray]  # token ids -> (n, e) float embeddings
@@ -79,12 +80,18 @@ class FeatureSpec:
 
     @property
     def widths(self) -> frozenset[str]:
-        """The dense widths its features read (feature_table.WIDTHS: which hidden-state array
-        or the draft's embedding a reader must load)."""
+        """The dense widths its features read (the table's dense_widths(): which recorded
+        array, or the draft's embedding, a reader must load)."""
         return frozenset(w for n in self.names if (w := FEATURES[n].width) is not None)
 
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """The recorded arrays its features read (by feature name), in vector order."""
+        recorded = recorded_arrays()
+        return tuple(n for n in self.names if n in recorded)
+
     def record_columns(self) -> list[str]:
-        """Record columns the features read besides the hidden-state arrays (scalars' first)."""
+        """Record columns the features read besides the recorded arrays (scalars' first)."""
         columns = [c for n in (*self.scalars, *self.dense) for c in FEATURES[n].record_columns]
         return list(dict.fromkeys(columns))
 
@@ -95,14 +102,20 @@ class FeatureSpec:
     def layout(
         self, d: int, embed_dim: int | None = None, target_d: int | None = None
     ) -> list[dict[str, Any]]:
-        """[{name, width}] in vector order: what the exported weight vector multiplies."""
-        widths = {"hidden": d, "embedding": embed_dim, "target_hidden": target_d}
+        """layout_of with the built-in widths given one by one (the draft's hidden width, its
+        embedding's, the target's), as train.py and the tests call it."""
+        return self.layout_of({"hidden": d, "embedding": embed_dim, "target_hidden": target_d})
+
+    def layout_of(self, widths: Mapping[str, int | None]) -> list[dict[str, Any]]:
+        """[{name, width}] in vector order: what the exported weight vector multiplies.
+        `widths`: each dense width by name (RecordSet.widths, and `embedding`)."""
         layout = []
         for name in self.names:
             kind = FEATURES[name].width
-            if kind is not None and not widths[kind]:
-                raise ValueError(f"{name} needs {WIDTHS[kind]}")
-            layout.append({"name": name, "width": int(widths[kind] if kind else 1)})
+            width = 1 if kind is None else widths.get(kind)
+            if not width:
+                raise ValueError(f"{name} needs {dense_widths()[str(kind)]}")
+            layout.append({"name": name, "width": int(width)})
         return layout
 
 
@@ -173,15 +186,16 @@ def _half(block: torch.Tensor) -> torch.Tensor:
 
 def build_features(
     spec: FeatureSpec,
-    hidden: np.ndarray,
+    arrays: Mapping[str, np.ndarray] | np.ndarray,
     columns: dict[str, np.ndarray],
     embedder: Embedder | None = None,
-    target_hidden: np.ndarray | None = None,
 ) -> Features:
-    """Features of n records from their float16 hidden states (the draft's; the target's
-    where `target_hidden` is named) and record columns, each by its feature's
-    `from_records`."""
-    records = RecordInputs(columns, hidden, target_hidden, embedder)
+    """Features of n records from their recorded float16 arrays (by feature name: those of
+    `spec.arrays`) and record columns, each by its feature's `from_records`. A bare array is
+    the draft's hidden states (the one array callers passed before there were others)."""
+    if isinstance(arrays, np.ndarray):
+        arrays = {"hidden": arrays}
+    records = RecordInputs(columns, arrays, embedder)
     settings = dict(spec.settings)
     return assemble(spec, {n: FEATURES[n].from_records(records, settings) for n in spec.names})
 

@@ -11,8 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 from sprinter_train.bench.quality.guard import guard_results, tallies
 from sprinter_train.bench.quality.law_distance import first_token_tv
 from sprinter_train.bench.report.oracle import add_oracle_shares
-from sprinter_train.bench.report.report import UNSUPPORTED
 from sprinter_train.bench.report.summary import greedy_differences, summarise, summarise_batch
+from sprinter_train.bench.report.tables import UNSUPPORTED
 from sprinter_train.bench.run import provenance
 from sprinter_train.bench.run.methods import MethodPlan
 from sprinter_train.bench.run.prepare import Setup

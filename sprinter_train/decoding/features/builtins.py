@@ -10,6 +10,7 @@ import torch
 
 from sprinter_train.core.distributions import entropy, raw_entropy, top2_margin
 from sprinter_train.decoding.features.types import (
+    Array,
     Column,
     DecodeInputs,
     Feature,
@@ -39,16 +40,9 @@ def clipped_run(run: Tensor, cap: int) -> Tensor:
     return run.clamp(min=0, max=cap).float()
 
 
-def _array(kind: str, what: str) -> Callable[[RecordInputs, Settings], Tensor]:
-    """A float16 array beside the records (`kind`: RecordInputs.hidden or .target_hidden)."""
-
-    def read(records: RecordInputs, settings: Settings) -> Tensor:
-        values = getattr(records, kind)
-        if values is None:
-            raise ValueError(f"the {kind} feature needs the records' {what}")
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float16))
-
-    return read
+def _array(name: str) -> Callable[[RecordInputs, Settings], Tensor]:
+    """The feature's own recorded array (its `Array`), as the records store it."""
+    return lambda records, settings: records.array(name)
 
 
 def _embedded(records: RecordInputs, settings: Settings) -> Tensor:
@@ -80,10 +74,15 @@ def builtin_features() -> tuple[Feature, ...]:
         Feature(
             "hidden",
             "the draft's hidden state that produced q (the record's `hidden` array at t - 1)",
-            from_records=_array("hidden", "hidden states"),
+            from_records=_array("hidden"),
             at_decode=lambda inputs, settings: inputs.step.hidden,
             reads=(),
-            width="hidden",
+            array=Array(
+                "the draft's hidden width",
+                width_of=lambda models: int(models.draft.model.config.hidden_size),
+                at_position=lambda at: at.draft_hidden,
+                about=lambda settings: {"layer": settings["hidden_layer"]},
+            ),
             pre_draw=True,
         )
     )
@@ -103,10 +102,16 @@ def builtin_features() -> tuple[Feature, ...]:
             "the target's final hidden state at the row's last target-verified position: for a"
             " draft at t with run position r, the target's state at t - r - 2 (decoding/"
             "state.py's RowState says why; zero where the target verified nothing of the row)",
-            from_records=_array("target_hidden", "target hidden states"),
+            from_records=_array("target_hidden"),
             at_decode=lambda inputs, settings: inputs.row.target_hidden,
             reads=(),
-            width="target_hidden",
+            array=Array(
+                "the target's hidden width",
+                width_of=lambda models: int(models.target.model.config.hidden_size),
+                at_position=lambda at: at.target_final,
+                at_last_verified=True,
+                note="the target's final state",
+            ),
             history=True,
         )
     )

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 if TYPE_CHECKING:
     from sprinter_train.decoding.batch import DraftStep, RowState
+    from sprinter_train.models.roles import Roles
 
 Tensor = torch.Tensor
 Settings = Mapping[str, float]
-WIDTHS = {  # a dense block's width, as FeatureSpec.layout is told it
-    "hidden": "the draft's hidden width",
-    "embedding": "the draft's embedding width",
-    "target_hidden": "the target's hidden width",
-}
+# the dense widths no harvested array gives (a recorded feature's width is its array's, named
+# by the feature: `Array`), as FeatureSpec.layout is told them
+WIDTHS = {"embedding": "the draft's embedding width"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +30,8 @@ class AtPosition:
     draft_logits: Tensor  # (n, V) the draft's raw logits at t
     target_logits: Tensor  # (n, V) the target's raw logits at t
     tokens: Tensor  # (n,) x ~ q, the recorded token
+    draft_hidden: Tensor  # (n, d) the draft's state at harvest.hidden_layer (read at t - 1)
+    target_final: Tensor  # (n, d_target) the target's final hidden state (read at t - 1)
 
 
 @dataclass(frozen=True)
@@ -63,17 +64,44 @@ class Column:
 
 
 @dataclass(frozen=True)
+class Array:
+    """A dense feature the harvest records: a float16 (rows, width) array beside each shard's
+    records, `<shard>.<feature>.npy` with row i = parquet row i, described in the manifest
+    under the feature's name (`d`: its width). Declared here so that the shard files, their
+    hashes, the reader's kinds, the manifest and the harvest's arrays all follow the table.
+
+    `at_position` fills it from a block of recorded positions, as a Column's does;
+    `at_last_verified`: a record holds the row of its last target-verified position (zero where
+    the target verified none of the row). `width_of`: its width from the harvest's models;
+    `width`: that width in words; `note`: what a row is, beside the file in the manifest;
+    `about`: further keys of its manifest section, from the harvest's content settings."""
+
+    width: str
+    width_of: Callable[[Roles], int]
+    at_position: Callable[[AtPosition], Tensor]
+    at_last_verified: bool = False
+    note: str = ""
+    about: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
 class RecordInputs:
-    """What training and evaluate read of n records to build their features."""
+    """What training and evaluate read of n records to build their features: the columns,
+    and the recorded arrays (float16 (n, width), by feature name) the features read."""
 
     columns: Mapping[str, np.ndarray]
-    hidden: np.ndarray | None = None  # (n, d) float16: the draft's hidden state that gave q
-    target_hidden: np.ndarray | None = None  # (n, d_target) float16, where read
+    arrays: Mapping[str, np.ndarray]
     embedder: Callable[[np.ndarray], np.ndarray] | None = None  # token ids -> embeddings
 
     def column(self, name: str) -> Tensor:
         """A record column as float32 (scalar features are float32)."""
         return torch.from_numpy(np.asarray(self.columns[name], dtype=np.float32))
+
+    def array(self, name: str) -> Tensor:
+        """A recorded array as the float16 tensor it was stored as."""
+        if name not in self.arrays:
+            raise ValueError(f"the {name} feature needs the records' {name} array")
+        return torch.from_numpy(np.ascontiguousarray(self.arrays[name], dtype=np.float16))
 
 
 @dataclass(frozen=True)
@@ -102,9 +130,17 @@ class Feature:
     columns: tuple[Column, ...] = ()  # record columns this feature adds to the schema
     reads: tuple[str, ...] | None = None  # record columns it reads; None: its own `columns`
     settings: tuple[str, ...] = ()  # sidecar settings it needs (train.feature_settings)
-    width: str | None = None  # a dense float16 block of this width (WIDTHS); None: a scalar
+    # a dense float16 block of this width (WIDTHS); None: a scalar, or its `array`'s width
+    width: str | None = None
+    array: Array | None = None  # a dense block the harvest records (its width: the name)
     history: bool = False  # reads the row's history (RowState), not only its draft step
     pre_draw: bool = False  # fixed before x is drawn: known from the draft's state alone
+
+    def __post_init__(self) -> None:
+        """A recorded feature's width is named by the feature, the key every reader of the
+        array (shard files, manifest, RecordInputs.arrays, FeatureSpec.layout) uses."""
+        if self.array is not None and self.width is None:
+            object.__setattr__(self, "width", self.name)
 
     @property
     def record_columns(self) -> tuple[str, ...]:

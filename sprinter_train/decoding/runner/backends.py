@@ -8,8 +8,10 @@
   eagerly or compiled (`compiled.compiled_step`: two graphs, one-token blocks and wider
   ones), attending over the filled slots' span only (`static_cache.attention_span`).
 
-`ModelRunner` picks one from its settings when it is built; capture wraps the static one
-(`graphs.CapturedBackend`) rather than branching inside it.
+`ModelRunner` builds the one its resolved layout (`runner.layout.RunnerLayout`, made by
+`decoding.builder`) names; the backends only read that layout, never decide it. Capture
+wraps the static one (`capture.CapturedBackend`) rather than branching inside it, and every
+backend ends its forward with the one tail (`head.tail`, then the broken-logits watch).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from sprinter_train.decoding.cache.rows import DynamicRowCache
 from sprinter_train.decoding.cache.static import KVPool, StaticRowCache
 from sprinter_train.decoding.runner.clock import ForwardClock
 from sprinter_train.decoding.runner.compile import compiled_graphs, compiled_step
-from sprinter_train.decoding.runner.head import BrokenWatch, Head, pick
+from sprinter_train.decoding.runner.head import BrokenWatch, Head, tail
+from sprinter_train.decoding.runner.layout import RunnerLayout
 from sprinter_train.decoding.runner.requests import ForwardRequest, RowOutput
 from sprinter_train.models.body import StaticBody, body
 from sprinter_train.models.lean import LeanDraft, StaticKV
@@ -88,8 +91,10 @@ class DynamicBackend(Backend):
             )
             cache.kv = kv  # a forward may hand back another cache object
             cache.append(counts, width)
-            picked, hidden = pick(final, chosen, keep, width, self.hidden_layer == -1)
-            logits = self.head.full(picked)  # the reference layout: the full vocabulary
+            # the reference layout: the full vocabulary, whatever the head
+            logits, hidden, picked, _ = tail(
+                self.head, final, chosen, keep, False, self.hidden_layer
+            )
         self.watch.see(logits, positions, keep, counts)
         return RowOutput(logits, hidden, final=picked)
 
@@ -117,11 +122,9 @@ class LeanBackend(Backend):
                 ids, positions, cache.position >= 0, cache.kv, self.hidden_layer
             )
             cache.append(counts, width)
-            if width == 1 and keep.shape[1] == 1:  # keep is clamped to the only offset
-                picked, hidden = final, chosen
-            else:
-                picked, hidden = pick(final, chosen, keep, width, self.hidden_layer == -1)
-            logits, support = self.head.logits(picked, request.restricted)
+            logits, hidden, picked, support = tail(
+                self.head, final, chosen, keep, request.restricted, self.hidden_layer, True
+            )
         self.watch.see(logits, positions, keep, counts)
         return RowOutput(logits, hidden, support, picked)
 
@@ -129,36 +132,31 @@ class LeanBackend(Backend):
 class StaticBackend(Backend):
     """The body at static shapes over a `StaticRowCache`: the block and the mask padded to
     the cache's row bucket and capacity, the inert rows' outputs dropped, the attention cut
-    to the span of the filled slots (`StaticRowCache.attend`; `coarse_spans`: powers of two,
-    fewer shapes). `compiled`: `step` is `body` (a `StaticBody`) under `compiled_step`
-    (`cudagraphs`: with `reduce-overhead` on CUDA). Caches start with at least
-    `min_capacity` slots (fewer shapes), take their buffers from `pool`, and keep their row
-    bucket as rows leave unless `shrink_rows`."""
+    to the span of the filled slots (`StaticRowCache.attend`; the layout's `coarse_spans`:
+    powers of two, fewer shapes). A `compiled` layout's `step` is `body` (a `StaticBody`)
+    under `compiled_step` (with `reduce-overhead` where the layout says, and its graphs kept
+    in the layout's compile cache). Caches start with at least the layout's `min_capacity`
+    slots (fewer shapes), take their buffers from `pool`, and keep their row bucket as rows
+    leave unless `shrink_rows`."""
 
-    def __init__(
-        self,
-        *args: Any,
-        compiled: bool = False,
-        cudagraphs: bool = True,
-        min_capacity: int = 0,
-        pool: KVPool | None = None,
-        shrink_rows: bool = True,
-    ) -> None:
+    def __init__(self, *args: Any, layout: RunnerLayout, pool: KVPool) -> None:
         super().__init__(*args)
-        self.compiled = compiled
+        self.layout = layout
+        self.compiled = layout.compiled
         self.name = "static"
-        if compiled:
-            self.name = "compiled:" + ("cudagraphs" if self.device.type == "cuda" else "packed")
+        if layout.compiled:
+            self.name = "compiled:" + ("cudagraphs" if layout.reduce_overhead else "packed")
         self.body = StaticBody(self.model, self.hidden_layer)
         self.step: Any = self.body
-        # under `reduce-overhead` every prompt width would record a CUDA graph of its own
-        self.prefills = not (compiled and cudagraphs and self.device.type == "cuda")
-        if compiled:
-            self.step = compiled_step(self.body, self.device, cudagraphs)
-        self.min_capacity = min_capacity
-        self.pool = KVPool() if pool is None else pool
-        self.shrink_rows = shrink_rows
-        self.coarse_spans = False
+        self.prefills = layout.prefills
+        if layout.compiled:
+            self.step = compiled_step(
+                self.body, self.device, layout.reduce_overhead, layout.saved_steps
+            )
+        self.min_capacity = layout.min_capacity
+        self.pool = pool
+        self.shrink_rows = layout.shrink_rows
+        self.coarse_spans = layout.coarse_spans
         self._shapes_seen: set[tuple[int, int, int, int]] = set()
 
     def new_cache(self, rows: int, capacity: int = 0) -> StaticRowCache:
@@ -212,24 +210,32 @@ class StaticBackend(Backend):
             ids = ids.clone()
         return ids, compiling
 
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        kv: Any,
+        keep: torch.Tensor,
+        restricted: bool,
+        rows: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The step over a padded block, then the tail (`head.tail`): (logits, hidden,
+        picked, support) of the first `rows` rows (None: every row of the bucket). What
+        `run` runs eagerly and a captured graph records (`CapturedBackend.record_forward`)."""
+        final, chosen = self.step(ids, positions, mask, kv)
+        if rows is not None:
+            final, chosen = final[:rows], chosen[:rows]
+        return tail(self.head, final, chosen, keep, restricted, self.hidden_layer)
+
     def run(self, cache: StaticRowCache, request: ForwardRequest) -> RowOutput:
         ids, compiling = self.prepare(cache, request)
         rows, width, counts, keep = request.rows, request.width, request.counts, request.keep
         with self.clock.timed((rows, width), compiling):
             positions, mask = cache.block(counts, width)
-            final, chosen = self.step(ids, positions, mask, cache.kv)
-            final, chosen = final[:rows], chosen[:rows]
-            picked, hidden = pick(final, chosen, keep, width, self.hidden_layer == -1)
-            logits, _ = self.head.logits(picked, request.restricted)
+            logits, hidden, picked, support = self.forward(
+                ids, positions, mask, cache.kv, keep, request.restricted, rows
+            )
             cache.append(counts, width)
         self.watch.see(logits, positions[:rows], keep, counts)
-        support = self.head.support if request.restricted else None
         return RowOutput(logits, hidden, support, picked)
-
-
-def compiled_over_lean(device: torch.device) -> bool:
-    """Whether a compiled runner runs a lean-capable draft compiled in the static layout
-    rather than lean and eager: the lean buffers grow per step, so the lean path cannot
-    compile. Chosen on a GPU, where the compiled step wins; not on a CPU, where the lean
-    prepacked eager step does (docs/results/design-figures.md)."""
-    return device.type == "cuda"

@@ -73,7 +73,6 @@ from sprinter_train.decoding.batch import spread
 from sprinter_train.decoding.cache.static import StaticRowCache
 from sprinter_train.decoding.runner.after_warp import Draw
 from sprinter_train.decoding.runner.backends import Backend, StaticBackend
-from sprinter_train.decoding.runner.head import broken_first, pick
 from sprinter_train.decoding.runner.requests import (
     ForwardRequest,
     Recorded,
@@ -213,18 +212,19 @@ class CapturedSteps:
 class CapturedBackend(Backend):
     """A `StaticBackend` whose forwards replay from graphs captured by hand (`CapturedSteps`):
     the same caches, shapes and compile accounting, the same arithmetic (`record` is the
-    static forward plus the warp and `then`), run as one graph a forward. A graph records
-    one attention span (part of its key), so the spans are coarse: powers of two
-    (`static_cache.attention_span`)."""
+    static backend's own `forward` plus the warp and `then`), run as one graph a forward.
+    A graph records one attention span (part of its key), so a captured layout's spans are
+    coarse, powers of two (`RunnerLayout.coarse_spans`, set with `captured` by the builder):
+    the wrapped backend is used as it was built, never reconfigured."""
 
     def __init__(self, static: StaticBackend) -> None:
         super().__init__(static.model, static.head, static.hidden_layer, static.clock, static.watch)
+        assert static.layout.captured and static.coarse_spans, "a captured layout's backend"
         self.static = static
         self.prefills = static.prefills
-        static.coarse_spans = True
         self.name = ("compiled" if static.compiled else "static") + ":captured"
         self.graphs = CapturedSteps(self.record)
-        self.broken = static.watch.arm()  # the graphs fold the broken-logits watch here
+        static.watch.arm()  # the scalar the graphs fold the broken-logits watch into
 
     def new_cache(self, rows: int, capacity: int = 0) -> StaticRowCache:
         return self.static.new_cache(rows, capacity)
@@ -312,26 +312,24 @@ class CapturedBackend(Backend):
         recorded: Recorded,
         span: int,
     ) -> tuple[torch.Tensor, ...]:
-        """What a forward's graph records, over the row bucket and attending over `span` slots: the
-        block's position ids and mask, recorded in the cache's slot map
-        (`SlotMappedKV.block`), the body, the outputs at the kept offsets, the head, the
-        warped laws when the request warps (row by row, so the inert rows change
+        """What a forward's graph records, over the row bucket and attending over `span` slots:
+        the block's position ids and mask, recorded in the cache's slot map
+        (`SlotMappedKV.block`), the static backend's own forward (the body, the outputs at
+        the kept offsets, the head: `StaticBackend.forward`), the warped laws when the request warps (row by row, so the inert rows change
         nothing), `then`'s work over them on its tensors `extra` (inert rows check
         nothing) and the lowest broken position, folded into the watch's scalar (inert
         rows feed nothing, so they never count as broken)."""
-        static, width = self.static, ids.shape[1]
         kv.span = span
-        positions, mask = kv.block(counts, width)
-        final, chosen = static.step(ids, positions, mask, kv)
-        picked, hidden = pick(final, chosen, keep, width, static.hidden_layer == -1)
-        logits, _ = self.head.logits(picked, recorded.restricted)
+        positions, mask = kv.block(counts, ids.shape[1])
+        logits, hidden, picked, _ = self.static.forward(
+            ids, positions, mask, kv, keep, recorded.restricted
+        )
         warped: tuple[torch.Tensor, ...] = ()
         if recorded.warp is not None:
             probs = warp_probs(logits, recorded.warp)
             then = recorded.then
             warped = (probs, *(() if then is None else then.apply(probs, *extra)))
-        first = broken_first(logits, positions, keep, counts)
-        torch.minimum(self.broken, first, out=self.broken)
+        self.watch.fold(logits, positions, keep, counts)
         return logits, hidden, picked, *warped
 
 

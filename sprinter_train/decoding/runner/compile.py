@@ -1,8 +1,8 @@
 """How a static layout's step is compiled: which dimensions are symbolic, and where its
 graphs are kept for the next process.
 
-With a compile-cache folder in use (`decoding.compile_cache`, `core.compile_cache`), a
-step's graphs are saved whole with their guards (`core.precompiled.PrecompiledStep`), in a
+With a compile-cache folder in the runner's layout (`decoding.compile_cache`,
+`core.compile_cache.CompileCache`, resolved by `decoding.builder`), a step's graphs are saved whole with their guards (`core.precompiled.PrecompiledStep`), in a
 folder of their own named after everything that decides them but is not among the saved
 guards (`step_identity`): a later process loads and runs them without tracing. Without
 one, and under `reduce-overhead` (which records its CUDA graphs in the process), the step
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import transformers
 
-from sprinter_train.core.compile_cache import folder_in_use, step_of_its_own
+from sprinter_train.core.compile_cache import step_of_its_own
 from sprinter_train.core.precompiled import PrecompiledStep
 from sprinter_train.models.body import StaticBody
 
@@ -125,34 +125,34 @@ def step_identity(body: StaticBody, device: torch.device) -> tuple[str, ...]:
     )
 
 
-def step_folder(body: StaticBody, device: torch.device) -> Path | None:
-    """Where a static step's saved graphs live in the compile-cache folder in use (None:
-    none in use): `steps/<hash of step_identity>`."""
-    folder = folder_in_use()
-    if folder is None:
-        return None
+def step_folder(body: StaticBody, device: torch.device, folder: Path) -> Path:
+    """Where a static step's saved graphs live in the compile-cache `folder`:
+    `steps/<hash of step_identity>`."""
     name = hashlib.sha1(repr(step_identity(body, device)).encode()).hexdigest()[:16]
     return folder / "steps" / name
 
 
-def compiled_step(body: StaticBody, device: torch.device, cudagraphs: bool = True) -> Any:
+def compiled_step(
+    body: StaticBody, device: torch.device, reduce_overhead: bool, folder: Path | None
+) -> Any:
     """`body` compiled (`fullgraph`): the dimensions every run changes (`SYMBOLIC`) symbolic
     from the first call, so the bucketed shapes share two graphs (one-token blocks, and past
     them) and compile faster than one graph per shape, with the same tokens.
 
-    - With a compile-cache folder in use: a `PrecompiledStep`, whose graphs a later process
+    - With a compile-cache `folder`: a `PrecompiledStep`, whose graphs a later process
       loads instead of tracing them.
-    - Otherwise, or on CUDA under `reduce-overhead` (`cudagraphs`; it records one CUDA graph
-      per concrete shape in the process): a plain `torch.compile` with dynamo's automatic
-      dynamic shapes, on a code object of the model's own (`step_of_its_own`), its
+    - Otherwise, or under `reduce-overhead` (`reduce_overhead`, CUDA only; it records one
+      CUDA graph per concrete shape in the process): a plain `torch.compile` with dynamo's
+      automatic dynamic shapes, on a code object of the model's own (`step_of_its_own`), its
       recompile limit raised to cover the shapes.
 
     On a CPU the linears call the eager path's prepacked oneDNN weights through one custom
     op (`models.packed.packed_linear`) at any row count: inductor's own packing (`freezing`)
     needs a static row dimension, which the symbolic graphs lack, and without it small
     verify blocks fall back to a slow matmul path (docs/results/design-figures.md).
-    `cudagraphs` false: for a caller that captures the graphs itself
-    (`graphs.CapturedBackend`, the default on a GPU)."""
+    Both switches come resolved in the runner's layout (`runner.layout.RunnerLayout`): a
+    captured layout (`capture.CapturedBackend`, the default on a GPU) compiles without
+    `reduce-overhead` and records the graphs itself."""
     limit = 256  # row buckets x widths x capacities of a run stay far below this
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, limit)
@@ -160,13 +160,13 @@ def compiled_step(body: StaticBody, device: torch.device, cudagraphs: bool = Tru
     compiler = torch.compiler.config
     if SYMBOLIC not in compiler.dynamic_sources:
         compiler.dynamic_sources = ",".join(x for x in (compiler.dynamic_sources, SYMBOLIC) if x)
-    if device.type == "cuda" and cudagraphs:
+    if reduce_overhead:
         return plain_step(body, reduce_overhead=True)
-    folder = step_folder(body, device)  # hashes the traced sources: only where it is read
     if folder is None:
         return plain_step(body, reduce_overhead=False)
+    steps = step_folder(body, device, folder)  # hashes the traced sources: only where read
     plain = functools.partial(plain_step, body, False)
-    return PrecompiledStep(body, folder, compiler.dynamic_sources, plain=plain)
+    return PrecompiledStep(body, steps, compiler.dynamic_sources, plain=plain)
 
 
 def plain_step(body: StaticBody, reduce_overhead: bool) -> Any:

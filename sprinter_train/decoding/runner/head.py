@@ -1,6 +1,6 @@
-"""The tail every layout's forward shares after the body: the head (`Head`), the outputs at
-the kept offsets (`pick`) and the broken-logits watch (`BrokenWatch`), written once so the
-dynamic, lean, static and captured backends cannot drift apart.
+"""The tail every layout's forward shares after the body, written once (`tail`: the outputs
+at the kept offsets, `pick`, then the head, `Head`; then the broken-logits watch,
+`BrokenWatch`), so the dynamic, lean, static and captured backends cannot drift apart.
 """
 
 from __future__ import annotations
@@ -70,6 +70,30 @@ def pick(
     return picked, chosen.gather(1, index.expand(-1, -1, chosen.shape[-1]))
 
 
+def tail(
+    head: Head,
+    final: torch.Tensor,
+    chosen: torch.Tensor,
+    keep: torch.Tensor,
+    restricted: bool,
+    hidden_layer: int,
+    one_token: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(logits, hidden, picked, support) of a block's final and chosen hidden states: the
+    states at the kept offsets (`pick`; hidden layer -1 picks once), then the head over them
+    (`Head.logits`: restricted where asked and the head is). `one_token`: a one-token block
+    keeping one offset is its own pick, the states taken as they are (the lean draft's
+    steps, whose outputs are fresh tensors; a graph's or `reduce-overhead`'s outputs are
+    overwritten by the next replay, so those layouts always pick a copy)."""
+    width = final.shape[1]
+    if one_token and width == 1 and keep.shape[1] == 1:  # keep is clamped to the only offset
+        picked, hidden = final, chosen
+    else:
+        picked, hidden = pick(final, chosen, keep, width, hidden_layer == -1)
+    logits, support = head.logits(picked, restricted)
+    return logits, hidden, picked, support
+
+
 def broken_first(
     logits: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor
 ) -> torch.Tensor:
@@ -116,6 +140,18 @@ class BrokenWatch:
         first = broken_first(logits, positions, keep, counts)
         seen = self._seen
         self._seen = first if seen is None else torch.minimum(seen, first)
+
+    def fold(
+        self,
+        logits: torch.Tensor,
+        positions: torch.Tensor,
+        keep: torch.Tensor,
+        counts: torch.Tensor,
+    ) -> None:
+        """`see` inside a captured graph: folds into `in_graphs` in place (`arm` first)."""
+        assert self.in_graphs is not None
+        first = broken_first(logits, positions, keep, counts)
+        torch.minimum(self.in_graphs, first, out=self.in_graphs)
 
     def take(self) -> torch.Tensor:
         """() on the device: the lowest broken position since the last call, or NO_POSITION;

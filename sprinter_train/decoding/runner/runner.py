@@ -4,8 +4,8 @@ One forward (a `ForwardRequest`) appends a block of tokens (counts[r] of them fo
 rest of the block empty) and returns the logits and hidden states only at the positions the
 request keeps: a full-vocabulary head over every fed position would cost as much as the
 body. `ModelRunner` is the one front the engine talks to; how a forward runs is its
-backend's business (`decoding.backends`), chosen once from the settings when the runner is
-built:
+backend's business (`runner.backends`), the one its layout names (`runner.layout.RunnerLayout`,
+resolved from the settings by `decoding.builder`, the only place that decides a layout):
 
 - the distilled draft through `models.lean.LeanDraft` (`LeanBackend`), which can hand back
   its logits over its own head's tokens only (`restricted`), all a draft step needs;
@@ -23,21 +23,21 @@ from transformers import DynamicCache
 
 from sprinter_train.core.broken_logits import nonfinite_error
 from sprinter_train.decoding.cache.rows import RowCache
-from sprinter_train.decoding.cache.static import KVPool, StaticRowCache, supports_static
+from sprinter_train.decoding.cache.static import KVPool, StaticRowCache
 from sprinter_train.decoding.runner.backends import (
     Backend,
     DynamicBackend,
     LeanBackend,
     StaticBackend,
-    compiled_over_lean,
 )
 from sprinter_train.decoding.runner.capture import CapturedBackend, CapturedSteps
 from sprinter_train.decoding.runner.clock import ForwardClock
 from sprinter_train.decoding.runner.compile import compiled_graphs, compiled_step
 from sprinter_train.decoding.runner.head import NO_POSITION, BrokenWatch, Head, broken_first
+from sprinter_train.decoding.runner.layout import RunnerLayout
 from sprinter_train.decoding.runner.requests import ForwardRequest, RoundRequest, RowOutput
 from sprinter_train.models.body import body
-from sprinter_train.models.lean import LeanDraft, uses_lean
+from sprinter_train.models.lean import LeanDraft
 
 __all__ = [
     "NO_POSITION",
@@ -46,14 +46,13 @@ __all__ = [
     "RowOutput",
     "broken_first",
     "compiled_graphs",
-    "compiled_over_lean",
     "compiled_step",
     "prefill_groups",
 ]
 
 
 class ModelRunner:
-    """Feeds blocks of tokens to a `RowCache` through the backend its settings pick.
+    """Feeds blocks of tokens to a `RowCache` through the backend its layout names.
 
     `hidden_layer` -1 is the final normed hidden state (the one the head reads); k >= 0 picks
     `hidden_states[k]`. The time inside forwards is kept by a `ForwardClock` (`seconds`,
@@ -61,22 +60,14 @@ class ModelRunner:
     watched on the device and reported by the engine once a round (`nonfinite_position`),
     so no step waits for the device.
 
-    `lean` (default: `uses_lean`, i.e. a model that supports it, unless loaded with
-    `models.lean_draft=false`) runs the distilled draft's forwards through `LeanDraft`;
-    prefills still go through the model's own forward. A `compiled` runner of a model with a
-    static layout takes that layout instead of the lean one where `compiled_over_lean` says
-    so: the lean buffers grow step by step, so its shapes never settle. `static`: any other
-    model that supports it keeps its cache in a `StaticRowCache`; `compiled` (static only)
-    runs its body through `torch.compile(fullgraph=True)`, one graph per (row bucket, width,
-    capacity); the first call of each shape is compile time. Static caches start with at
-    least `min_capacity` slots (fewer compiled shapes), reuse their buffers across
-    generations (`kv_pool`) and, compiled on a GPU, keep their row bucket as rows leave
-    (inert rows cost next to nothing there, a new bucket a new CUDA graph). `captured`
-    (default: compiled on a GPU; any static runner when true) replays each shape's forward
-    as a graph captured by hand (`graphs.CapturedBackend`), not through `reduce-overhead`.
-    `padded_prefill`, `prefill_tokens`: see `prefill_groups`; a static layout runs a prefill
-    of one group (every padded one within the budget) through its own step, compiled where
-    the layout is (`StaticBackend.prefill`), and others through the model's own forward.
+    `layout`: the runner's `RunnerLayout`, every choice made (`decoding.builder`'s
+    `resolve_layout`: the lean draft or the static layout, compiled, captured by hand or
+    under `reduce-overhead`, the prefill's grouping, the compile cache); a runner is built
+    by `build_runner`, tests included, so no layout is resolved anywhere else. A static
+    layout's caches reuse their buffers across generations (`kv_pool`); a prefill of one
+    group (every padded one within the budget) runs through its own step
+    (`StaticBackend.prefill`) where the layout `prefills`, others through the model's own
+    forward (`prefill_groups`).
     """
 
     def __init__(
@@ -84,51 +75,55 @@ class ModelRunner:
         model: torch.nn.Module,
         vocab_size: int,
         hidden_layer: int = -1,
-        lean: bool | None = None,
-        static: bool = False,
-        compiled: bool = False,
-        min_capacity: int = 0,
-        padded_prefill: bool | None = None,
-        prefill_tokens: int = 1 << 16,
-        captured: bool | None = None,
+        *,
+        layout: RunnerLayout,
     ) -> None:
         self.model = model
         self.vocab_size = vocab_size
         self.hidden_layer = hidden_layer
         self.device = next(model.parameters()).device
-        cuda = self.device.type == "cuda"
-        use_lean = uses_lean(model) if lean is None else lean
-        if lean is None and (compiled or captured) and static and supports_static(model):
-            use_lean = use_lean and not compiled_over_lean(self.device)
-        self.lean = LeanDraft(model) if use_lean else None
-        self.static = static and self.lean is None and supports_static(model)
-        self.compiled = compiled and self.static
-        self.captured = self.static and (self.compiled and cuda if captured is None else captured)
-        self.min_capacity = min_capacity
-        self.padded_prefill = cuda if padded_prefill is None else padded_prefill
-        self.prefill_tokens = prefill_tokens
+        self.plan = layout
+        self.lean = LeanDraft(model) if layout.backend == "lean" else None
         self.kv_pool = KVPool()
         self.head = Head(model, vocab_size, self.lean)
         self.watch = BrokenWatch(self.device)
         self.clock = ForwardClock(self.device, self._compile_work, lambda: self.layout)
-        self.backend = self._backend(shrink_rows=not (self.compiled and cuda))
+        self.backend = self._backend()
 
-    def _backend(self, shrink_rows: bool) -> Backend:
-        """The one backend this runner's forwards go through."""
+    def _backend(self) -> Backend:
+        """The one backend this runner's layout names."""
         parts = (self.model, self.head, self.hidden_layer, self.clock, self.watch)
         if self.lean is not None:
             return LeanBackend(self.lean, *parts)
         if not self.static:
             return DynamicBackend(*parts)
-        static = StaticBackend(
-            *parts,
-            compiled=self.compiled,
-            cudagraphs=not self.captured,
-            min_capacity=self.min_capacity,
-            pool=self.kv_pool,
-            shrink_rows=shrink_rows,
-        )
-        return CapturedBackend(static) if self.captured else static
+        static = StaticBackend(*parts, layout=self.plan, pool=self.kv_pool)
+        return CapturedBackend(static) if self.plan.captured else static
+
+    @property
+    def static(self) -> bool:
+        """Whether the forwards run the static layout (compiled, captured or eager)."""
+        return self.plan.backend == "static"
+
+    @property
+    def compiled(self) -> bool:
+        return self.plan.compiled
+
+    @property
+    def captured(self) -> bool:
+        return self.plan.captured
+
+    @property
+    def min_capacity(self) -> int:
+        return self.plan.min_capacity
+
+    @property
+    def padded_prefill(self) -> bool:
+        return self.plan.padded_prefill
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.plan.prefill_tokens
 
     def _compile_work(self) -> tuple[int, int]:
         return self.backend.compile_work()
