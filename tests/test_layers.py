@@ -86,7 +86,7 @@ def test_no_test_module_imports_another() -> None:
     a test module runs its collection-time code twice and couples two suites."""
     tests = Path(__file__).parent
     found = []
-    for path in sorted(tests.glob("*.py")):
+    for path in sorted(tests.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
             if isinstance(node, ast.ImportFrom):

@@ -17,7 +17,7 @@ TESTS = Path(__file__).resolve().parent
 def marked(mark: str) -> set[str]:
     """file::test of every test function decorated with @pytest.mark.<mark>."""
     found = set()
-    for path in sorted(TESTS.glob("test_*.py")):
+    for path in sorted(TESTS.rglob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef) and any(
                 ast.unparse(d).split("(")[0] == f"pytest.mark.{mark}" for d in node.decorator_list

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from sprinter_train.models.body import body
 
-# the families tests/test_families.py decodes in every layout (and the distilled draft's)
+# the families tests/decoding/test_families.py decodes in every layout (and the distilled draft's)
 TESTED_FAMILIES = (
     "llama",
     "qwen2",

@@ -11,7 +11,7 @@ from sprinter_train.decoding.builder import build_engine, build_runner, runner_l
 from sprinter_train.decoding.engine import Engine
 from tests.decoding_helpers import GREEDY, VOCAB, tiny_trio
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 
 

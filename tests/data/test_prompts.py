@@ -28,7 +28,7 @@ from sprinter_train.data.sharegpt import first_user_turn, iter_conversations
 from sprinter_train.data.split import split_of
 from sprinter_train.models.tiny import build_tiny_tokenizer
 
-DATA_CONF = Path(__file__).resolve().parents[1] / "conf" / "data"
+DATA_CONF = Path(__file__).resolve().parents[2] / "conf" / "data"
 LOGGER = "sprinter_train.data.prompts"
 BASE = {"seed": 0, "val_fraction": 0.1, "test_fraction": 0.1, "max_prompt_tokens": None}
 

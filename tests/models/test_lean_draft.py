@@ -39,7 +39,7 @@ HEAD = 64
 PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8], [60, 61, 62]]
 SAMPLING = SamplingConfig(temperature=0.9, top_k=4, top_p=0.95)
 GREEDY = SamplingConfig(temperature=0)
-SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "drafts" / "smollm2-draft"
+SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "drafts" / "smollm2-draft"
 
 
 def restricted_copy(target: torch.nn.Module, seed: int, noise: float = 0.01) -> torch.nn.Module:

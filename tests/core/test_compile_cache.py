@@ -25,7 +25,7 @@ from sprinter_train.core.validation import ConfigError
 from sprinter_train.decoding.runner.compile import shape_owner
 from sprinter_train.models.tiny import build_tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VERSION = f"torch-{torch.__version__}"
 _spec = importlib.util.spec_from_file_location(
     "compile_cache_ab", REPO / "benchmarks" / "compile_cache_ab.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_bench.sh"
 STEPS = [
     "install",
@@ -176,7 +176,7 @@ def test_the_script_runs_end_to_end_on_the_cpu_at_tiny_size(tmp_path: Path) -> N
         MAX_NEW_TOKENS="8",
         BATCH_SIZES="1,2",
         PROFILE_STEPS="4",
-        PYTEST_PATHS="tests/test_decoding_gpu.py",
+        PYTEST_PATHS="tests/decoding/test_decoding_gpu.py",
         PIPELINE_PROMPTS="16",
         PIPELINE_ARGS="data.max_prompt_tokens=48 data.val_fraction=0.25 data.test_fraction=0.25 "
         "harvest.continuation_tokens=8 harvest.batch_size=8 train.batch_size=64 "

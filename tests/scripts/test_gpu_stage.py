@@ -19,7 +19,7 @@ import torch
 from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
 from sprinter_train.verifier.labels import Label
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gpu_stage", REPO / "benchmarks" / "gpu_stage.py")
 gpu_stage = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu_stage)

@@ -28,7 +28,7 @@ from sprinter_train.verifier.labels import labels_at
 from sprinter_train.verifier.module import VerifierModule
 from tests.synthetic import SYNTHETIC_FEATURES, write_synthetic_records
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
