@@ -24,8 +24,11 @@ EXPERIMENT ?= demo
 DEMO_PROMPTS ?= 40
 DEMO_BENCH_PROMPTS ?= 10
 # the demo's bench: batch 1 and 4, each group timed once (bench.min_timed_runs=4 re-decodes
-# few groups four times: right for a measurement, a quarter hour more for a demo)
-DEMO_BENCH ?= 'bench.batch_sizes=[1,4]' bench.min_timed_runs=1
+# few groups four times: right for a measurement, a quarter hour more for a demo), one method
+# of each family (the variants sd_heuristic, adaedl, sv_paper, sd_online and
+# hf_assisted_heuristic repeat what their family shows, each with its own warm-ups)
+DEMO_METHODS ?= [target_only,sd,svip,sv,sd_learned,sprinter,mtad,oracle,hf_assisted,hf_static]
+DEMO_BENCH ?= 'bench.batch_sizes=[1,4]' bench.min_timed_runs=1 'bench.methods=$(DEMO_METHODS)'
 PYTEST_ARGS ?=
 # the inner loop: no law, real-model or heavy tests, two workers (a test file stays on one)
 QUICK := -m "not law and not slow and not heavy" -n 2 --dist loadfile

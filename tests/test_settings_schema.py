@@ -84,6 +84,7 @@ def test_the_shipped_configs_pass_their_declarations(trees) -> None:
         assert config_problems(tree) == []
 
 
+@pytest.mark.heavy  # hundreds of configs checked: make test, not test-quick
 def test_every_numeric_and_list_key_is_swept_and_refused_as_declared(trees) -> None:
     failures = [line for tree in trees for line in sweep(tree, config_problems)]
     assert failures == []
@@ -277,6 +278,7 @@ def test_a_count_that_would_run_for_days_or_exhaust_memory_is_refused(override) 
     assert line.startswith(f"{key}=") and "<=" in line
 
 
+@pytest.mark.heavy  # hundreds of configs checked: make test, not test-quick
 def test_every_key_of_every_config_option_is_declared() -> None:
     """Each option of each config group composes to keys the schema declares (of any type:
     a word or a path too), so no shipped key is refused as unknown."""

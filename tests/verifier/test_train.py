@@ -52,6 +52,7 @@ def train_cfg(
     )
 
 
+@pytest.mark.heavy  # stage=train whole, learning curve included: make test, not test-quick
 def test_linear_verifier_recovers_the_planted_direction(compose_cfg, tmp_path, synthetic) -> None:
     cfg = train_cfg(compose_cfg, tmp_path, "train=paper", "train.lam=1", features=None)  # Lightning
     result = run_stage(cfg)["verifier_lam1"]
@@ -122,6 +123,7 @@ def test_splits_follow_the_records_split_column_by_prompt(synthetic) -> None:
     assert seen.sum() == labels.sum()
 
 
+@pytest.mark.heavy  # stage=train whole, learning curve included: make test, not test-quick
 def test_extra_features_extend_the_input(compose_cfg, tmp_path, synthetic) -> None:
     cfg = train_cfg(
         compose_cfg, tmp_path, "train.lam=1.2", "train.features=[draft_entropy,hidden,q]"
@@ -218,6 +220,7 @@ def test_with_train_prompts_keeps_a_nested_share_of_train_prompts(synthetic) -> 
     assert (records.frame["split"].to_numpy() == split).all()  # the original is not modified
 
 
+@pytest.mark.heavy  # stage=train whole, learning curve included: make test, not test-quick
 def test_learning_curve_lands_in_the_sidecar(compose_cfg, tmp_path, synthetic) -> None:
     cfg = train_cfg(compose_cfg, tmp_path, "train.lam=1", "train.learning_curve=[0.5,0.1]")
     result = run_stage(cfg)["verifier_lam1"]
