@@ -202,6 +202,7 @@ def best_logistic_fit(x: torch.Tensor, targets: np.ndarray) -> torch.Tensor:
     raise AssertionError("Newton's method did not converge")
 
 
+@pytest.mark.heavy  # stage=train whole: make test, not test-quick
 def test_the_soft_label_verifier_learns_the_expected_acceptance(
     compose_cfg, tmp_path, synthetic
 ) -> None:
