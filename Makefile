@@ -22,14 +22,14 @@ OLDEST := .venv-oldest
 TRANSFORMERS_FLOOR := $(shell sed -n 's/.*"transformers>=\([0-9.]*\).*/\1/p' pyproject.toml)
 EXPERIMENT ?= demo
 DEMO_PROMPTS ?= 40
-DEMO_BENCH_PROMPTS ?= 6
+DEMO_BENCH_PROMPTS ?= 4
 # the demo's bench: batch 1 and 4, each group timed once (bench.min_timed_runs=4 re-decodes
 # few groups four times: right for a measurement, a quarter hour more for a demo), one method
 # of each family (the variants sd_heuristic, adaedl, sv_paper, sd_online and
 # hf_assisted_heuristic repeat what their family shows, each with its own warm-ups)
 DEMO_METHODS ?= [target_only,sd,svip,sv,sd_learned,sprinter,mtad,oracle,hf_assisted,hf_static]
 DEMO_BENCH ?= 'bench.batch_sizes=[1,4]' bench.min_timed_runs=1 'bench.methods=$(DEMO_METHODS)' \
-  bench.max_new_tokens=48
+  bench.max_new_tokens=48 bench.latency.reps=8
 PYTEST_ARGS ?=
 # the inner loop: no law, real-model or heavy tests, two workers (a test file stays on one)
 QUICK := -m "not law and not slow and not heavy" -n 2 --dist loadfile
