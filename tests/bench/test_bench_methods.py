@@ -105,9 +105,8 @@ def test_sprinter_and_sv_get_the_artifacts_their_configs_name(compose_cfg, tmp_p
         path, torch.zeros(8), torch.zeros(1), {"lam": 1.5, "features": {"names": ["hidden"]}}
     )
     result = plan(cfg)
-    assert set(result.skipped) == {
-        "sd_learned"
-    }  # its verifier-accept: tests/decoding/test_sd_learned.py
+    # sd_learned's verifier-accept: tests/decoding/test_sd_learned.py
+    assert set(result.skipped) == {"sd_learned"}
     sprinter = result.policies["sprinter"]
     assert isinstance(sprinter.verifier, CheckpointVerifier) and sprinter.verifier.bias == 0.0
     expected = {"lam": 1.5, "path": str(path), "hidden_layer": -1}  # the layer it reads
