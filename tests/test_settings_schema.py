@@ -12,6 +12,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from omegaconf import OmegaConf, open_dict
 
 from sprinter_train import __main__ as entry
 from sprinter_train.core.config import CONF_DIR, compose_config
-from sprinter_train.core.schema import Num, Seq, leaves, spec_of, undeclared
+from sprinter_train.core.schema import Num, Seq, leaves, spec_of, unknown
 from sprinter_train.core.validation import ConfigError
 from sprinter_train.stages import schema as declarations
 from sprinter_train.stages import settings
@@ -59,7 +60,10 @@ def sweep(
     declaration refuses the value, none where it admits it), and each undeclared key (`only`:
     probe these keys alone)."""
     full = declarations.schema()
-    failures = [f"{key}: declared nowhere" for key in undeclared(tree, full, declarations.FREE)]
+    known = partial(settings.method_parameter, tree)
+    failures = [
+        f"declared nowhere: {line}" for line in unknown(tree, full, declarations.FREE, known)
+    ]
     for key, _ in leaves(tree):
         if only is not None and key not in only:
             continue
@@ -125,9 +129,10 @@ def test_the_sweep_catches_a_key_whose_check_is_dropped(trees, monkeypatch) -> N
 
 
 def test_the_sweep_catches_a_key_nobody_declared(trees) -> None:
-    """Test of the test: a new numeric key of conf/ without a declaration fails the sweep."""
+    """Test of the test: a new key of conf/ without a declaration fails the sweep."""
     tree = _set(trees[0], "bench.new_knob", 3)
-    assert sweep(tree, config_problems, ()) == ["bench.new_knob: declared nowhere"]
+    (failure,) = sweep(tree, config_problems, ())
+    assert failure.startswith("declared nowhere: bench.new_knob is not a setting")
 
 
 @pytest.mark.parametrize(

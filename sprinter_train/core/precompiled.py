@@ -17,7 +17,7 @@ The saved guards are the ones dynamo can serialise (torch's own filter for AOT c
 which also drops those derived from an object's identity): the tensors' shapes, strides,
 dtypes, devices and dispatch keys, and the python values the forward reads. They do not
 cover which code was traced, so the folder's name must stand for it: the caller names it
-after the model's architecture, its sizes and the sources traced (`decoding.compiled`).
+after the model's architecture, its sizes and the sources traced (`decoding.runner.compile`).
 
 Everything runs in inference mode: a guard's expected dispatch keys are computed, when the
 guards are loaded, in the grad mode of that moment, so loading, compiling and calling in one

@@ -5,8 +5,9 @@ Hand-kept lists of keys to check drifted from the configs: `bench.max_new_tokens
 each passed and failed after the models had loaded. A key is declared once, with what it
 holds (`Num`: a number, whole or not, its range and the words it also takes; `Seq`: a list,
 empty or not, of items of one spec; `Word`: one of some words), and `problems` checks every
-declared key a config holds. `undeclared` names the numeric and list keys a config holds
-that no spec declares, so a test refuses a new key until it is declared.
+declared key a config holds. `unknown` names every key a config holds that no spec declares,
+with the closest declared key: the entry point refuses it, and a test refuses a new conf key
+until it is declared.
 
 Plain dicts only: the config is converted (interpolations resolved) before it reaches here.
 """
@@ -251,20 +252,6 @@ def problems(tree: Mapping[str, Any], schema: Mapping[str, Spec]) -> list[str]:
         if (spec := lookup(key)) is not None
         and (getattr(spec, "unless", None) is None or values.get(spec.unless) is None)  # type: ignore[union-attr]
         for line in spec.problems(key, value)
-    ]
-
-
-def undeclared(
-    tree: Mapping[str, Any], schema: Mapping[str, Spec], free: tuple[str, ...] = ()
-) -> list[str]:
-    """The keys of `tree` holding a number or a list that no spec of `schema` declares (`free`:
-    patterns of keys passed through unchecked, such as a model's own config)."""
-    lookup = Lookup(schema)
-    return [
-        key
-        for key, value in leaves(tree)
-        if isinstance(value, int | float | list) and not isinstance(value, bool)
-        if lookup(key) is None and not any(_under(p, key) for p in free)
     ]
 
 

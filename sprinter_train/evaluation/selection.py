@@ -7,7 +7,7 @@ report already scores (SVIP's and AdaEDL's entropy rules, SV's table, the online
 estimator, q(x)); and each verifier's AUC minus each of theirs, with the paired interval over
 the same prompt resamples (above 0: the verifier ranks better). It also lists the model
 selection train.select recorded in each verifier's sidecar (verifier/select.py): every
-candidate's val AUC and which one was kept. evaluation/report.py renders it.
+candidate's val AUC and which one was kept. evaluation/limit_sections.py renders it.
 """
 
 from __future__ import annotations

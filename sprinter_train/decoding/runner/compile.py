@@ -53,6 +53,7 @@ TRACED = (
     "sprinter_train.models.body",
     "sprinter_train.models.cache",
     "sprinter_train.models.packed",
+    "sprinter_train.models.weight_packing",
     "sprinter_train.decoding.cache.static",
 )
 
