@@ -106,14 +106,15 @@ def floors(cfg: DictConfig, setups: dict[str, Setup]) -> dict[str, Any]:
     ecfg = cfg.draft_eval
     out = {}
     for v, setup in setups.items():
-        models = setup.models
+        models, decoding = setup.models, variant_cfg(cfg, v).decoding
         floor = measure_step_floor(
             models.draft.model,
             models.target.model,
             setup.engine.sampling,
             int(ecfg.context_tokens),
             int(ecfg.floor_reps),
-            layout=runner_layout(variant_cfg(cfg, v).decoding, setup.device),
+            layout=runner_layout(decoding, setup.device),
+            decoding=decoding,
         )
         out[v] = floor.report()
     return out

@@ -90,7 +90,8 @@ def measure(
     generation_batch_size=64,
     statistics_rows=32,
     shared_generation_rows=8,
-    runners: ContinuationRunners | None = None,
+    *,
+    runners: ContinuationRunners,
 ) -> dict[str, float]:
     synchronize(device)
     start = time.perf_counter()
@@ -105,7 +106,7 @@ def measure(
         generation_batch_size,
         statistics_rows,
         shared_generation_rows,
-        runners,
+        runners=runners,
     )
     for plan in plan_shards(prompts, mixes, len(prompts)):
         write_shard(out_dir, plan, batch, sequences, "benchmark")
@@ -165,10 +166,10 @@ def main() -> None:
     # the harvest's runners: its decoding layout, one per model for every repeat, as a
     # harvest's for every shard (a compiled layout compiles in the first repeat)
     runners = ContinuationRunners(
-        models, runner_layout(cfg.decoding, device), int(cfg.decoding.pack_every)
+        models, runner_layout(cfg.decoding, device), pack_every=int(cfg.decoding.pack_every)
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        measure(models, warm, ["original"], options, batch_size, device, Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp:  # the warm-up's original mix generates nothing
+        measure(models, warm, ["original"], options, batch_size, device, Path(tmp), runners=runners)
         for _ in range(max(1, args.repeats)):
             for name, (mixes, generation) in scenarios.items():
                 runs[name].append(
@@ -183,7 +184,7 @@ def main() -> None:
                         generation,
                         int(hcfg["statistics_rows"]),
                         shared_rows_of(hcfg),
-                        runners,
+                        runners=runners,
                     )
                 )
     print(

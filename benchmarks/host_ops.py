@@ -145,11 +145,25 @@ def main() -> None:
     draft = build_tiny_model({}, seed=0).eval()  # a copy: drafts get accepted, rounds run long
     sampling = SamplingConfig(temperature=0.9, top_k=0, top_p=0.95)
     vocab = int(target.config.vocab_size)
-    layout = {"static": True, "min_capacity": 256, "captured": args.captured}
+    decoding = compose_config().decoding  # pack_every, prefill_tokens: conf/config.yaml's
+    layout = {
+        "static": True,
+        "min_capacity": 256,
+        "captured": args.captured,
+        "prefill_tokens": int(decoding.prefill_tokens),
+    }
     # a fixed price, as a GPU's profile reads (ms): sd_learned's lengths depend on it, not on
     # the host's own timings of the tiny models
     timings = Timings(target=gpu_target_seconds, draft=lambda rows: 0.6e-3, learn=False)
-    engine = build_engine(target, sampling, vocab, draft=draft, layout=layout, timings=timings)
+    engine = build_engine(
+        target,
+        sampling,
+        vocab,
+        draft=draft,
+        layout=layout,
+        pack_every=int(decoding.pack_every),
+        timings=timings,
+    )
     prompt = [5, 17, 9, 33, 2, 8]
     policies: list[Any] = [TargetOnly(), SpeculativeDecoding(gamma=3), SVIP(0.25, 4, 0.15)]
     if args.learned:

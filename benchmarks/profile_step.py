@@ -113,6 +113,7 @@ def main() -> None:
         models.vocab_size,
         draft=models.draft.model if args.method == "sd" else None,
         layout=runner_layout(cfg.decoding, device),
+        pack_every=int(cfg.decoding.pack_every),
     )
     runner, draft = engine.target, engine.draft
     prompt = prompt_ids(models.tokenizer, args.context)

@@ -69,7 +69,7 @@ def main() -> None:
     # set per variant
     static = {**cfg.decoding, "static_cache": True, "static_capacity": capacity}
     for name, layout in {
-        "dynamic": {},
+        "dynamic": {"prefill_tokens": int(cfg.decoding.prefill_tokens)},
         "static": runner_layout({**static, "compile": False}, device),
         "compiled": runner_layout({**static, "compile": True}, device),
     }.items():

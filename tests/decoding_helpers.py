@@ -2,7 +2,9 @@
 
 `MemoRunner` gives full (cache-free) forwards of a real tiny model, memoised by prefix: the
 exact laws the engine's batched, cached decoding is compared with. `FixedLogits` is a model
-with hand-set next-token logits for the smallest exactness cases.
+with hand-set next-token logits for the smallest exactness cases. `DECODING` is
+conf/config.yaml's decoding section, the one place its values are written: the tests take
+`PACK_EVERY` and `PREFILL_TOKENS` from it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sprinter_train.core.config import conf_defaults
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.engine import Engine
@@ -22,6 +25,12 @@ from sprinter_train.decoding.runner.requests import ForwardRequest
 from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.decoding.timings import StepCost, Timings
 from sprinter_train.models.tiny import build_tiny_model
+
+# conf/config.yaml's decoding section as written there, and the two values the engine and a
+# padded prefill take from it (code keeps no default of either)
+DECODING: dict[str, Any] = conf_defaults("config.yaml", "decoding")
+PACK_EVERY = int(DECODING["pack_every"])
+PREFILL_TOKENS = int(DECODING["prefill_tokens"])
 
 # the tiny-model decoding tests' prompts, samplings and law-test sizes
 VOCAB = 128
@@ -63,15 +72,17 @@ def engine_for(
     eos: int | None = None,
 ) -> Engine:
     """The trio's engine, pricing at `timings` (default: `fixed_timings()`), every runner in
-    `layout` (`static`, `compiled`, `padded_prefill`; default: the runners' own)."""
+    `layout` (`static`, `compiled`, `padded_prefill`; default: the runners' own) with conf's
+    `prefill_tokens` and `pack_every`."""
     return build_engine(
         models["target"],
         sampling,
         VOCAB,
         draft=models["draft"],
         companion=models["companion"],
-        layout=layout,
+        layout={"prefill_tokens": PREFILL_TOKENS, **(layout or {})},
         eos_token_id=eos,
+        pack_every=PACK_EVERY,
         timings=fixed_timings() if timings is None else timings,
     )
 
@@ -242,11 +253,13 @@ def smallest_case_engine(sampling: SamplingConfig, timings: Timings | None = Non
     """p = q = (1/2, 1/2) and a companion c = (1, 0), on a two-token vocabulary: the case
     where the SV paper's rule emits token 0 with probability 3/4."""
     half, sure = FixedLogits([0.0, 0.0]), FixedLogits([0.0, float("-inf")])
-    return Engine(
+    return build_engine(
         build_runner(half, 2),
         sampling,
+        2,
         draft=build_runner(half, 2),
         companion=build_runner(sure, 2),
+        pack_every=PACK_EVERY,
         timings=fixed_timings() if timings is None else timings,
     )
 

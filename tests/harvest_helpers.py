@@ -8,9 +8,11 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from sprinter_train.core.config import compose_config
+from sprinter_train.harvest.continuations import ContinuationRunners
 from sprinter_train.models.loading import LoadedModel
 from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model, build_tiny_tokenizer
+from tests.decoding_helpers import PACK_EVERY
 
 
 def tiny_gpt2() -> torch.nn.Module:
@@ -18,6 +20,12 @@ def tiny_gpt2() -> torch.nn.Module:
     torch.manual_seed(5)
     config = GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=2)
     return GPT2LMHeadModel(config).eval()
+
+
+def default_runners(models: Roles) -> ContinuationRunners:
+    """New continuation runners of `models` in the runners' default layout, packing every
+    conf/config.yaml's `decoding.pack_every` rounds (the harvest's own take its layout)."""
+    return ContinuationRunners(models, pack_every=PACK_EVERY)
 
 
 def generating_models(family: str, eos_token_id: int | None) -> Roles:

@@ -28,8 +28,7 @@ from sprinter_train.core.processes import pid_alive, start_time
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.core.validation import ConfigError
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.builder import build_runner
-from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.distill.trainer import DistillState, load_checkpoint, save_checkpoint
 from sprinter_train.harvest.continuations import HarvestSequence
@@ -42,7 +41,7 @@ from sprinter_train.stages import train as train_stage
 from sprinter_train.stages.settings import config_problems
 from sprinter_train.sv.table import SVTable, TableMismatchError, check_table_models, sealed
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
-from tests.decoding_helpers import FixedLogits
+from tests.decoding_helpers import PACK_EVERY, FixedLogits
 from tests.distill_helpers import TINY_DISTILL
 from tests.synthetic import SYNTHETIC_FEATURES, write_synthetic_records
 
@@ -350,7 +349,9 @@ PROMPT = [1, 0, 1, 1]
 
 def fixed_engine(target: list[float], draft: list[float] | None, sampling: SamplingConfig):
     runner = build_runner(FixedLogits(draft), 2) if draft is not None else None
-    return Engine(build_runner(FixedLogits(target), 2), sampling, draft=runner)
+    return build_engine(
+        build_runner(FixedLogits(target), 2), sampling, 2, draft=runner, pack_every=PACK_EVERY
+    )
 
 
 def test_greedy_decoding_stops_on_nan_target_logits() -> None:

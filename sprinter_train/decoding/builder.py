@@ -9,6 +9,10 @@ Hugging Face callables and the benchmark scripts get their runners (`build_runne
 engines (`build_engine`) from here, so a layout means the same thing wherever it is used,
 and a compiled layout's compile cache is pointed at by the builder itself (no caller has to
 remember to). These functions take plain mappings: the stages turn their config into them.
+The values conf/config.yaml gives `decoding.prefill_tokens` and `decoding.pack_every` have no
+second copy here: a layout that pads its prefill and every engine are handed them
+(`runner_layout` reads the first, `build_engine` takes the second), and a missing one is an
+error, not a default.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from sprinter_train.core.compile_cache import CompileCache, cache_folder
 from sprinter_train.core.runtime import parse_switch, resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.cache.static import supports_static
-from sprinter_train.decoding.engine import PACK_EVERY, Engine
+from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.runner.layout import RunnerLayout
 from sprinter_train.decoding.runner.runner import ModelRunner
 from sprinter_train.decoding.timings import Timings
@@ -43,6 +47,17 @@ SETTINGS = frozenset(
         DRAFTS,
     }
 )
+
+
+def decoding_setting(decoding: Mapping[str, Any], key: str) -> Any:
+    """`decoding.<key>`, a setting code keeps no default of (conf/config.yaml's is the one):
+    a mapping without it is refused, naming it."""
+    if key not in decoding:
+        raise ValueError(
+            f"decoding.{key} is not set: it has no default in code; conf/config.yaml's "
+            f"decoding section sets it (pass the config's decoding section, or {key}= itself)"
+        )
+    return decoding[key]
 
 
 def decoding_problems(decoding: Mapping[str, Any]) -> list[str]:
@@ -70,7 +85,8 @@ def runner_layout(decoding: Mapping[str, Any], device: torch.device) -> dict[str
     """`ModelRunner`'s layout keyword arguments from the `decoding` section on `device`:
     `static` (`static_cache`; auto follows compile), `compiled` (`compile`, static only),
     `min_capacity` (`static_capacity`), `padded_prefill` (`prefill`; auto: padded on CUDA,
-    see `runner.prefill_groups`), `prefill_tokens`, `captured` (`capture`; auto, None, is
+    see `runner.prefill_groups`), `prefill_tokens` (required: see `decoding_setting`),
+    `captured` (`capture`; auto, None, is
     resolved per runner by `resolve_layout`, true asks for CUDA graphs where they exist: on
     CUDA) and, where it compiles, `compile_cache` (`decoding.compile_cache` as a
     `CompileCache`: its folder, or None, the on-disk caches off)."""
@@ -84,7 +100,7 @@ def runner_layout(decoding: Mapping[str, Any], device: torch.device) -> dict[str
         "compiled": compiled and static,
         "min_capacity": int(decoding.get("static_capacity", 0) or 0),
         "padded_prefill": device.type == "cuda" if prefill == "auto" else prefill == "padded",
-        "prefill_tokens": int(decoding.get("prefill_tokens", 1 << 16)),
+        "prefill_tokens": int(decoding_setting(decoding, "prefill_tokens")),
         "captured": None if capture == "auto" else bool(capture) and device.type == "cuda",
         "compile_cache": None,
     }
@@ -132,7 +148,9 @@ def resolve_layout(
       `compiled` (static only) compiles its body; `captured` (absent or None: compiled on a
       GPU; any static layout when true) replays its forwards from graphs captured by hand,
       with coarse spans; a compiled layout on a GPU not captured runs `reduce-overhead`.
-    - `padded_prefill` (absent or None: on CUDA), `prefill_tokens`, `min_capacity`.
+    - `padded_prefill` (absent or None: on CUDA); `prefill_tokens`, the padded tokens one
+      prefill forward holds at most, is required where the prefill is padded (the one place
+      it is read; by length, it may be absent: None); `min_capacity`.
     - `compile_cache`: kept where the layout compiles.
     - `role`: the draft and companion take the mapping's `DRAFTS` changes."""
     unknown = set(settings) - SETTINGS
@@ -153,7 +171,16 @@ def resolve_layout(
     compiled = bool(compiled_asked) and static
     captured = static and (compiled and cuda if captured_asked is None else bool(captured_asked))
     reduce_overhead = compiled and cuda and not captured
-    padded = options.get("padded_prefill")
+    padded_asked = options.get("padded_prefill")
+    padded = cuda if padded_asked is None else bool(padded_asked)
+    prefill_tokens = options.get("prefill_tokens")
+    if padded and prefill_tokens is None:
+        raise ValueError(
+            f"the {role}'s layout pads its prefill (padded_prefill, on CUDA by default) but sets "
+            "no prefill_tokens, the padded tokens one prefill forward holds at most: it has no "
+            "default in code; pass decoding.prefill_tokens (conf/config.yaml; `runner_layout` "
+            "reads it) or padded_prefill=False"
+        )
     return RunnerLayout(
         backend="lean" if lean else "static" if static else "dynamic",
         compiled=compiled,
@@ -163,8 +190,8 @@ def resolve_layout(
         prefills=static and not reduce_overhead,
         shrink_rows=not (compiled and cuda),
         min_capacity=int(options.get("min_capacity", 0) or 0),
-        padded_prefill=cuda if padded is None else bool(padded),
-        prefill_tokens=int(options.get("prefill_tokens", 1 << 16)),
+        padded_prefill=padded,
+        prefill_tokens=None if prefill_tokens is None else int(prefill_tokens),
         compile_cache=options.get("compile_cache") if compiled else None,
     )
 
@@ -177,7 +204,8 @@ def build_runner(
     lean: bool | None = None,
     role: str = "target",
 ) -> ModelRunner:
-    """A runner of `model` in `layout` (`runner_layout`'s keys; None or empty: the defaults)
+    """A runner of `model` in `layout` (`runner_layout`'s keys; None or empty: the defaults,
+    which on CUDA pad the prefill and so need `prefill_tokens`)
     for `role` (target, draft or companion: the two drafts take the layout's `DRAFTS`
     changes), resolved by `resolve_layout`; `lean`: None leaves it to `resolve_layout`, and
     a lean draft keeps its own layout whatever `layout` says. A compiled layout's compile
@@ -198,13 +226,14 @@ def build_engine(
     layout: Mapping[str, Any] | None = None,
     hidden_layer: int = -1,
     eos_token_id: int | None = None,
-    pack_every: int = PACK_EVERY,
+    pack_every: int,
     timings: Timings | None = None,
 ) -> Engine:
     """An engine over the target and the optional draft and companion, each built in one
     `layout` on the shared vocabulary (`vocab_size`); the draft's runner hands verifiers its
     `hidden_layer`. A role given as a runner is taken as built: a harvest reuses its runners
-    (their compiled graphs and KV buffers) across many engines."""
+    (their compiled graphs and KV buffers) across many engines. `pack_every`:
+    `decoding.pack_every`, required (no default in code: conf/config.yaml's is the one)."""
 
     def runner(model: torch.nn.Module | ModelRunner, role: str, layer: int = -1) -> ModelRunner:
         if isinstance(model, ModelRunner):

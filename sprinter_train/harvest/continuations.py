@@ -1,7 +1,8 @@
-"""Build the sequence each prompt is teacher-forced on, one per SPRINTER prefix mix.
+"""Build the sequence each prompt is teacher-forced on, of the prefix mix it was assigned.
 
 `original`: the prompt plus the dataset's own continuation (a chat reply, a canonical
-solution, the rest of a text). `draft` / `target`: a continuation sampled from that model.
+solution, the rest of a text); a prompt without one contributes its own tail. `draft` /
+`target`: a continuation sampled from that model.
 `interleaved`: what SPRINTER's decoder leaves behind, runs of draft tokens kept as the draft
 drew them between single target tokens, the runs geometric with the pair's acceptance
 (decoding/interleaved.py). `sd_interleaved` (weight 0 by default): the continuation lossless
@@ -12,8 +13,9 @@ measures); a few target and interleaved rows share one call, whose target forwar
 both. Each row draws from its own stream keyed by its prompt's seed, so a sequence never
 depends on the batch or shard it was built in. Each generated sequence notes which of its
 tokens the draft sampled and were kept as drawn (`HarvestSequence.from_draft`). Every call
-of one harvest runs on the same `ModelRunner`s (`ContinuationRunners`), laid out as the
-`decoding` section says (static, compiled), as the bench's are.
+of one harvest runs on the same `ModelRunner`s (`ContinuationRunners`, which every builder
+here takes: the caller makes them once), laid out and packed as the `decoding` section says
+(static, compiled, `pack_every`), as the bench's are.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.batch import Policy
 from sprinter_train.decoding.builder import build_engine, build_runner
-from sprinter_train.decoding.engine import PACK_EVERY, Engine
+from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.interleaved import InterleavedRuns
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.runner.runner import ModelRunner
@@ -80,11 +82,12 @@ class ContinuationRunners:
     (`decoding.builder.runner_layout`'s keyword arguments; empty: the runner's default
     layout) and reused by every engine call. A runner holds its compiled graphs and its KV
     buffer pool (`KVPool`): a runner built per batch would recompile every batch and
-    reallocate its buffers. `pack_every`: the engines' (speed only)."""
+    reallocate its buffers. `pack_every`: the engines' (`decoding.pack_every`, required:
+    speed only)."""
 
     models: Roles
     layout: dict[str, Any] = field(default_factory=dict)
-    pack_every: int = PACK_EVERY
+    pack_every: int = field(kw_only=True)
     _built: dict[str, ModelRunner] = field(default_factory=dict, init=False, repr=False)
 
     def runner(self, role: str) -> ModelRunner:
@@ -125,12 +128,12 @@ def continuation_engine(
     gamma: int,
     runs: RunLaw,
     sampling: SamplingConfig,
-    runners: ContinuationRunners | None = None,
+    runners: ContinuationRunners,
 ) -> tuple[Engine, Policy]:
     """The engine and policy that generate rows of these mixes (one per row) in one call:
     target-only decoding of the mix's model, the interleaved runs (with target rows sharing
     the call: they draft nothing), or SD with block size gamma; no hidden states are needed.
-    The engine runs on `runners`' runners (default: new ones, in the default layout)."""
+    The engine runs on `runners`' runners (`models`' own)."""
     runners = runners_for(models, runners)
     kinds = set(mixes)
     if kinds <= {"target", "interleaved"} and "interleaved" in kinds:
@@ -151,10 +154,8 @@ def continuation_engine(
     return runners.engine(sampling, "draft" if kinds == {"draft"} else "target"), TargetOnly()
 
 
-def runners_for(models: Roles, runners: ContinuationRunners | None) -> ContinuationRunners:
-    """`runners`, checked to be `models`' own, or new ones in the default layout."""
-    if runners is None:
-        return ContinuationRunners(models)
+def runners_for(models: Roles, runners: ContinuationRunners) -> ContinuationRunners:
+    """`runners`, checked to be `models`' own."""
     if runners.models is not models:
         raise ValueError("the continuation runners were built for other models")
     return runners
@@ -169,7 +170,7 @@ def generate_continuations(
     runs: RunLaw,
     sampling: SamplingConfig,
     seed: int,
-    runners: ContinuationRunners | None = None,
+    runners: ContinuationRunners,
 ) -> list[Continuation]:
     """At most `length` tokens after each prompt (row i of mix mixes[i]), ending at the first
     EOS: one batched `generate` call, row i seeded by its prompt
@@ -210,12 +211,13 @@ def build_sequences(
     sampling: SamplingConfig,
     seed: int,
     shared_rows: int = 8,
-    runners: ContinuationRunners | None = None,
+    *,
+    runners: ContinuationRunners,
 ) -> list[HarvestSequence]:
     """The sequence of every prompt of one batch: `length` generated tokens, or the first
     `original_length` reference tokens. Each generated mix's rows are one engine call, or
-    the target and interleaved rows share one (`generation_calls`), all on `runners`' models
-    (default: new runners for this batch, shared by its calls). `from_draft` covers the whole
+    the target and interleaved rows share one (`generation_calls`), all on `runners`' runners
+    (`models`' own, shared by its calls). `from_draft` covers the whole
     sequence where the draft made any of a row's tokens (draft and interleaved mixes), else
     it is empty (all False)."""
     runners = runners_for(models, runners)

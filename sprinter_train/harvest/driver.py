@@ -82,7 +82,8 @@ def harvest_prompts(
     generation_batch_size: int = 64,
     statistics_rows: int = 32,
     shared_generation_rows: int = 8,
-    runners: ContinuationRunners | None = None,
+    *,
+    runners: ContinuationRunners,
     phase_seconds: dict[str, float] | None = None,
 ) -> tuple[RecordBatch, list[HarvestSequence]]:
     """Records of `prompts` in order: build the sequences, then one forward per model a batch.
@@ -93,8 +94,8 @@ def harvest_prompts(
     for 30 on a CPU; up to `shared_generation_rows` target and interleaved rows share one),
     then teacher-forced `batch_size` sequences at a time; per-prompt random streams keep the
     records independent of all three (and of `pack_every` and, but for the matmuls' rounding,
-    of the runners' layout). Every generation call runs on `runners` (default: new ones in
-    the default layout, shared by this call's chunks); the harvest passes its own, made once
+    of the runners' layout). Every generation call runs on `runners` (`models`' own): the
+    harvest passes its own, made once in the `decoding` section's layout and `pack_every`
     (`ContinuationRunners`). `phase_seconds`, when given, gains the seconds spent generating
     continuations (`generation`) and teacher-forcing the sequences (`teacher_forced`).
     """
@@ -115,7 +116,7 @@ def harvest_prompts(
             options.sampling,
             options.seed,
             shared_generation_rows,
-            runners,
+            runners=runners,
         )
         built_of.update(zip(chunk, built, strict=True))
     generated = time.perf_counter()
@@ -241,7 +242,7 @@ def rank_main(fabric: Fabric, cfg: DictConfig) -> dict[str, Any]:
     # decoding.compile says), one runner per model for the whole run: a compiled runner
     # keeps its graphs and a static one its KV buffers from batch to batch
     layout = runner_layout(cfg.decoding, device)
-    runners = ContinuationRunners(models, layout, int(cfg.decoding.pack_every))
+    runners = ContinuationRunners(models, layout, pack_every=int(cfg.decoding.pack_every))
     log.info("harvest continuations: decoding layout %s", layout)
     phases: dict[str, float] = {}
     rows = _write_shards(

@@ -2,8 +2,10 @@
 custom_generate/ (transformers copies only Python files into its module cache, so the folder's
 data travel inside custom_generate/exported_files.py as base64).
 
-export.json names the method, its settings, the files of its predictors and the models the
-export was made for; the predictors are stage=train's, stage=tables' and stage=bench's files,
+export.json names the method, its settings, the files of its predictors, the models the
+export was made for and the `decoding` settings it was made with (`DECODING`: the folder runs
+without the project's conf/, so its engine takes conf/config.yaml's values as the export
+recorded them); the predictors are stage=train's, stage=tables' and stage=bench's files,
 byte for byte, read by the package's own readers (the verifier's checkpoint, SV's table, the
 latency profile) as the bench reads them.
 """
@@ -24,7 +26,8 @@ from sprinter_train.sv.table import SVTable
 from sprinter_train.verifier.checkpoint import VerifierCheckpoint, checkpoint_of
 
 MANIFEST = "export.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: `decoding` recorded
+DECODING = ("pack_every", "prefill_tokens")  # the decoding settings export.json records
 REMEDY = "export the folder again with `python -m sprinter_train stage=export`"
 
 
@@ -74,12 +77,26 @@ class Bundle:
         profile = self._file("latency")
         return None if profile is None else LatencyProfile.from_json(json.loads(profile))
 
+    def decoding(self) -> dict[str, int]:
+        """The `decoding` settings the export was made with (`DECODING`); an export.json
+        from before they were recorded is refused, naming the stage that rewrites it."""
+        recorded = self.manifest.get("decoding") or {}
+        missing = [f"decoding.{key}" for key in DECODING if key not in recorded]
+        if missing:
+            raise ValueError(
+                f"{MANIFEST} (format_version {self.manifest.get('format_version')}) records no "
+                f"{', '.join(missing)}, which the engine needs and which code keeps no default "
+                f"of: {REMEDY}, which records conf/config.yaml's"
+            )
+        return {key: int(recorded[key]) for key in DECODING}
+
     def arguments(self) -> dict[str, Any]:
-        """The method's keyword arguments: its predictors and its settings."""
+        """The method's keyword arguments: its predictors, its settings and the `decoding`
+        settings the export was made with."""
         predictors = {
             "verifier": self.verifier(),
             "table": self.table(),
             "latency": self.latency(),
         }
         found = {key: value for key, value in predictors.items() if value is not None}
-        return {**found, **self.manifest["settings"]}
+        return {**found, **self.manifest["settings"], "decoding": self.decoding()}

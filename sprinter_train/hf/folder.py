@@ -139,6 +139,7 @@ def readme(manifest: dict[str, Any]) -> str:
     settings = ", ".join(f"{k}={v!r}" for k, v in manifest["settings"].items())
     sampling = ", ".join(f"{k} {v}" for k, v in manifest["sampling"].items())
     companion_named = "" if companion is None else f" and the companion `{companion['name']}`"
+    decoding = ", ".join(f"{k}={v!r}" for k, v in manifest["decoding"].items())
     newline = "\n"
     return f"""# {method} for Hugging Face `generate`
 
@@ -171,7 +172,8 @@ from sprinter_train is imported at run time; with sprinter_train installed the s
 
 ## What is here
 
-- `export.json`: the method, its settings, the files below and the models it was made for.
+- `export.json`: the method, its settings, the files below, the models it was made for and
+  the decoding settings its engine runs with ({decoding}).
 - {held}: the experiment's files, byte for byte ({sources or "none"}).
 - `custom_generate/generate.py`: the entry transformers loads; the other modules are
   sprinter_train's own, copied with their imports made relative (`decoding__engine.py` is

@@ -23,6 +23,11 @@ Predictors may be given as objects (`VerifierCheckpoint`, `SVTable`, `LatencyPro
 paths: a verifier's .safetensors (its .json sidecar beside it), SV's sv_table.json,
 bench/latency.json. The profile is planned with as measured, so a call's drafting does not
 depend on its own timings (the bench corrects it by the run's forwards).
+
+The engine's `decoding` settings (`bundle.DECODING`: pack_every, prefill_tokens; speed only)
+have no default in code: an export folder hands over those its export.json recorded, a call
+may pass `decoding={...}`, and a call without either reads conf/config.yaml's decoding section
+(`decoding_of`; with the project installed, never inside a folder).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from sprinter_train.decoding.policies import (
     Sprinter,
 )
 from sprinter_train.decoding.timings import Timings
-from sprinter_train.hf.bundle import Bundle
+from sprinter_train.hf.bundle import DECODING, Bundle
 from sprinter_train.hf.identity import check_model
 from sprinter_train.hf.prepare import SpeculativeOutput, run
 from sprinter_train.sv.table import SVTable
@@ -91,7 +96,7 @@ class Spec:
 
     def parameters(self) -> dict[str, Any]:
         """The callable's keyword-only arguments and their defaults."""
-        own: dict[str, Any] = {"draft_model": None}
+        own: dict[str, Any] = {"draft_model": None, "decoding": None}
         if self.verifier:
             own["verifier"] = None
         if self.table:
@@ -236,10 +241,28 @@ def speculate(
         model_kwargs,
         policy,
         draft,
+        decoding_of(own.pop("decoding")),
         companion,
         timings,
         **fitted,
     )
+
+
+def decoding_of(given: Mapping[str, Any] | None) -> dict[str, int]:
+    """The engine's `decoding` settings (`DECODING`): those given (an export folder's, from its
+    export.json), else conf/config.yaml's decoding section, read as the stages read it (only
+    with the project installed: a folder always hands over its own)."""
+    if given is None:
+        from sprinter_train.core.config import conf_defaults  # omegaconf: outside the folder
+
+        given = conf_defaults("config.yaml", "decoding")
+    missing = [f"decoding.{key}" for key in DECODING if key not in given]
+    if missing:
+        raise ValueError(
+            f"decoding= lacks {', '.join(missing)}: the engine takes {', '.join(DECODING)}, "
+            "which have no default in code (conf/config.yaml's decoding section has them)"
+        )
+    return {key: int(given[key]) for key in DECODING}
 
 
 def as_checkpoint(verifier: VerifierCheckpoint | str | Path | None) -> VerifierCheckpoint:

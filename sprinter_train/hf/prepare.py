@@ -13,7 +13,7 @@ ends the output where HF's own loop would.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -152,14 +152,16 @@ def run(
     model_kwargs: dict[str, Any],
     policy: Policy,
     draft: torch.nn.Module,
+    decoding: Mapping[str, int],
     companion: torch.nn.Module | None = None,
     timings: Timings | None = None,
     hidden_layer: int = -1,
     fitted_sampling: dict[str, Any] | None = None,
 ) -> torch.Tensor | SpeculativeOutput:
     """Decode `input_ids` with `policy` on the engine and return what transformers' generate
-    returns. The row's random stream is seeded from torch's generator, so `torch.manual_seed`
-    fixes a sampled output as it fixes HF's own."""
+    returns; `decoding`: the engine's `pack_every` and `prefill_tokens` (an export's, as its
+    export.json recorded conf/config.yaml's). The row's random stream is seeded from torch's
+    generator, so `torch.manual_seed` fixes a sampled output as it fixes HF's own."""
     check_inputs(input_ids, model_kwargs)
     check_config(config)
     sampling = sampling_of(config)
@@ -177,7 +179,9 @@ def run(
         vocab,
         draft=draft,
         companion=companion,
+        layout={"prefill_tokens": int(decoding["prefill_tokens"])},  # else the runners' own
         hidden_layer=hidden_layer,
+        pack_every=int(decoding["pack_every"]),
         timings=timings,
     )
     eos = eos_ids(config)

@@ -63,7 +63,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     latency = measure_latency(
         draft.model, target.model, gammas, ecfg.latency_reps, ecfg.context_tokens, device
     )
-    floor = step_floor(draft, target, default, ecfg)
+    floor = step_floor(draft, target, default, ecfg, cfg.decoding)
     alpha = quality["alpha"]
     speedup = implied_speedups(alpha, latency, gammas)
     best = max(speedup, key=speedup.get)

@@ -7,7 +7,8 @@ Reads the method's settings (conf/methods/<method>.yaml) and predictors: the ver
 (artifacts/<exp>/tables/sv_table.json) for sv, the latency profile
 (artifacts/<exp>/bench/latency.json) for the methods that plan with it; and the draft (and
 companion) of `models`, whose identity the folder records. Writes
-checkpoints/<exp>/export-<method>/ with sprinter_train/hf/folder.py: export.json, the predictor
+checkpoints/<exp>/export-<method>/ with sprinter_train/hf/folder.py: export.json (with the
+`decoding` settings the engine takes: pack_every, prefill_tokens), the predictor
 files byte for byte, README.md, and custom_generate/ (generate.py, the package's modules the
 methods run, copied by hf/vendor.py, the predictor files embedded in exported_files.py,
 requirements.txt). The folder is written beside its place and moved there whole once it loads
@@ -27,7 +28,7 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 
 import sprinter_train.hf as hf_package
-from sprinter_train.bench.run.methods import is_online, method_verifier_path
+from sprinter_train.bench.run.methods import is_entropy, is_online, method_verifier_path
 from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.core.io import MissingInputError, json_text
 from sprinter_train.core.sampling import SamplingConfig
@@ -35,7 +36,7 @@ from sprinter_train.core.sweeps import job_dir
 from sprinter_train.data.overlap import Reader
 from sprinter_train.decoding.policies.registry import traits_of
 from sprinter_train.harvest.manifest import code_version, model_identity
-from sprinter_train.hf.bundle import FORMAT_VERSION, MANIFEST
+from sprinter_train.hf.bundle import DECODING, FORMAT_VERSION, MANIFEST
 from sprinter_train.hf.folder import write_folder
 from sprinter_train.hf.identity import model_identity as hf_identity
 from sprinter_train.models.loading import LoadedModel, describe_spec, resolve_path
@@ -118,6 +119,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "target": {"name": describe_spec(specs["target"]), "load": loading(specs["target"])},
         },
         "sampling": OmegaConf.to_container(cfg.sampling, resolve=True),
+        # the engine's settings from the decoding section: the folder runs without conf/
+        "decoding": {key: int(cfg.decoding[key]) for key in DECODING},
         "experiment": str(cfg.experiment),
         "sources": contents.sources,
         "code_version": code_version(),
@@ -131,12 +134,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def verifier_file(cfg: DictConfig, node: DictConfig) -> Path:
     """The verifier the method's config names (the bench's choice), checked to load; an
-    online one (learnt while decoding, no file) is refused: the folder carries a file."""
-    if is_online(node.verifier):
+    online one (learnt while decoding) or the entropy rule, which have no file, are refused:
+    the folder carries a file."""
+    if is_online(node.verifier) or is_entropy(node.verifier):
+        kind = node.verifier.kind
         raise ValueError(
-            "stage=export carries a trained verifier file; this method's verifier is the "
-            "online logistic (verifier.kind=online), which has none: export it with a trained "
-            "verifier (verifier.kind=checkpoint)"
+            "stage=export carries a trained verifier file; this method's verifier is "
+            f"verifier.kind={kind} (a rule without a file): export it with a trained verifier "
+            "(verifier.kind=checkpoint)"
         )
     path = method_verifier_path(cfg.checkpoint_dir, node)
     checkpoint = load_verifier(path, cfg.experiment)  # a missing or corrupt one names stage=train

@@ -22,13 +22,13 @@ from sprinter_train.core.io import read_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.batch import DecodeStats
-from sprinter_train.decoding.builder import build_runner
-from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.policies.registry import greedy_exact
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.harvest.manifest import model_identity
 from sprinter_train.models.roles import load_roles
 from sprinter_train.models.tiny import build_tiny_model
+from tests.decoding_helpers import PACK_EVERY
 from tests.synthetic import write_synthetic_records
 
 # the methods that emit the target's greedy tokens and need no trained predictor or companion
@@ -83,10 +83,12 @@ def test_a_rows_greedy_tokens_are_the_same_at_every_batch_size(compose_cfg) -> N
     target = build_tiny_model({}, seed=0)
     draft = build_tiny_model({"num_hidden_layers": 1}, seed=1)
     plan = plan_methods(cfg, 3, draft, False)
-    engine = Engine(
+    engine = build_engine(
         build_runner(target, 128),
         SamplingConfig(temperature=0),
+        128,
         draft=build_runner(draft, 128),
+        pack_every=PACK_EVERY,
         timings=Timings(**profile.priors()),  # as the stage primes its engine's
     )
     lengths = (4, 9, 2, 6, 3)

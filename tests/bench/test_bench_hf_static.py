@@ -12,11 +12,11 @@ from sprinter_train.bench.peers.hf_static import StaticPeer
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.runtime import resolve_compile
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.decoding.builder import build_runner, decoding_problems
-from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.builder import build_engine, build_runner, decoding_problems
 from sprinter_train.decoding.policies import TargetOnly
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.stages.settings import config_problems
+from tests.decoding_helpers import PACK_EVERY
 
 CPU = torch.device("cpu")
 VOCAB = 128
@@ -34,7 +34,7 @@ def target() -> PreTrainedModel:
 @pytest.fixture(scope="module")
 def reference(target) -> list[list[int]]:
     """target_only's greedy rows in float32, one prompt at a time."""
-    engine = Engine(build_runner(target, VOCAB), GREEDY)
+    engine = build_engine(build_runner(target, VOCAB), GREEDY, VOCAB, pack_every=PACK_EVERY)
     return [engine.generate([p], TargetOnly(), NEW)[0].tokens for p in PROMPTS]
 
 
@@ -124,7 +124,7 @@ def test_decoding_compile_resolves_and_is_checked() -> None:
     with pytest.raises(ValueError, match="auto, true or false"):
         resolve_compile("maybe", CPU)
     assert resolve_compile("yes", CPU) is True and resolve_compile("off", CPU) is False
-    assert decoding_problems({"compile": "auto", "pack_every": 8}) == []
+    assert decoding_problems({"compile": "auto", "pack_every": PACK_EVERY}) == []
     assert decoding_problems({"compile": True}) == decoding_problems({"compile": False}) == []
     (line,) = config_problems(compose_config("stage=bench", "decoding.compile=maybe"))
     assert "decoding.compile='maybe'" in line and "true or false" in line and "auto" in line

@@ -10,8 +10,9 @@ from sprinter_train.bench.timing.latency import LatencyProfile, profile_models
 from sprinter_train.core import machine
 from sprinter_train.core.distributions import implied_speedup
 from sprinter_train.core.io import CorruptInputError
-from sprinter_train.decoding.builder import build_runner
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.models.tiny import build_tiny_model
+from tests.decoding_helpers import PACK_EVERY
 
 
 def profile() -> LatencyProfile:
@@ -55,16 +56,17 @@ def test_a_profile_through_the_engines_runners_times_their_layouts(static: bool)
 
     from sprinter_train.bench.run.profile_and_gamma import timed_kernels
     from sprinter_train.core.sampling import SamplingConfig
-    from sprinter_train.decoding.engine import Engine
     from sprinter_train.models.loading import LoadedModel
     from sprinter_train.models.roles import Roles
 
     target = build_tiny_model({}, seed=0).float()
     draft = build_tiny_model({"head_vocab_size": 32, "num_hidden_layers": 1}, seed=1).float()
-    engine = Engine(
+    engine = build_engine(
         build_runner(target, 128, {"static": static}),
         SamplingConfig(0.0),
+        128,
         draft=build_runner(draft, 128),
+        pack_every=PACK_EVERY,
     )
     measured = profile_models(
         target, draft, None, 2, 2, 16, torch.device("cpu"), [1, 2], runners=engine.runners

@@ -14,11 +14,12 @@ from sprinter_train.bench.quality.law_distance import (
     next_token_laws,
 )
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.decoding.builder import build_runner
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpecVerification, SpecVerificationPaper
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import (
+    PACK_EVERY,
     ATable,
     ByA,
     chi_square_pvalue,
@@ -59,12 +60,14 @@ def test_the_smallest_case_is_three_quarters_against_one_half() -> None:
 @pytest.fixture(scope="module")
 def engine() -> Engine:
     target = build_tiny_model({}, seed=0)
-    return Engine(
+    return build_engine(
         build_runner(target, VOCAB),
         SAMPLING,
+        VOCAB,
         draft=build_runner(noisy_copy(target, 0.01, 1), VOCAB),
         # near enough to the draft that S and A spread over (0, 1): the rule's A matters
         companion=build_runner(noisy_copy(target, 0.03, 2), VOCAB),
+        pack_every=PACK_EVERY,
         timings=fixed_timings(),
     )
 

@@ -18,12 +18,12 @@ from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.bench.timing.profile_check import ProfileCheck, check_profile, disagreement
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.builder import build_runner
-from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.models.loading import LoadedModel
 from sprinter_train.models.roles import Roles
 from sprinter_train.models.tiny import build_tiny_model
+from tests.decoding_helpers import PACK_EVERY
 
 PROMPT = Prompt("p0", "tiny", "test", "", [5, 6, 7, 8], None)
 MS = {1: 30.0, 2: 31.0, 3: 33.0, 4: 46.0}
@@ -65,8 +65,12 @@ def tiny():
     model = build_tiny_model({"num_hidden_layers": 1}, seed=0)
     loaded = LoadedModel("tiny", model, None)
     models = Roles(loaded, loaded, None, 128, None)
-    engine = Engine(
-        build_runner(model, 128), SamplingConfig(temperature=0), draft=build_runner(model, 128)
+    engine = build_engine(
+        build_runner(model, 128),
+        SamplingConfig(temperature=0),
+        128,
+        draft=build_runner(model, 128),
+        pack_every=PACK_EVERY,
     )
     return models, engine
 

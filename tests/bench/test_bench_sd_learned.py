@@ -18,7 +18,7 @@ from sprinter_train.bench.report.verdicts import VS_BEST, best_rival, check_targ
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
 from sprinter_train.decoding.batch import Batch, DecodeStats, Emitted, Row
-from sprinter_train.decoding.builder import build_runner
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import LearnedLength, SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.policies.registry import as_record
@@ -31,6 +31,7 @@ from sprinter_train.verifier.scorer import CheckpointVerifier
 from sprinter_train.verifier.split_metrics import class_balance
 from tests.decoding_helpers import (
     GREEDY,
+    PACK_EVERY,
     PROMPTS,
     SAMPLING,
     VOCAB,
@@ -190,7 +191,13 @@ def test_the_stats_count_each_rows_rounds_against_the_oracle(models, which) -> N
 
 def test_a_draft_the_target_always_keeps_leaves_no_oracle_gap(models) -> None:
     target = models["target"]
-    engine = Engine(build_runner(target, VOCAB), GREEDY, draft=build_runner(target, VOCAB))
+    engine = build_engine(
+        build_runner(target, VOCAB),
+        GREEDY,
+        VOCAB,
+        draft=build_runner(target, VOCAB),
+        pack_every=PACK_EVERY,
+    )
     stats = engine.generate(PROMPTS, SpeculativeDecoding(3), 16)[0].stats
     figures = draft_runs(stats)
     assert figures["all_accepted_share"] == 1.0 and figures["oracle_gap"] is None

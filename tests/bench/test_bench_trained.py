@@ -18,10 +18,10 @@ from sprinter_train.bench.run.methods import (
 from sprinter_train.core.io import read_json, write_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
-from sprinter_train.decoding.builder import build_runner
-from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
+from tests.decoding_helpers import PACK_EVERY
 from tests.synthetic import write_synthetic_records
 
 SAMPLING = {"temperature": 0.2, "top_k": 0, "top_p": 0.9}  # the shipped conf/config.yaml's
@@ -83,7 +83,13 @@ def test_alpha_is_not_taken_from_records_of_other_sampling(compose_cfg, draft) -
     manifest_path = Path(cfg.experiment_dir) / "records" / "manifest.json"
     manifest = read_json(manifest_path)
     sampling = SamplingConfig.from_cfg(cfg.sampling)
-    engine = Engine(build_runner(draft, 128), sampling, draft=build_runner(draft, 128))
+    engine = build_engine(
+        build_runner(draft, 128),
+        sampling,
+        128,
+        draft=build_runner(draft, 128),
+        pack_every=PACK_EVERY,
+    )
     prompt = Prompt("p", "syn", "test", "", [1, 2, 3], None)
 
     write_json(manifest_path, {**manifest, "sampling": SAMPLING})
@@ -101,10 +107,12 @@ def test_alpha_is_not_taken_from_records_of_another_draft(compose_cfg, draft) ->
     write_synthetic_records(Path(cfg.experiment_dir), rows=64, d=8, shard_rows=64)
     manifest_path = Path(cfg.experiment_dir) / "records" / "manifest.json"
     write_json(manifest_path, {**read_json(manifest_path), "sampling": SAMPLING})
-    engine = Engine(
+    engine = build_engine(
         build_runner(draft, 128),
         SamplingConfig.from_cfg(cfg.sampling),
+        128,
         draft=build_runner(draft, 128),
+        pack_every=PACK_EVERY,
     )
     prompt = Prompt("p", "syn", "test", "", [1, 2, 3], None)
     recorded = read_json(manifest_path)["models"]["draft"]

@@ -16,6 +16,7 @@ from sprinter_train.bench.timing.step_floor import (
 )
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.models.tiny import TINY_DEFAULTS, build_tiny_model
+from tests.decoding_helpers import DECODING
 
 
 def linear_parameters(settings: dict, head_rows: int, embed_rank: int | None) -> int:
@@ -61,7 +62,8 @@ def test_tied_weights_are_streamed_once() -> None:
 def test_the_engine_step_draws_from_the_restricted_head_and_keeps_its_context() -> None:
     draft = build_tiny_model({"head_vocab_size": 64, "embed_rank": 8}, seed=2)
     target = build_tiny_model({"num_hidden_layers": 3}, seed=1)
-    step = EngineDraftStep(draft, target, SamplingConfig(temperature=1.0), list(range(5, 17)))
+    sampling = SamplingConfig(temperature=1.0)
+    step = EngineDraftStep(draft, target, sampling, list(range(5, 17)), DECODING)
     cache = step.batch.caches["draft"]
     assert cache.slots == 12 and int(cache.lengths[0]) == 12
     for _ in range(3):
@@ -90,7 +92,9 @@ def test_rounds_rotate_so_every_step_runs_first_equally_often() -> None:
 def test_all_four_steps_are_timed_on_tiny_models() -> None:
     draft = build_tiny_model({"head_vocab_size": 64, "embed_rank": 8}, seed=2)
     target = build_tiny_model({"num_hidden_layers": 3}, seed=1)
-    floor = measure_step_floor(draft, target, SamplingConfig(0.2, 0, 0.9), context=16, reps=3)
+    floor = measure_step_floor(
+        draft, target, SamplingConfig(0.2, 0, 0.9), context=16, reps=3, decoding=DECODING
+    )
     report = floor.report()
     for key in ("floor_ms", "model_step_ms", "engine_step_ms", "target_step_ms"):
         assert report[key] > 0

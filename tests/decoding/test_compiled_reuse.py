@@ -31,7 +31,15 @@ from sprinter_train.decoding.policies import (
 from sprinter_train.decoding.runner import backends
 from sprinter_train.decoding.runner import capture as graphs
 from sprinter_train.models.cache import with_cache
-from tests.decoding_helpers import PROMPTS, SAMPLING, VOCAB, ATable, fixed_timings, tiny_trio
+from tests.decoding_helpers import (
+    PACK_EVERY,
+    PROMPTS,
+    SAMPLING,
+    VOCAB,
+    ATable,
+    fixed_timings,
+    tiny_trio,
+)
 
 NEW_TOKENS = 12
 
@@ -90,6 +98,7 @@ def test_sprinter_reuses_the_shapes_the_other_methods_compiled(eager_dynamo, cap
         draft=models["draft"],
         companion=models["companion"],
         layout={"static": True, "compiled": True, "captured": True},
+        pack_every=PACK_EVERY,
         timings=fixed_timings(),
     )
     assert all(r.layout == "compiled:captured" for r in engine.present_runners.values())

@@ -16,7 +16,7 @@ from sprinter_train.core.io import write_json
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round, Row, RowState
-from sprinter_train.decoding.builder import build_runner
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.features.builtins import clipped_run, smoothed_acceptance
 from sprinter_train.decoding.policies import Method, Traits, draft_round, verify
@@ -36,6 +36,7 @@ from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, ver
 from sprinter_train.verifier.data import split_features
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.scorer import CheckpointVerifier
+from tests.decoding_helpers import PACK_EVERY
 from tests.harvest_helpers import generating_models
 from tests.synthetic import write_synthetic_records
 
@@ -202,7 +203,13 @@ def test_decoding_builds_the_feature_rows_training_builds(tmp_path: Path) -> Non
     )
     scorer = CheckpointVerifier(checkpoint, draft)
     sampling = SamplingConfig(temperature=0.9, top_k=20)
-    engine = Engine(build_runner(target, 128), sampling, draft=build_runner(draft, 128))
+    engine = build_engine(
+        build_runner(target, 128),
+        sampling,
+        128,
+        draft=build_runner(draft, 128),
+        pack_every=PACK_EVERY,
+    )
     prompts = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8, 60]]
     policy = Recording(scorer, gamma=4)
     results = engine.generate(prompts, policy, 20, seeds=[3, 4, 5])

@@ -20,7 +20,7 @@ from scipy.stats import binomtest
 
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.batch import Batch, DraftStep, Round
-from sprinter_train.decoding.builder import build_runner
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.loop import reads_row_state
 from sprinter_train.decoding.policies import (
@@ -42,6 +42,7 @@ from sprinter_train.decoding.policies.plans.companion_plan import MODES
 from sprinter_train.models.tiny import build_tiny_model
 from tests.decoding_helpers import (
     GREEDY,
+    PACK_EVERY,
     PROMPTS,
     RUNS,
     SAMPLING,
@@ -213,7 +214,13 @@ def test_restricted_head_draft_runs_in_the_engine() -> None:
     draft = build_tiny_model(
         {"num_hidden_layers": 1, "embed_rank": 16, "head_vocab_size": 64}, seed=1
     )
-    engine = Engine(build_runner(target, VOCAB), SAMPLING, draft=build_runner(draft, VOCAB))
+    engine = build_engine(
+        build_runner(target, VOCAB),
+        SAMPLING,
+        VOCAB,
+        draft=build_runner(draft, VOCAB),
+        pack_every=PACK_EVERY,
+    )
     results = engine.generate(PROMPTS, SpeculativeDecoding(gamma=3), 12)
     assert all(len(r.tokens) == 12 for r in results) and results[0].stats.drafted > 0
 
@@ -282,11 +289,13 @@ def test_sv_reads_a_restricted_companion_on_the_drafts_head_exactly(same_head: b
     if not same_head:
         companion.lm_head.token_ids.copy_(torch.arange(64) + 30)  # ids 30..93
     sampling = SamplingConfig(temperature=1.0)  # full supports: A and S away from 0 and 1
-    engine = Engine(
+    engine = build_engine(
         build_runner(target, VOCAB),
         sampling,
+        VOCAB,
         draft=build_runner(draft, VOCAB),
         companion=build_runner(companion, VOCAB),
+        pack_every=PACK_EVERY,
     )
     batch = engine.new_batch(PROMPTS, 8, range(len(PROMPTS)))
     rnd = Round()

@@ -6,20 +6,28 @@ from __future__ import annotations
 import pytest
 
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.decoding.builder import build_runner
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import MTAD, SVIP, SpeculativeDecoding, TargetOnly
 from sprinter_train.models.tiny import build_tiny_model
+from tests.decoding_helpers import PACK_EVERY, PREFILL_TOKENS
 
 pytestmark = pytest.mark.gpu
 VOCAB = 128
 PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8]]
+PADDED = {"prefill_tokens": PREFILL_TOKENS}  # the runners' default on CUDA pads the prefill
 
 
 def engine_on(device: str, sampling: SamplingConfig) -> Engine:
     target = build_tiny_model({}, seed=0).to(device)
     draft = build_tiny_model({"num_hidden_layers": 1}, seed=1).to(device)
-    return Engine(build_runner(target, VOCAB), sampling, draft=build_runner(draft, VOCAB))
+    return build_engine(
+        build_runner(target, VOCAB, PADDED),
+        sampling,
+        VOCAB,
+        draft=build_runner(draft, VOCAB, PADDED),
+        pack_every=PACK_EVERY,
+    )
 
 
 @pytest.mark.parametrize(
@@ -49,12 +57,24 @@ def test_the_lean_restricted_draft_runs_on_cuda_and_keeps_the_greedy_rows() -> N
     target = build_tiny_model({}, seed=0)
     draft = build_tiny_model({"head_vocab_size": 64, "embed_rank": 8}, seed=2)
     greedy = SamplingConfig(temperature=0)
-    cpu = Engine(build_runner(target, VOCAB), greedy).generate(PROMPTS, TargetOnly(), 24)
-    runner = build_runner(draft.to("cuda"), VOCAB, lean=True)
-    cuda = Engine(build_runner(target.to("cuda"), VOCAB), greedy, draft=runner)
+    cpu = build_engine(build_runner(target, VOCAB), greedy, VOCAB, pack_every=PACK_EVERY).generate(
+        PROMPTS, TargetOnly(), 24
+    )
+    runner = build_runner(draft.to("cuda"), VOCAB, PADDED, lean=True)
+    cuda = build_engine(
+        build_runner(target.to("cuda"), VOCAB, PADDED),
+        greedy,
+        VOCAB,
+        draft=runner,
+        pack_every=PACK_EVERY,
+    )
     rows = cuda.generate(PROMPTS, SpeculativeDecoding(3), 24)
     assert [r.tokens for r in rows] == [r.tokens for r in cpu]
-    sampled = Engine(
-        cuda.runners["target"], SamplingConfig(temperature=0.9, top_p=0.9), draft=runner
+    sampled = build_engine(
+        cuda.runners["target"],
+        SamplingConfig(temperature=0.9, top_p=0.9),
+        VOCAB,
+        draft=runner,
+        pack_every=PACK_EVERY,
     )
     assert all(len(r.tokens) == 24 for r in sampled.generate(PROMPTS, SpeculativeDecoding(3), 24))

@@ -29,7 +29,7 @@ from sprinter_train.decoding.runner import capture as graphs
 from sprinter_train.models.families import TESTED_FAMILIES, UnsupportedModelError, kv_layout
 from sprinter_train.models.loading import ModelLoadError, load_model
 from sprinter_train.models.tiny import build_tiny_tokenizer
-from tests.decoding_helpers import GREEDY, ATable, fixed_timings
+from tests.decoding_helpers import GREEDY, PACK_EVERY, ATable, fixed_timings
 
 VOCAB = 128
 IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
@@ -92,6 +92,7 @@ def engine(trio: dict[str, Any], **layout: bool) -> Engine:
         draft=trio["draft"],
         companion=trio["companion"],
         layout=layout,
+        pack_every=PACK_EVERY,
         timings=fixed_timings(),
     )
 

@@ -25,7 +25,8 @@ from sprinter_train.harvest.continuations import (
     continuation_engine,
 )
 from sprinter_train.models.roles import Roles
-from tests.harvest_helpers import generating_models
+from tests.decoding_helpers import PACK_EVERY, PREFILL_TOKENS
+from tests.harvest_helpers import default_runners, generating_models
 
 PROMPTS = [
     Prompt(f"p{i}", "toy", "train", "", [1, *range(40 + i, 42 + i + (5 * i) % 9)], None)
@@ -44,9 +45,20 @@ def sequences(
     mixes: list[str] = MIXES,
     shared_rows: int = 8,
 ) -> list[tuple[str, list[int], tuple[bool, ...]]]:
-    """Each row's mix, full sequence and draft flags, built as the harvest builds them."""
+    """Each row's mix, full sequence and draft flags, built as the harvest builds them, on
+    `runners` (None: new ones in the runners' default layout)."""
     built = build_sequences(
-        models, prompts, mixes, TOKENS, TOKENS, 3, RUNS, SAMPLING, 0, shared_rows, runners
+        models,
+        prompts,
+        mixes,
+        TOKENS,
+        TOKENS,
+        3,
+        RUNS,
+        SAMPLING,
+        0,
+        shared_rows,
+        runners=default_runners(models) if runners is None else runners,
     )
     return [(seq.mix, seq.input_ids, seq.from_draft) for seq in built]
 
@@ -58,7 +70,12 @@ def test_the_static_layout_emits_the_default_layouts_sequences(family, shared_ro
     call, sd_interleaved), rows of different prompt lengths: the static layout run eagerly
     (with `runner_layout`'s other keys) builds exactly the default layout's sequences."""
     models = generating_models(family, None)
-    layout = {"static": True, "compiled": False, "min_capacity": 0, "prefill_tokens": 1 << 16}
+    layout = {
+        "static": True,
+        "compiled": False,
+        "min_capacity": 0,
+        "prefill_tokens": PREFILL_TOKENS,
+    }
     static = ContinuationRunners(models, layout, pack_every=3)
     built = sequences(models, static, shared_rows=shared_rows)
     assert built == sequences(models, None, shared_rows=shared_rows)
@@ -91,7 +108,7 @@ def test_runners_are_built_once_and_reused_by_every_batch(monkeypatch) -> None:
 
     monkeypatch.setattr(builder, "ModelRunner", Counted)  # every runner comes from there
     monkeypatch.setattr(KVPool, "take", counted_take)
-    runners = ContinuationRunners(models, {"static": True})
+    runners = ContinuationRunners(models, {"static": True}, pack_every=PACK_EVERY)
     first = sequences(models, runners)
     gc.collect()  # the finished caches give their buffers back
     first_takes, taken[:] = list(taken), []
@@ -113,7 +130,7 @@ def test_runners_are_built_once_and_reused_by_every_batch(monkeypatch) -> None:
 def test_runners_of_other_models_are_refused() -> None:
     models, others = generating_models("llama", None), generating_models("llama", None)
     with pytest.raises(ValueError, match="other models"):
-        sequences(models, ContinuationRunners(others))
+        sequences(models, default_runners(others))
 
 
 @pytest.mark.slow
@@ -124,7 +141,9 @@ def test_compiled_runners_emit_the_eager_tokens_and_compile_once() -> None:
     models = generating_models("llama", None)
     prompts, mixes = PROMPTS[:4], MIXES[:4]  # every mix once
     eager = sequences(models, None, prompts, mixes)
-    runners = ContinuationRunners(models, {"static": True, "compiled": True, "min_capacity": 64})
+    runners = ContinuationRunners(
+        models, {"static": True, "compiled": True, "min_capacity": 64}, pack_every=PACK_EVERY
+    )
     assert sequences(models, runners, prompts, mixes) == eager
     compiled = [runners.runner(role) for role in ("draft", "target")]
     assert all(r.compiled and r.compile_seconds > 0 for r in compiled)

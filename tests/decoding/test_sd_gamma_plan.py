@@ -12,7 +12,7 @@ import pytest
 from sprinter_train.bench.run.methods import at_batch_size, plan_methods
 from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.core.sampling import SamplingConfig
-from sprinter_train.decoding.builder import build_runner
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.policies.plans.gamma_plan import (
@@ -22,7 +22,7 @@ from sprinter_train.decoding.policies.plans.gamma_plan import (
 )
 from sprinter_train.decoding.timings import Seconds, StepCost, Timings
 from sprinter_train.models.tiny import build_tiny_model
-from tests.decoding_helpers import assert_target_law_with_power, tiny_trio
+from tests.decoding_helpers import PACK_EVERY, assert_target_law_with_power, tiny_trio
 
 VOCAB = 128
 PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8], [60, 61, 62]]
@@ -148,11 +148,13 @@ SHIFTING = Timings(
 
 
 def engine_for(models, sampling: SamplingConfig, timings: Timings = SHIFTING) -> Engine:
-    return Engine(
+    return build_engine(
         build_runner(models["target"], VOCAB),
         sampling,
+        VOCAB,
         draft=build_runner(models["draft"], VOCAB),
         timings=timings,
+        pack_every=PACK_EVERY,
     )
 
 

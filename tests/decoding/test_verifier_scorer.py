@@ -14,8 +14,7 @@ import torch
 from sprinter_train.core.half import FLOAT16_MAX
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.batch import DraftStep
-from sprinter_train.decoding.builder import build_runner
-from sprinter_train.decoding.engine import Engine
+from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.features.table import feature_order
 from sprinter_train.decoding.policies import Sprinter
 from sprinter_train.harvest.reader import open_records
@@ -28,6 +27,7 @@ from sprinter_train.verifier.features import (
     assemble,
 )
 from sprinter_train.verifier.scorer import CheckpointVerifier
+from tests.decoding_helpers import PACK_EVERY
 from tests.scorer_helpers import (
     DRAFT,
     SETTINGS,
@@ -158,10 +158,12 @@ def test_sprinters_decisions_do_not_depend_on_the_temperature(tmp_path, draft_mo
         torch.device("cpu"),
         torch.float32,
     ).model
-    engine = Engine(
+    engine = build_engine(
         build_runner(target, VOCAB),
         SamplingConfig(temperature=0.9, top_k=20),
+        VOCAB,
         draft=build_runner(draft_model, VOCAB),
+        pack_every=PACK_EVERY,
     )
     d = draft_model.config.hidden_size
     prompts = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46], [7, 8], [60, 61, 62]] * 2

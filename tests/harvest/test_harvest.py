@@ -33,7 +33,7 @@ from sprinter_train.models.loading import (
 )
 from sprinter_train.models.roles import Roles, load_roles
 from sprinter_train.stages.settings import config_problems
-from tests.harvest_helpers import compose_at, generating_models
+from tests.harvest_helpers import compose_at, default_runners, generating_models
 
 
 def load_record_set(cfg) -> tuple[pd.DataFrame, np.ndarray, pd.DataFrame]:
@@ -382,7 +382,10 @@ def provenance(
     models: Roles, prompts, mixes, n: int = 8, shared_rows: int = 8
 ) -> list[tuple[list[int], tuple[bool, ...]]]:
     """Each row's continuation and its from_draft flags over the continuation."""
-    built = build_sequences(models, prompts, mixes, n, n, 3, SEQ_RUNS, SEQ_SAMPLING, 0, shared_rows)
+    runners = default_runners(models)
+    built = build_sequences(
+        models, prompts, mixes, n, n, 3, SEQ_RUNS, SEQ_SAMPLING, 0, shared_rows, runners=runners
+    )
     return [
         (seq.input_ids[seq.region_start : seq.region_end], seq.from_draft[seq.region_start :])
         for seq in built

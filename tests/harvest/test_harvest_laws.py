@@ -28,7 +28,7 @@ from sprinter_train.harvest.continuations import (
 )
 from sprinter_train.models.roles import Roles
 from tests.decoding_helpers import MemoRunner, chi_square_pvalue, enumerate_joint, exact_joint
-from tests.harvest_helpers import generating_models
+from tests.harvest_helpers import default_runners, generating_models
 
 VOCAB = 128
 PROMPT = [1, 40, 41, 42]
@@ -54,7 +54,17 @@ def generated(models: Roles, shared_rows: int) -> dict[str, Counter]:
     mixes = [kinds[i % len(kinds)] for i in range(len(kinds) * RUNS)]
     prompts = [Prompt(f"r{i}", "toy", "train", "", PROMPT, None) for i in range(len(mixes))]
     built = build_sequences(
-        models, prompts, mixes, TOKENS, TOKENS, 2, LAW, SAMPLING, 0, shared_rows
+        models,
+        prompts,
+        mixes,
+        TOKENS,
+        TOKENS,
+        2,
+        LAW,
+        SAMPLING,
+        0,
+        shared_rows,
+        runners=default_runners(models),
     )
     counts: dict[str, Counter] = {mix: Counter() for mix in kinds}
     for seq in built:
@@ -158,7 +168,16 @@ def test_a_row_is_the_same_alone_and_in_a_batch_of_four(models, max_run: int) ->
 
     def build(chunk: list[Prompt]) -> list[tuple]:
         built = build_sequences(
-            models, chunk, ["interleaved"] * len(chunk), 12, 12, 2, law, SAMPLING, 0
+            models,
+            chunk,
+            ["interleaved"] * len(chunk),
+            12,
+            12,
+            2,
+            law,
+            SAMPLING,
+            0,
+            runners=default_runners(models),
         )
         return [(seq.input_ids, seq.from_draft) for seq in built]
 
@@ -171,21 +190,22 @@ def test_a_row_is_the_same_alone_and_in_a_batch_of_four(models, max_run: int) ->
 def test_the_engine_calls_and_their_policies(models) -> None:
     """Target rows share the interleaved rows' call and draft nothing; SD rows have their own."""
     mixes = ["target", "interleaved"] * 4
-    engine, policy = continuation_engine(models, mixes, 2, LAW, SAMPLING)
+    runners = default_runners(models)
+    engine, policy = continuation_engine(models, mixes, 2, LAW, SAMPLING, runners)
     assert isinstance(policy, InterleavedRuns) and policy.drafting == frozenset({1, 3, 5, 7})
     results = engine.generate([PROMPT] * 8, policy, 16, range(8))
     assert all(len(r.tokens) == 16 for r in results)
     assert [sum(r.from_draft) > 0 for r in results] == [False, True] * 4
-    engine, policy = continuation_engine(models, ["interleaved"] * 2, 2, LAW, SAMPLING)
+    engine, policy = continuation_engine(models, ["interleaved"] * 2, 2, LAW, SAMPLING, runners)
     assert isinstance(policy, InterleavedRuns) and policy.drafting is None
-    engine, policy = continuation_engine(models, ["sd_interleaved"], 2, LAW, SAMPLING)
+    engine, policy = continuation_engine(models, ["sd_interleaved"], 2, LAW, SAMPLING, runners)
     assert isinstance(policy, SpeculativeDecoding) and policy.gamma == 2
-    engine, policy = continuation_engine(models, ["target"], 2, LAW, SAMPLING)
+    engine, policy = continuation_engine(models, ["target"], 2, LAW, SAMPLING, runners)
     assert isinstance(policy, TargetOnly)
     with pytest.raises(ValueError, match="not generated in one call"):
-        continuation_engine(models, ["draft", "target"], 2, LAW, SAMPLING)
+        continuation_engine(models, ["draft", "target"], 2, LAW, SAMPLING, runners)
     with pytest.raises(ValueError, match="interleaved_accept"):
-        continuation_engine(models, ["interleaved"], 2, RunLaw(None, 2), SAMPLING)
+        continuation_engine(models, ["interleaved"], 2, RunLaw(None, 2), SAMPLING, runners)
     for accept in (0.0, 1.0):
         with pytest.raises(ValueError, match="accept"):
             InterleavedRuns(accept, 2)

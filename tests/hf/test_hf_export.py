@@ -65,7 +65,14 @@ from sprinter_train.sv.table import Binning, SVTable, sealed
 from sprinter_train.verifier.checkpoint import load_verifier, save_verifier, verifier_path
 from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
-from tests.decoding_helpers import chi_square_pvalue, exact_joint, noisy_copy
+from tests.decoding_helpers import (
+    DECODING,
+    PACK_EVERY,
+    PREFILL_TOKENS,
+    chi_square_pvalue,
+    exact_joint,
+    noisy_copy,
+)
 
 VOCAB, EOS, D = 128, 2, 64
 PROMPTS = [[5, 17, 9, 33], [40, 41, 42, 43, 44, 45, 46]]
@@ -198,15 +205,18 @@ def engine_policy(setup: dict[str, Any], method: str):
 
 
 def engine(models: dict[str, torch.nn.Module], profile: LatencyProfile | None = None) -> Engine:
-    """The engine as the folder's callables build it, pricing at `profile` as the folder does
-    (fixed: the run's forwards do not correct it)."""
+    """The engine as the folder's callables build it (conf's decoding settings, which the
+    export records), pricing at `profile` as the folder does (fixed: the run's forwards do
+    not correct it)."""
     return build_engine(
         models["target"],
         GREEDY,
         VOCAB,
         draft=models["draft"],
         companion=models["companion"],
+        layout={"prefill_tokens": PREFILL_TOKENS},
         eos_token_id=EOS,
+        pack_every=PACK_EVERY,
         timings=None if profile is None else Timings(**profile.priors(), learn=False),
     )
 
@@ -244,6 +254,9 @@ def test_the_export_stage_writes_every_file(setup, method: str) -> None:
     manifest = json.loads((out / "export.json").read_text())
     assert manifest["method"] == method
     assert manifest["models"]["draft"]["name"] == setup["paths"]["draft"]
+    decoding = setup["cfg"].decoding  # the settings the engine takes, as the export ran
+    assert manifest["decoding"] == {k: decoding[k] for k in ("pack_every", "prefill_tokens")}
+    assert Bundle.from_folder(out).arguments()["decoding"] == manifest["decoding"]
     for key, source in manifest["sources"].items():  # the experiment's files, byte for byte
         assert (out / manifest["files"][key]).read_bytes() == Path(source).read_bytes()
     embedded = ast.parse((out / "custom_generate" / "exported_files.py").read_text())
@@ -423,6 +436,49 @@ def test_the_lossless_methods_keep_the_target_law(setup, method: str) -> None:
     drafts = exact_joint(draft, prompt, 3, sampling, VOCAB)
     halfway = {k: (expected.get(k, 0.0) + drafts.get(k, 0.0)) / 2 for k in {*expected, *drafts}}
     assert chi_square_pvalue(counts, halfway) < 1e-6
+
+
+def test_an_export_json_without_the_decoding_settings_names_the_stage_that_rewrites_it(
+    setup, tmp_path
+) -> None:
+    """An export.json from before `decoding` was recorded: the engine's pack_every and
+    prefill_tokens have no default in code, so reading its arguments names stage=export."""
+    old = tmp_path / "export-svip"
+    old.mkdir()
+    manifest = json.loads((folder(setup, "svip") / "export.json").read_text())
+    del manifest["decoding"]
+    (old / "export.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        ValueError, match=r"no decoding.pack_every, decoding.prefill_tokens.*stage=export"
+    ):
+        Bundle.from_folder(old).arguments()
+
+
+def test_the_callables_engine_takes_the_decoding_settings_given_else_conf(
+    setup, monkeypatch
+) -> None:
+    """A call's engine packs and pads its prefill with `decoding=` (an export folder's, from
+    its export.json); a call without it reads conf/config.yaml's decoding section; a partial
+    one is refused by name."""
+    from sprinter_train.hf import prepare
+
+    built: list[dict[str, Any]] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Engine:
+        built.append(kwargs)
+        return build_engine(*args, **kwargs)
+
+    monkeypatch.setattr(prepare, "build_engine", spy)
+    models, ids = setup["models"], torch.tensor([PROMPTS[0]])
+    call = {"input_ids": ids, "draft_model": models["draft"], "max_new_tokens": 4}
+    hf.svip(models["target"], **call, decoding={"pack_every": 3, "prefill_tokens": 7})
+    hf.svip(models["target"], **call)
+    assert [(b["pack_every"], b["layout"]["prefill_tokens"]) for b in built] == [
+        (3, 7),
+        (DECODING["pack_every"], DECODING["prefill_tokens"]),
+    ]
+    with pytest.raises(ValueError, match="decoding= lacks decoding.prefill_tokens"):
+        hf.svip(models["target"], **call, decoding={"pack_every": 3})
 
 
 def test_a_folder_refuses_another_draft_or_companion(setup) -> None:

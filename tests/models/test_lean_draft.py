@@ -21,7 +21,7 @@ from sprinter_train.bench.timing.step_floor import measure_step_floor
 from sprinter_train.core.distributions import entropy
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.batch import Round
-from sprinter_train.decoding.builder import build_runner, compiled_over_lean
+from sprinter_train.decoding.builder import build_engine, build_runner, compiled_over_lean
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies import SVIP, AdaEDL, SpeculativeDecoding, TargetOnly
 from sprinter_train.decoding.runner.runner import ModelRunner
@@ -32,7 +32,14 @@ from sprinter_train.models.static_kv import KVLayer, StaticKV
 from sprinter_train.models.student import SprinterDraftConfig, SprinterDraftForCausalLM
 from sprinter_train.models.tiny import TINY_DEFAULTS, build_tiny_model
 from sprinter_train.models.weight_packing import packs
-from tests.decoding_helpers import MemoRunner, chi_square_pvalue, exact_joint, feed_rows
+from tests.decoding_helpers import (
+    DECODING,
+    PACK_EVERY,
+    MemoRunner,
+    chi_square_pvalue,
+    exact_joint,
+    feed_rows,
+)
 
 VOCAB = 128
 HEAD = 64
@@ -106,10 +113,12 @@ def test_a_compiled_runner_takes_the_static_layout_over_the_lean_one(target, dra
     assert compiled.lean is None and compiled.static and compiled.compiled
     asked = build_runner(draft, VOCAB, {"static": True, "compiled": True}, lean=True)
     assert asked.lean is not None and not asked.compiled
-    static = Engine(
+    static = build_engine(
         build_runner(target, VOCAB),
         SAMPLING,
+        VOCAB,
         draft=build_runner(draft, VOCAB, {"static": True}, lean=False),
+        pack_every=PACK_EVERY,
     )
     _, lean = engine_pair(target, draft, SAMPLING)
     rows, seeds = PROMPTS * 2, list(range(8))
@@ -274,7 +283,13 @@ def test_static_kv_layer_writes_views_and_selects_rows() -> None:
 def engine_pair(target, draft, sampling: SamplingConfig) -> tuple[Engine, Engine]:
     """The same engine with the draft through Hugging Face (full vocabulary) and lean."""
     return tuple(
-        Engine(build_runner(target, VOCAB), sampling, draft=build_runner(draft, VOCAB, lean=lean))
+        build_engine(
+            build_runner(target, VOCAB),
+            sampling,
+            VOCAB,
+            draft=build_runner(draft, VOCAB, lean=lean),
+            pack_every=PACK_EVERY,
+        )
         for lean in (False, True)
     )
 
@@ -337,7 +352,13 @@ def test_the_restricted_draw_follows_the_drafts_law(draft) -> None:
     """20k rows' first drafted token against the draft's exact warped q (Hugging Face's
     logits over the full vocabulary); the counts reject a law off by one head token."""
     sampling = SamplingConfig(temperature=1.3)
-    engine = Engine(build_runner(draft, VOCAB), sampling, draft=build_runner(draft, VOCAB))
+    engine = build_engine(
+        build_runner(draft, VOCAB),
+        sampling,
+        VOCAB,
+        draft=build_runner(draft, VOCAB),
+        pack_every=PACK_EVERY,
+    )
     prompt = PROMPTS[0]
     q = warp_probs(MemoRunner(draft, VOCAB)._row(tuple(prompt))[0], sampling)
     counts: Counter = Counter()
@@ -402,11 +423,17 @@ def test_the_step_floor_times_the_lean_step_when_asked() -> None:
     draft = build_tiny_model({"head_vocab_size": 64, "embed_rank": 8}, seed=2)
     target = build_tiny_model({"num_hidden_layers": 3}, seed=1)
     sampling = SamplingConfig(0.2, 0, 0.9)
-    report = measure_step_floor(draft, target, sampling, context=16, reps=2, lean=True).report()
+    report = measure_step_floor(
+        draft, target, sampling, context=16, reps=2, lean=True, decoding=DECODING
+    ).report()
     assert report["lean_step_ms"] > 0
     assert report["lean_over_floor"] == pytest.approx(report["lean_step_ms"] / report["floor_ms"])
-    assert "lean_step_ms" not in measure_step_floor(draft, target, sampling, 16, 2).report()
-    plain = measure_step_floor(target, target, sampling, context=16, reps=2, lean=True)
+    assert "lean_step_ms" not in (
+        measure_step_floor(draft, target, sampling, 16, 2, decoding=DECODING).report()
+    )
+    plain = measure_step_floor(
+        target, target, sampling, context=16, reps=2, lean=True, decoding=DECODING
+    )
     assert plain.lean_ms is None
 
 

@@ -113,12 +113,22 @@ def implied_speedups(alpha: float, latency: dict[str, Any], gammas: list[int]) -
 
 
 def step_floor(
-    draft: LoadedModel, target: LoadedModel, sampling: SamplingConfig, ecfg: Mapping[str, Any]
+    draft: LoadedModel,
+    target: LoadedModel,
+    sampling: SamplingConfig,
+    ecfg: Mapping[str, Any],
+    decoding: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The draft step against its floor, with `step_targets` and whether each is met (all
-    are costs: lower is better)."""
+    are costs: lower is better); `decoding`: the config's decoding section, whose
+    `pack_every` and `prefill_tokens` the engine step takes."""
     floor = measure_step_floor(
-        draft.model, target.model, sampling, int(ecfg["context_tokens"]), int(ecfg["floor_reps"])
+        draft.model,
+        target.model,
+        sampling,
+        int(ecfg["context_tokens"]),
+        int(ecfg["floor_reps"]),
+        decoding=decoding,
     ).report()
     goals = OmegaConf.to_container(ecfg.get("step_targets") or {})
     floor["targets"] = goals

@@ -11,6 +11,8 @@ latency profile, so machine noise hits all of them alike (in rotating order: see
 `interleaved_medians`). The engine step of a draft the engine runs through
 `models.lean.LeanDraft` goes through it; its lean model-only step can be timed in the same
 rounds too (`lean=True`: a fifth step changes the rotation the four others were measured in).
+The engine and the lean runner take the `decoding` section's `pack_every` and
+`prefill_tokens` (no default in code: conf/config.yaml's are the ones).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from sprinter_train.bench.run.provenance import load_average
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.decoding.batch import Round
-from sprinter_train.decoding.builder import build_engine, build_runner
+from sprinter_train.decoding.builder import build_engine, build_runner, decoding_setting
 from sprinter_train.decoding.runner.requests import ForwardRequest
 from sprinter_train.models.cache import crop_cache, returned_cache, with_cache
 from sprinter_train.models.lean import supports_lean
@@ -104,11 +106,18 @@ class ModelStep:
 class LeanStep:
     """One `LeanDraft` forward of one token after `context` cached tokens and its head (the
     restricted head's own tokens), through `ModelRunner` as the engine calls it, without the
-    engine's warping and drawing; the cache goes back to `context` tokens between calls."""
+    engine's warping and drawing; the cache goes back to `context` tokens between calls.
+    `prefill_tokens`: `decoding.prefill_tokens` (a padded prefill's budget, on CUDA)."""
 
-    def __init__(self, model: torch.nn.Module, prefix: torch.Tensor, next_id: torch.Tensor):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        prefix: torch.Tensor,
+        next_id: torch.Tensor,
+        prefill_tokens: int,
+    ) -> None:
         vocab = int(model.config.vocab_size)
-        self.runner = build_runner(model, vocab, lean=True)
+        self.runner = build_runner(model, vocab, {"prefill_tokens": prefill_tokens}, lean=True)
         self.cache = self.runner.new_cache(1)
         self.context = prefix.shape[1]
         self.runner.prime(self.cache, prefix.tolist())
@@ -131,7 +140,9 @@ class EngineDraftStep:
     """One `Engine.draft_step` at batch 1 in the middle of a round (a draft fed back, as at
     every step past a round's first): RowCache masks and positions, the body, the head on the
     shared vocabulary, warping and a draw from the row's stream. The cache goes back to
-    `context` tokens between calls, outside the timing."""
+    `context` tokens between calls, outside the timing. `decoding`: the section's
+    `pack_every` (the engine's; a step commits no round, so it never packs) and
+    `prefill_tokens` (unless `layout`, `runner_layout`'s keys, sets it)."""
 
     def __init__(
         self,
@@ -139,10 +150,21 @@ class EngineDraftStep:
         target: torch.nn.Module,
         sampling: SamplingConfig,
         prompt: list[int],
+        decoding: Mapping[str, Any],
         layout: Mapping[str, Any] | None = None,
     ) -> None:
         vocab = min(int(draft.config.vocab_size), int(target.config.vocab_size))
-        self.engine = build_engine(target, sampling, vocab, draft=draft, layout=layout)
+        self.engine = build_engine(
+            target,
+            sampling,
+            vocab,
+            draft=draft,
+            layout={
+                "prefill_tokens": decoding_setting(decoding, "prefill_tokens"),
+                **(layout or {}),
+            },
+            pack_every=int(decoding_setting(decoding, "pack_every")),
+        )
         # a static cache holds prompt + budget: each call is undone (`reset`), so a few
         # tokens of budget cover every step
         self.batch = self.engine.new_batch([prompt], max_new_tokens=STEP_BUDGET, seeds=[0])
@@ -260,11 +282,15 @@ def measure_step_floor(
     seed: int = 0,
     lean: bool = False,
     layout: Mapping[str, Any] | None = None,
+    *,
+    decoding: Mapping[str, Any],
 ) -> StepFloor:
     """Time the floor, the draft's model-only and engine steps and the target's step at batch
     1 after `context` cached random tokens, interleaved in `reps` rounds; with `lean`, also
     the lean model-only step of a draft that has one; `layout`: the engine's runner settings
-    (`decoding.builder.runner_layout`: static, compiled), the default layout without."""
+    (`decoding.builder.runner_layout`: static, compiled), the default layout without;
+    `decoding`: the config's decoding section (`pack_every`, `prefill_tokens`: see
+    `EngineDraftStep`)."""
     device = next(draft.parameters()).device
     vocab = min(int(draft.config.vocab_size), int(target.config.vocab_size))
     gen = torch.Generator().manual_seed(seed)
@@ -273,11 +299,13 @@ def measure_step_floor(
     chain = MatmulChain(step_weights(draft), seed)
     model_step = ModelStep(draft, cached, next_id)
     target_step = ModelStep(target, cached, next_id)
-    engine_step = EngineDraftStep(draft, target, sampling, prefix[0, :context].tolist(), layout)
+    prompt = prefix[0, :context].tolist()
+    engine_step = EngineDraftStep(draft, target, sampling, prompt, decoding, layout)
     steps = {"floor": chain, "model": model_step, "engine": engine_step, "target": target_step}
     resets = {"model": model_step.reset, "engine": engine_step.reset, "target": target_step.reset}
     if lean and supports_lean(draft):
-        steps["lean"] = lean_step = LeanStep(draft, cached, next_id)
+        prefill_tokens = int(decoding_setting(decoding, "prefill_tokens"))
+        steps["lean"] = lean_step = LeanStep(draft, cached, next_id, prefill_tokens)
         resets["lean"] = lean_step.reset
     before = load_average()
     med = interleaved_medians(steps, reps, device, resets=resets)

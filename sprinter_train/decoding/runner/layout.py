@@ -35,7 +35,9 @@ class RunnerLayout:
     - `shrink_rows`: a static cache's row bucket shrinks as rows leave (not compiled on a
       GPU, where inert rows cost next to nothing and a new bucket a new graph).
     - `min_capacity`: the slots a static cache starts with at least (fewer shapes).
-    - `padded_prefill`, `prefill_tokens`: how prompts are grouped (`runner.prefill_groups`).
+    - `padded_prefill`, `prefill_tokens`: how prompts are grouped (`runner.prefill_groups`);
+      `prefill_tokens` bounds a padded prefill's forwards only (None: not given, which
+      `resolve_layout` allows only where the prefill goes by length).
     - `compile_cache`: where a compiled step keeps its graphs and torch its on-disk caches
       (None: the layout names none; steps compile plainly and torch's caches stay as the
       process has them).
@@ -50,7 +52,7 @@ class RunnerLayout:
     shrink_rows: bool
     min_capacity: int
     padded_prefill: bool
-    prefill_tokens: int
+    prefill_tokens: int | None
     compile_cache: CompileCache | None
 
     @property

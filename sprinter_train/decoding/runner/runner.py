@@ -122,7 +122,7 @@ class ModelRunner:
         return self.plan.padded_prefill
 
     @property
-    def prefill_tokens(self) -> int:
+    def prefill_tokens(self) -> int | None:
         return self.plan.prefill_tokens
 
     def _compile_work(self) -> tuple[int, int]:
@@ -240,7 +240,7 @@ class ModelRunner:
                 )
 
 
-def prefill_groups(lengths: list[int], padded: bool, budget: int) -> list[list[int]]:
+def prefill_groups(lengths: list[int], padded: bool, budget: int | None) -> list[list[int]]:
     """The rows (indices into `lengths`, empty prompts left out) each prefill forward takes.
 
     By length (`padded` false, a CPU's default): rows of one length together, no padding: a
@@ -248,13 +248,17 @@ def prefill_groups(lengths: list[int], padded: bool, budget: int) -> list[list[i
     to its longest prompt costs several times the prompts themselves. Padded (a GPU's
     default): an eager forward there is launch-bound, about one price at any length, so one
     forward per distinct length would cost more than the decode; instead the rows, longest
-    first, fill forwards of at most `budget` padded tokens (docs/results/design-figures.md, "Prefill on a GPU")."""
+    first, fill forwards of at most `budget` padded tokens (docs/results/design-figures.md, "Prefill on a GPU");
+    `budget` is read there only (`decoding.prefill_tokens`: `resolve_layout` requires it where
+    the prefill is padded)."""
     present = [r for r, n in enumerate(lengths) if n]
     if not padded:
         by_length: dict[int, list[int]] = {}
         for r in present:
             by_length.setdefault(lengths[r], []).append(r)
         return list(by_length.values())
+    if budget is None:
+        raise ValueError("a padded prefill needs its budget (decoding.prefill_tokens)")
     groups: list[list[int]] = []
     for r in sorted(present, key=lambda r: -lengths[r]):
         if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
