@@ -1,6 +1,8 @@
 """The oracle length (issue 38 item 4): a row drafts exactly what the target keeps plus the
 draft it rejects, emits sd's tokens at its gamma (so the target's law), is billed only for
-that, and results.md says what share of its gain each length policy takes."""
+that, and results.md says what share of its gain each length policy takes. The engines here
+have no prices (`Timings()`), so every round drafts; tests/decoding/test_oracle_bound.py
+has the rounds where a target-only step pays more."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from sprinter_train.core.config import compose_config
 from sprinter_train.decoding.policies import SpeculativeDecoding
 from sprinter_train.decoding.policies.oracle import OracleLength, oracle_uniforms
 from sprinter_train.decoding.policies.registry import as_record, greedy_exact, traits_of
+from sprinter_train.decoding.timings import Timings
 from tests.decoding_helpers import GREEDY, PROMPTS, SAMPLING, engine_for, tiny_trio
 
 SEEDS = [3, 4, 5, 6]
@@ -41,7 +44,7 @@ def test_the_oracle_emits_sds_tokens_and_pays_only_up_to_the_first_rejection(
     """Same seeds: the oracle at max_gamma 4 emits sd(4)'s tokens row for row (the target's
     law, as sd's), in as many target calls, drafting fewer; every one of its rejecting rounds
     drafted exactly one token past what was kept; its look-ahead is off the bill."""
-    engine = engine_for(models, sampling)
+    engine = engine_for(models, sampling, Timings())  # no prices: every round drafts
     sd = engine.generate(PROMPTS, SpeculativeDecoding(4), 24, seeds=SEEDS)
     oracle = engine.generate(PROMPTS, OracleLength(4), 24, seeds=SEEDS)
     assert [r.tokens for r in oracle] == [r.tokens for r in sd]
@@ -60,7 +63,7 @@ def test_the_oracle_emits_sds_tokens_and_pays_only_up_to_the_first_rejection(
 def test_the_oracle_emits_more_a_round_than_sd_at_a_lower_gamma(models) -> None:
     """Over 32 rows, the oracle at max_gamma 4 emits more tokens a row's round than sd(1)
     (its expected 1 + a + ... + a^4 against 1 + a)."""
-    engine = engine_for(models, SAMPLING)
+    engine = engine_for(models, SAMPLING, Timings())
     rows, seeds = PROMPTS * 8, list(range(32))
 
     def per_round(policy) -> float:
@@ -71,7 +74,9 @@ def test_the_oracle_emits_more_a_round_than_sd_at_a_lower_gamma(models) -> None:
 
 
 def test_a_rows_oracle_tokens_do_not_depend_on_its_batch_mates(models) -> None:
-    engine = engine_for(models, SAMPLING)
+    """Where every round drafts (no prices); with prices a row's tokens may (a row without a
+    queue draws the target's token while its mates deliver theirs), never its law."""
+    engine = engine_for(models, SAMPLING, Timings())
     alone = [engine.generate([p], OracleLength(4), 24, seeds=[7])[0].tokens for p in PROMPTS]
     batched = engine.generate(PROMPTS, OracleLength(4), 24, seeds=[7] * 4)
     assert [r.tokens for r in batched] == alone  # a row's tokens do not depend on its mates

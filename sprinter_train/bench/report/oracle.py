@@ -1,11 +1,17 @@
-"""How much of the oracle length's gain each length policy takes.
+"""How much of the oracle's gain each length policy takes.
 
-The oracle (decoding/policies/oracle.py) drafts, per row and round, exactly what the target
-keeps plus the draft it rejects: no length predictor at this pair, cost and gamma_max buys
-more. A lossless method's share of its gain is (its tokens/s - target_only's) / (the
-oracle's - target_only's), and over sd the same with sd's tokens/s as the floor: 1 is the
-oracle, 0 no gain (over sd: sd's own length), below 0 a loss. Lossy methods are not length
-policies (they change what is emitted) and get no share.
+The oracle (decoding/policies/oracle.py) chooses, each round, the better at the run's own cost
+model of a target-only step and each row drafting exactly what the target keeps plus the draft
+it rejects (a round that does not draft hands the rows those blocks a token a round, so the
+law stays the target's): no lossless length predictor at this pair, cost, gamma_max and batch
+size buys more, and since drafting nothing is one of its choices it is never below target_only
+but by the clock's noise, so its gain over target_only, and each share of it, is defined at
+every batch size, including those where drafting does not pay. A lossless method's share of
+the gain is (its tokens/s - target_only's) / (the oracle's - target_only's), and over sd the
+same with sd's tokens/s as the floor: 1 is the oracle, 0 no gain (over sd: sd's own length),
+below 0 a loss. Where a floor matched or beat the oracle (the clock's noise) there is no gain
+to share and the share is None. Lossy methods are not length policies (they change what is
+emitted) and get no share.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ def oracle_shares(
     methods: dict[str, dict[str, Any]], lossless: Collection[str]
 ) -> dict[str, dict[str, float | None]]:
     """Per lossless method but target_only and the oracle: its shares of the oracle's gain
-    over each floor (None where the floor did not run or the oracle did not beat it). Empty
-    when the oracle or target_only did not run."""
+    over each floor (None where the floor did not run or the oracle did not beat it: by the
+    clock's noise, since drafting nothing is one of the oracle's choices). Empty when the
+    oracle or target_only did not run."""
     tps = {n: row.get("tokens_per_s") for n, row in methods.items()}
     if not tps.get(ORACLE) or not tps.get("target_only"):
         return {}
@@ -82,12 +89,15 @@ def oracle_section(results: dict[str, Any]) -> list[str]:
     lines = [
         "## Against the oracle length",
         "",
-        "`oracle` drafts, per row and round, exactly what the target keeps plus the draft it "
-        "rejects (all gamma_max when it keeps them all), found by a look-ahead that is not "
-        "billed: the most any length predictor can buy at this pair and cost. Each lossless "
-        "length policy's share of its gain: (tokens/s − target_only's) / (oracle's − "
+        "`oracle` chooses, each round, the better at the run's cost model of a target-only "
+        "step and each row drafting exactly what the target keeps plus the draft it rejects "
+        "(all gamma_max when it keeps them all), found by a look-ahead that is not billed; a "
+        "round that does not draft hands the rows those tokens one a round, so the law stays "
+        "the target's. It is the most any length predictor can buy at this pair, cost and "
+        "batch size, never below target_only but by the clock's noise. Each lossless length "
+        "policy's share of its gain: (tokens/s − target_only's) / (oracle's − "
         "target_only's), and over sd with sd's tokens/s as the floor (1: the oracle; 0: no "
-        "gain; below 0: a loss).",
+        "gain; below 0: a loss; – where the floor matched or beat the oracle).",
         "",
     ]
     for size in sizes:
