@@ -28,8 +28,11 @@ DEMO_BENCH_PROMPTS ?= 4
 # of each family (the variants sd_heuristic, adaedl, sv_paper, sd_online and
 # hf_assisted_heuristic repeat what their family shows, each with its own warm-ups)
 DEMO_METHODS ?= [target_only,sd,svip,sv,sd_learned,sprinter,mtad,oracle,hf_assisted,hf_static]
+# the lossy frontier runs (sprinter and mtad are lossy): one threshold a rule, each from its
+# default ladder, so the demo shows its section for three untimed passes and their timing
+DEMO_FRONTIER ?= 'bench.frontier.verifier=[0.5]' 'bench.frontier.entropy=[0.6]' 'bench.frontier.typical=[0.1]'
 DEMO_BENCH ?= 'bench.batch_sizes=[1,4]' bench.min_timed_runs=1 'bench.methods=$(DEMO_METHODS)' \
-  bench.max_new_tokens=48 bench.latency.reps=8
+  bench.max_new_tokens=48 bench.latency.reps=8 $(DEMO_FRONTIER)
 PYTEST_ARGS ?=
 # the inner loop: no law, real-model or heavy tests, two workers (a test file stays on one)
 QUICK := -m "not law and not slow and not heavy" -n 2 --dist loadfile

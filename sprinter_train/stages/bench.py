@@ -22,6 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.bench.quality.frontier import trace_frontier
 from sprinter_train.bench.quality.tau_ladder import hold_taus
 from sprinter_train.bench.report.plots import plot_results
 from sprinter_train.bench.report.results_md import write_results
@@ -101,6 +102,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     runs = decode_all(cfg, setup, warmups, partial)
     results = summarise_runs(cfg, setup, runs, warmups)
     tighten_taus(cfg, setup, results)
+    trace_frontier(cfg, setup, results)  # the lossy rules' tokens/s against perplexity
     results["provenance"] = provenance.finish(
         started,
         compile_seconds=runner_compile_seconds(setup.engine)(),

@@ -255,6 +255,20 @@ BENCH: dict[str, Spec] = {
         unique=True,
         note="[]: no decode at a stricter τ",
     ),
+    "frontier.enabled": AUTO_ON,
+    "frontier.batches": Seq(whole(1), unique=True),
+    "frontier.verifier_vs_hand": positive(),
+    **{
+        f"frontier.{rule}": Seq(
+            Num(low=0, high=1, above=True),
+            empty=True,
+            unique=True,
+            note="[]: the rule is not traced",
+        )
+        for rule in ("verifier", "entropy", "typical")
+    },
+    "stop_rules.split": SPLIT,
+    "stop_rules.*": Seq(Num(low=0, high=1, above=True), empty=True, unique=True, note="[]: none"),
     "targets.*": Num(low=0),
     "split": SPLIT,
     "allow_train_overlap": ON,
@@ -297,6 +311,8 @@ METHODS: dict[str, Spec] = {
     "*.companion_plan.warmup": whole(0),
     "*.companion_plan.probe_every": whole(0, note="0: never"),
     "*.companion_plan.weight": Num(low=0),
+    "typical.epsilon": Num(low=0, high=1, above=True),
+    "typical.delta": positive(null=True, note="null: sqrt(epsilon)"),
     "svip.h": positive(),
     "svip.c": positive(),
     "*._target_": TEXT,
@@ -306,7 +322,7 @@ METHODS: dict[str, Spec] = {
     "*.table.optional": ON,
     "*.verifier.label": Word(("ratio", "accept_prob")),
     "*.verifier.head": Word(HEADS),
-    "*.verifier.kind": Word(("checkpoint", "online")),
+    "*.verifier.kind": Word(("checkpoint", "online", "entropy")),
     "*.online.margin": Word(("logits", "q")),
 }
 ONLINE = ("positions", "init_weight", "init_bias", "l2", "refit_interval", "min_observations")

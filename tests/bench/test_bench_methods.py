@@ -83,6 +83,7 @@ def test_missing_artifacts_skip_a_method_with_the_command_that_makes_them(compos
         "svip",
         "adaedl",
         "mtad",
+        "typical",
         "oracle",
     }
     assert set(result.policies) == needs_nothing_trained | {"sd_online"}  # it learns as it goes

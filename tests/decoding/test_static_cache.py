@@ -20,7 +20,12 @@ from sprinter_train.core.compile_cache import CompileCache, cache_folder, step_o
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.sampling import inverse_cdf, warp_probs
 from sprinter_train.decoding.batch import Round
-from sprinter_train.decoding.builder import build_runner, decoding_problems, runner_layout
+from sprinter_train.decoding.builder import (
+    build_engine,
+    build_runner,
+    decoding_problems,
+    runner_layout,
+)
 from sprinter_train.decoding.cache import shapes as static_shapes
 from sprinter_train.decoding.cache import static as static_cache
 from sprinter_train.decoding.cache.static import (
@@ -45,6 +50,7 @@ from sprinter_train.decoding.policies import (
 from sprinter_train.decoding.policies.online import OnlineLength
 from sprinter_train.decoding.policies.oracle import OracleLength
 from sprinter_train.decoding.policies.registry import method_class
+from sprinter_train.decoding.policies.typical import TypicalAcceptance
 from sprinter_train.decoding.runner import backends
 from sprinter_train.decoding.runner import capture as graphs
 from sprinter_train.decoding.runner import runner as runner_module
@@ -58,6 +64,8 @@ from sprinter_train.models.packed import pack_linears
 from sprinter_train.stages.settings import config_problems
 from tests.decoding_helpers import (
     GREEDY,
+    PACK_EVERY,
+    PREFILL_TOKENS,
     PROMPTS,
     RUNS,
     SAMPLING,
@@ -111,6 +119,7 @@ def every_method(models) -> list:
         SpecVerificationPaper(ATable(), max_gamma=4),
         parity,
         MTAD(gamma=3, beam_width=3, tau=0.5),
+        TypicalAcceptance(gamma=3, epsilon=0.1),
         OnlineLength(max_gamma=4, online={**online, "refit_interval": 8}),
         before_draw(models),
         OracleLength(max_gamma=4),
@@ -266,7 +275,8 @@ def test_one_group_of_prompts_fills_the_static_cache_through_its_step(models, ca
     here, the eager path); a prompt width that compiles is compile time, unwarned (a prompt
     length is new by nature, not a shape dynamo forgot)."""
     rows = [[3, 5, 7, 9], [4, 6], [8]]
-    block = build_runner(models["target"], VOCAB, {"static": True, "padded_prefill": True})
+    padded = {"static": True, "padded_prefill": True, "prefill_tokens": PREFILL_TOKENS}
+    block = build_runner(models["target"], VOCAB, padded)
     by_length = build_runner(models["target"], VOCAB, {"static": True})
     steps = []
     step = block.backend.step
@@ -409,24 +419,27 @@ def test_a_forward_attends_over_its_filled_span_with_the_whole_capacitys_tokens(
 
 def test_the_switches_resolve_and_are_validated() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    conf = {"prefill_tokens": PREFILL_TOKENS}  # conf/config.yaml's: runner_layout requires it
+    with pytest.raises(ValueError, match="decoding.prefill_tokens is not set"):
+        runner_layout({}, cpu)
     # capture: resolved per runner (`resolve_layout`); the drafts as the target
     # (decoding.compile_drafts); a compiled layout carries its compile cache (default: auto)
-    prefill = {"prefill_tokens": 1 << 16, "captured": None, "drafts": {}}
+    prefill = {"prefill_tokens": PREFILL_TOKENS, "captured": None, "drafts": {}}
     layout = ("static", "compiled", "min_capacity", "padded_prefill")
     auto = CompileCache(cache_folder("auto"))
-    assert runner_layout({}, cpu) == {
+    assert runner_layout(conf, cpu) == {
         **dict.fromkeys(layout, False),
         **prefill,
         "min_capacity": 0,
         "compile_cache": None,
     }
-    assert runner_layout({}, cuda) == {
+    assert runner_layout(conf, cuda) == {
         **dict.fromkeys(layout, True),
         **prefill,
         "min_capacity": 0,
         "compile_cache": auto,
     }
-    assert runner_layout({"static_cache": True}, cpu) == {
+    assert runner_layout({**conf, "static_cache": True}, cpu) == {
         "static": True,
         "compiled": False,
         "min_capacity": 0,
@@ -445,14 +458,16 @@ def test_the_switches_resolve_and_are_validated() -> None:
         "drafts": {},
         "compile_cache": auto,
     }
-    assert runner_layout({"compile": True, "compile_cache": None}, cpu)["compile_cache"] == (
+    assert runner_layout({**conf, "compile": True, "compile_cache": None}, cpu)[
+        "compile_cache"
+    ] == (
         CompileCache(None)  # null: the on-disk caches off
     )
-    assert not runner_layout({"prefill": "by_length"}, cuda)["padded_prefill"]
-    assert runner_layout({"static_capacity": 512}, cpu)["min_capacity"] == 512
-    assert runner_layout({"capture": "false"}, cuda)["captured"] is False
-    assert runner_layout({"capture": "true"}, cuda)["captured"] is True
-    assert runner_layout({"capture": "true"}, cpu)["captured"] is False  # no CUDA graphs
+    assert not runner_layout({**conf, "prefill": "by_length"}, cuda)["padded_prefill"]
+    assert runner_layout({**conf, "static_capacity": 512}, cpu)["min_capacity"] == 512
+    assert runner_layout({**conf, "capture": "false"}, cuda)["captured"] is False
+    assert runner_layout({**conf, "capture": "true"}, cuda)["captured"] is True
+    assert runner_layout({**conf, "capture": "true"}, cpu)["captured"] is False  # no CUDA graphs
     for bad in ("capture=always", "compile_drafts=never", "static_capacity=-1"):
         (line,) = config_problems(compose_config("stage=bench", f"decoding.{bad}"))
         assert line.startswith(f"decoding.{bad.split('=')[0]}=")
@@ -460,7 +475,7 @@ def test_the_switches_resolve_and_are_validated() -> None:
         (line,) = config_problems(compose_config("stage=bench", f"decoding.{bad}"))
         assert line.startswith(f"decoding.{bad.split('=')[0]}=")
     assert decoding_problems({"compile": "auto", "static_cache": "auto"}) == []
-    assert runner_layout({"capture": "yes"}, cuda)["captured"] is True  # yes means true
+    assert runner_layout({**conf, "capture": "yes"}, cuda)["captured"] is True  # yes means true
     assert len(decoding_problems({"compile": True, "static_cache": False})) == 1
     config = compose_config()
     assert config.decoding.compile == "auto" and config.decoding.static_cache == "auto"
@@ -546,12 +561,14 @@ def assert_compiled_equals_eager(models, runners, rows, eos, policies, samplings
     """The compiled runners emit what the same static layout run eagerly emits; compile time
     is kept out of the generation's wall time and out of the runner's forward seconds."""
     for sampling in samplings:
-        compiled = Engine(
+        compiled = build_engine(
             runners["target"],
             sampling,
+            VOCAB,
             draft=runners["draft"],
             eos_token_id=eos,
             timings=fixed_timings(),
+            pack_every=PACK_EVERY,
         )
         for policy in policies:
             eager = engine(models, sampling, eos, static=True).generate(rows, policy, NEW_TOKENS)
@@ -596,13 +613,15 @@ def test_every_method_emits_the_eager_tokens_with_every_model_compiled(models, e
         for role in ("target", "draft", "companion")
     }
     for sampling in (GREEDY, SAMPLING):
-        on_graphs = Engine(
+        on_graphs = build_engine(
             compiled["target"],
             sampling,
+            VOCAB,
             draft=compiled["draft"],
             companion=compiled["companion"],
             eos_token_id=eos,
             timings=fixed_timings(),
+            pack_every=PACK_EVERY,
         )
         for fresh, again in zip(every_method(models), every_method(models), strict=True):
             eager = engine(models, sampling, eos, static=True).generate(ROWS, fresh, NEW_TOKENS)
@@ -615,11 +634,13 @@ def test_every_method_emits_the_eager_tokens_with_every_model_compiled(models, e
 @pytest.mark.slow
 def test_sd_keeps_the_target_law_with_a_compiled_static_target(models) -> None:
     runner = build_runner(models["target"], VOCAB, {"static": True, "compiled": True})
-    compiled = Engine(
+    compiled = build_engine(
         runner,
         SAMPLING,
+        VOCAB,
         draft=build_runner(models["draft"], VOCAB),
         timings=fixed_timings(),
+        pack_every=PACK_EVERY,
     )
     counts = first_tokens(compiled, SpeculativeDecoding(gamma=2), ragged_rows(RUNS))
     assert_target_law_with_power(models, PROMPTS, counts, SAMPLING, VOCAB)
@@ -635,17 +656,26 @@ def test_on_cuda_the_compiled_static_target_emits_the_dynamic_tokens(sampling, c
     the forward seconds."""
     cuda = {role: model.to("cuda") for role, model in tiny_trio().items()}
     runner = build_runner(
-        cuda["target"], VOCAB, {"static": True, "compiled": True, "captured": captured}
+        cuda["target"],
+        VOCAB,
+        {"static": True, "compiled": True, "captured": captured, "prefill_tokens": PREFILL_TOKENS},
     )
     for policy in (TargetOnly(), SpeculativeDecoding(gamma=3)):
-        plain = Engine(
+        plain = build_engine(
             build_runner(cuda["target"], VOCAB, {"padded_prefill": False}),
             sampling,
+            VOCAB,
             draft=build_runner(cuda["draft"], VOCAB, {"padded_prefill": False}),
             timings=fixed_timings(),
+            pack_every=PACK_EVERY,
         )
-        compiled = Engine(
-            runner, sampling, draft=build_runner(cuda["draft"], VOCAB), timings=fixed_timings()
+        compiled = build_engine(
+            runner,
+            sampling,
+            VOCAB,
+            draft=build_runner(cuda["draft"], VOCAB, {"prefill_tokens": PREFILL_TOKENS}),
+            timings=fixed_timings(),
+            pack_every=PACK_EVERY,
         )
         expected = [r.tokens for r in plain.generate(PROMPTS, policy, NEW_TOKENS)]
         for _ in range(2):  # the second generation replays recorded graphs
@@ -692,7 +722,7 @@ def test_the_engine_reuses_the_latency_profiles_graphs(models) -> None:
     measure_runner_times({"target": target}, {"target": [1]}, 1, 16, torch.device("cpu"), [1])
     graphs = runner_module.compiled_graphs()
     assert target.compiles >= 1 and target.compile_seconds > 0
-    engine = Engine(target, SAMPLING, timings=fixed_timings())
+    engine = build_engine(target, SAMPLING, VOCAB, timings=fixed_timings(), pack_every=PACK_EVERY)
     engine.generate([PROMPTS[0]], TargetOnly(), 8)
     assert runner_module.compiled_graphs() == graphs
 
@@ -708,7 +738,9 @@ def test_the_engine_replays_the_latency_profiles_captured_graphs(models, replaye
     measure_runner_times({"target": target}, widths, 1, 16, torch.device("cpu"), [1], SAMPLING)
     captures = target.graphs.captures
     assert captures == 1
-    Engine(target, SAMPLING, timings=fixed_timings()).generate([PROMPTS[0]], TargetOnly(), 8)
+    build_engine(target, SAMPLING, VOCAB, timings=fixed_timings(), pack_every=PACK_EVERY).generate(
+        [PROMPTS[0]], TargetOnly(), 8
+    )
     assert target.graphs.captures == captures
 
 
@@ -760,7 +792,7 @@ def test_a_fixed_length_draft_round_replays_as_one_graph(
 
 def test_a_new_cache_is_a_new_capture_and_a_pooled_one_replays(models, replayed) -> None:
     runner = build_runner(models["target"], VOCAB, {"static": True, "captured": True})
-    engine_ = Engine(runner, GREEDY, timings=fixed_timings())
+    engine_ = build_engine(runner, GREEDY, VOCAB, timings=fixed_timings(), pack_every=PACK_EVERY)
     first = engine_.generate(PROMPTS, TargetOnly(), 6)
     captures = runner.graphs.captures
     assert captures >= 1  # the prefill is uncaptured; each decode shape once
@@ -792,7 +824,9 @@ def test_broken_logits_met_in_a_replay_stop_the_generation_where_uncaptured_does
     for captured in (False, True):
         target = copy.deepcopy(models["target"])
         runner = build_runner(target, VOCAB, {"static": True, "captured": captured})
-        engine_ = Engine(runner, GREEDY, timings=fixed_timings())
+        engine_ = build_engine(
+            runner, GREEDY, VOCAB, timings=fixed_timings(), pack_every=PACK_EVERY
+        )
         engine_.generate(PROMPTS, TargetOnly(), 4)  # every decode shape captured
         with torch.no_grad():
             target.lm_head.weight.fill_(float("nan"))
@@ -852,7 +886,9 @@ def test_the_targets_forwards_are_transient_and_run_once_a_round(models, replaye
         outs.append(out)
     assert replayed.replays == 2
     assert outs[1].logits.data_ptr() == outs[2].logits.data_ptr()  # the graph's own buffer
-    engine_ = Engine(runners[0], SAMPLING, timings=fixed_timings())
+    engine_ = build_engine(
+        runners[0], SAMPLING, VOCAB, timings=fixed_timings(), pack_every=PACK_EVERY
+    )
     batch = engine_.new_batch(PROMPTS[:2], 4, [0, 1])
     everyone = torch.ones(2, dtype=torch.bool)
     engine_.target_probs(batch, Round(), everyone)

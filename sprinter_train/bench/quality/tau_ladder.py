@@ -11,6 +11,10 @@ Off the timed path and bounded: it runs after every timed run, only for the meth
 the bar, and at most one pass over the prompts per ladder value. results.json's
 `quality_guard.tau_ladder` holds each such method's tries and the τ that holds it (None: no
 value of the ladder does, or the method has no τ to tighten).
+
+A policy at another threshold (`at_threshold`) and its untimed pass over the prompts scored by
+the target (`decode_untimed`) are shared with the lossy frontier (bench/quality/frontier.py),
+which decodes each lossy rule over its own ladder the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import copy
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -50,14 +55,57 @@ def stricter_taus(tau: float, ladder: Iterable[float]) -> list[float]:
     return sorted({float(value) for value in ladder if float(value) > tau})
 
 
-def at_tau(policy: Policy, tau: float) -> Policy:
-    """The policy at `tau`; a verifier that learns while decoding (`observe`) is copied as it
-    stands, so each τ starts from the state the timed runs left and none feeds the next."""
-    changes: dict[str, Any] = {TAU: tau}
+def at_threshold(policy: Policy, field: str, value: float) -> Policy:
+    """The policy with its threshold `field` at `value`; a verifier that learns while decoding
+    (`observe`) is copied as it stands, so each value starts from the state the timed runs left
+    and none feeds the next."""
+    changes: dict[str, Any] = {field: value}
     verifier = getattr(policy, "verifier", None)
     if verifier is not None and hasattr(verifier, "observe"):
         changes["verifier"] = copy.deepcopy(verifier)
     return dataclasses.replace(policy, **changes)  # type: ignore[type-var]
+
+
+def at_tau(policy: Policy, tau: float) -> Policy:
+    """The policy at `tau` (`at_threshold` of its τ)."""
+    return at_threshold(policy, TAU, tau)
+
+
+@dataclass
+class Untimed:
+    """One untimed pass of a policy over the prompts: its outputs, the target's perplexity of
+    them (`scored_mean`: NaN when nothing was scored) and the pass's tokens and wall seconds
+    (no warm-up: a rough speed, never a timed figure)."""
+
+    outputs: list[list[int]]
+    target_ppl: float
+    tokens: int
+    wall_s: float
+
+
+def decode_untimed(
+    policy: Policy,
+    engine: Engine,
+    target: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    max_new_tokens: int,
+    nll_batch_size: int,
+    batch_size: int = 1,
+) -> Untimed:
+    """The prompts decoded with `policy` in consecutive groups of `batch_size` (prompt i with
+    seeds[i]), and the target's perplexity of the outputs."""
+    outputs: list[list[int]] = []
+    wall = 0.0
+    step = max(1, int(batch_size))
+    for start in range(0, len(prompts), step):
+        group = [list(ids) for ids in prompts[start : start + step]]
+        results = engine.generate(group, policy, max_new_tokens, seeds[start : start + step])
+        outputs += [r.tokens for r in results]
+        wall += results[0].wall_s
+    pairs = list(zip(prompts, outputs, strict=True))
+    ppl = scored_mean(target_perplexities(target, pairs, nll_batch_size))
+    return Untimed(outputs, ppl, sum(len(o) for o in outputs), wall)
 
 
 def climb(
@@ -80,12 +128,9 @@ def climb(
         return entry
     for value in stricter_taus(tau, ladder):
         strict = at_tau(policy, value)
-        outputs = [
-            engine.generate([list(ids)], strict, max_new_tokens, [seed])[0].tokens
-            for ids, seed in zip(prompts, seeds, strict=True)
-        ]
-        pairs = list(zip(prompts, outputs, strict=True))
-        ppl = scored_mean(target_perplexities(target, pairs, nll_batch_size))
+        ppl = decode_untimed(
+            strict, engine, target, prompts, seeds, max_new_tokens, nll_batch_size
+        ).target_ppl
         ratio = ppl / base_ppl if ppl == ppl else None
         met = ratio is not None and ratio <= bar
         entry["tried"].append({"tau": value, "target_ppl": ppl, "ratio": ratio, "met": met})

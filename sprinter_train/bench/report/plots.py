@@ -1,11 +1,13 @@
-"""The bench's plots: tokens/s per method, goodput against batch size, and the
-quality-against-speed Pareto plot over every run under the bench folder."""
+"""The bench's plots: tokens/s per method, goodput against batch size, the lossy frontier
+(tokens/s against the perplexity ratio per lossy rule) and the quality-against-speed Pareto
+plot over every run under the bench folder."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from sprinter_train.bench.quality.frontier import RULES, on_frontier
 from sprinter_train.core.io import read_json
 from sprinter_train.core.plots import save, subplots
 
@@ -22,6 +24,7 @@ def plot_results(out: Path, bench_root: Path) -> None:
     ax.tick_params(axis="x", rotation=45)
     save(fig, out / "tokens_per_s.png")
     plot_goodput(results, out / "goodput_vs_batch.png")
+    plot_frontier(results, out / "frontier.png")
 
     points = []
     for path in sorted(bench_root.rglob("results.json")):
@@ -70,6 +73,65 @@ def plot_goodput(results: dict[str, Any], path: Path) -> Path | None:
     ax.set_ylabel("goodput (generated tokens / s)")
     ax.set_title(f"{results['experiment']}: goodput against batch size ({results['device']})")
     ax.legend(fontsize=7, ncol=2)
+    return save(fig, path)
+
+
+def plot_frontier(results: dict[str, Any], path: Path) -> Path | None:
+    """The lossy frontier (results.json's `frontier`), one panel per batch size: tokens/s
+    against the target's perplexity ratio to target_only, one series per rule through its
+    timed points (hollow markers: a point the untimed pass alone measured, at that pass's
+    speed, which is not a timed figure), the points on the frontier joined by a dashed line and
+    the perplexity bar as a vertical line. Nothing when the frontier did not run."""
+    entries, summary = results.get("frontier"), results.get("frontier_summary") or {}
+    if not entries:
+        return None
+    untimed = summary.get("untimed_tokens_per_s") or [None] * len(entries)
+    sizes = sorted({int(e["batch"]) for e in entries})
+    fig, axes = subplots(1, len(sizes), figsize=(6.5 * len(sizes), 4.5), squeeze=False)
+    for ax, size in zip(axes[0], sizes, strict=True):
+        own = [(e, u) for e, u in zip(entries, untimed, strict=True) if e["batch"] == size]
+        for index, rule in enumerate(RULES):
+            colour = f"C{index}"
+            timed = [e for e, _ in own if e["rule"] == rule and e["tokens_per_s"] is not None]
+            timed = [e for e in timed if e["ppl_ratio"] is not None]
+            if timed:
+                timed.sort(key=lambda e: e["ppl_ratio"])
+                xs, ys = [e["ppl_ratio"] for e in timed], [e["tokens_per_s"] for e in timed]
+                ax.plot(xs, ys, "o-", color=colour, label=f"{rule} (timed)")
+            rest = [
+                (e["ppl_ratio"], u)
+                for e, u in own
+                if e["rule"] == rule
+                and e["tokens_per_s"] is None
+                and e["ppl_ratio"] is not None
+                and u is not None
+            ]
+            if rest:
+                ax.scatter(
+                    [x for x, _ in rest],
+                    [y for _, y in rest],
+                    facecolors="none",
+                    edgecolors=colour,
+                    label=f"{rule} (untimed pass only)",
+                )
+        points = [e for e, _ in own]
+        front = [e for e, on in zip(points, on_frontier(points), strict=True) if on]
+        if front:
+            front.sort(key=lambda e: e["ppl_ratio"])
+            ax.plot(
+                [e["ppl_ratio"] for e in front],
+                [e["tokens_per_s"] for e in front],
+                "k--",
+                lw=1,
+                label="frontier",
+            )
+        if summary.get("bar") is not None:
+            ax.axvline(summary["bar"], color="grey", ls=":", label="perplexity bar")
+        ax.set_xlabel("target perplexity / target_only's")
+        ax.set_ylabel("tokens / s")
+        ax.set_title(f"lossy frontier, batch {size}")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{results.get('experiment', '')} ({results.get('device', '')})")
     return save(fig, path)
 
 

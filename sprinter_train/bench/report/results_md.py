@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sprinter_train.bench.quality.guard import guard_section, guard_warnings
+from sprinter_train.bench.report.frontier_lines import frontier_section
 from sprinter_train.bench.report.header_lines import (
     companion_plan_lines,
     gamma_line,
@@ -148,6 +149,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
             )
         lines.append("")
     lines += guard_section(results)
+    lines += frontier_section(results)
     lines += learned_sections(results)
     lines += oracle_section(results)
     if results.get("skipped"):

@@ -25,6 +25,8 @@ from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.overlap import Reader
 from sprinter_train.decoding.batch import Policy
 from sprinter_train.decoding.builder import compiles
+from sprinter_train.decoding.policies.entropy_verifier import KIND as ENTROPY_KIND
+from sprinter_train.decoding.policies.entropy_verifier import EntropyVerifier
 from sprinter_train.decoding.policies.online import OnlineVerifier
 from sprinter_train.decoding.policies.plans.companion_plan import CompanionPlan
 from sprinter_train.decoding.policies.plans.gamma_plan import GammaPlanner
@@ -127,7 +129,7 @@ def verifier_hidden_layer(cfg: DictConfig) -> int:
     for name in cfg.bench.methods:
         if name in PEER_NAMES or "verifier" not in runtime_entries(cfg.methods[name]):
             continue
-        if is_online(cfg.methods[name].verifier):
+        if is_online(cfg.methods[name].verifier) or is_entropy(cfg.methods[name].verifier):
             continue  # reads no hidden state
         path = method_verifier_path(cfg.checkpoint_dir, cfg.methods[name])
         try:
@@ -191,6 +193,12 @@ def is_online(entry: Any) -> bool:
     return hasattr(entry, "get") and entry.get("kind", "checkpoint") == "online"
 
 
+def is_entropy(entry: Any) -> bool:
+    """A `verifier` entry that asks for the draft's raw entropy as the score (a hand rule,
+    decoding/policies/entropy_verifier.py) instead of a checkpoint."""
+    return hasattr(entry, "get") and entry.get("kind", "checkpoint") == ENTROPY_KIND
+
+
 def online_settings(cfg: DictConfig, entry: DictConfig) -> dict[str, Any]:
     """methods.sd_online.online's settings (the online logistic's defaults), overridden by the
     entry's own keys."""
@@ -203,6 +211,9 @@ def _verifier(name: str, node: DictConfig, run: RunInputs) -> tuple[Any, dict[st
     if is_online(node.verifier):
         settings = online_settings(run.cfg, node.verifier)
         return OnlineVerifier(settings), {"kind": "online", **settings}
+    if is_entropy(node.verifier):
+        scorer = EntropyVerifier()
+        return scorer, scorer.record()
     path = method_verifier_path(run.cfg.checkpoint_dir, node)
     checkpoint = load_verifier(path, run.cfg.experiment)  # a missing one names stage=train
     sampling = dataclasses.asdict(SamplingConfig.from_cfg(run.cfg.sampling))

@@ -26,6 +26,7 @@ from sprinter_train.decoding.policies.speculative import (
 )
 from sprinter_train.decoding.policies.sprinter import Sprinter
 from sprinter_train.decoding.policies.sv import SpecVerification, SpecVerificationPaper
+from sprinter_train.decoding.policies.typical import TypicalAcceptance
 
 __all__ = [
     "MTAD",
@@ -41,6 +42,7 @@ __all__ = [
     "Sprinter",
     "TargetOnly",
     "Traits",
+    "TypicalAcceptance",
     "Verifier",
     "companion_features",
     "draft_round",
