@@ -73,11 +73,6 @@ ALLOWED: list[tuple[str, str, str]] = [
         "HumanEval's size times the split fraction: arithmetic on the data set, not a run",
     ),
     (
-        "sprinter_train/decoding/loop.py",
-        "~20",
-        "the ops the row state's code dispatches, counted from that code, not timed",
-    ),
-    (
         "benchmarks/gpu_stage.py",
         "lease",
         "the device loan the script stages for, and its `.lease/` folder: its subject",

@@ -105,9 +105,16 @@ class RowState:
             zeros.clone(),
         )
 
+    def read(self, names: tuple[str, ...], rnd: Round) -> tuple[torch.Tensor, ...]:
+        """The fields `names` a step's scorer reads, the run counting the round's drafts so
+        far (`rnd`'s draft calls: the next step's index), as `run_position` does."""
+        drafted = rnd.calls.get("draft", 0)
+        return tuple(self.run + drafted if n == "run" else getattr(self, n) for n in names)
+
     def select(self, index: torch.Tensor) -> RowState:
         """The rows at `index` (the batch's live rows)."""
-        return RowState(*(getattr(self, f.name)[index] for f in fields(self)))
+        kept = (getattr(self, f.name) for f in fields(self))
+        return RowState(*(None if value is None else value[index] for value in kept))
 
     def after(self, emitted: Emitted, verified: Any = None) -> RowState:
         """The state once a round's `emitted` tokens are committed: the first
@@ -118,7 +125,8 @@ class RowState:
         made = emitted.draft_made
         only_drafts = made >= emitted.lengths
         hidden, margin = self.target_hidden, self.target_margin
-        if verified is not None and verified.final is not None:
+        tracks_target = hidden is not None and margin is not None  # else `only` dropped them
+        if tracks_target and verified is not None and verified.final is not None:
             at = (emitted.lengths - 1).clamp(0, verified.final.shape[1] - 1)[:, None, None]
             final = verified.final.gather(1, at.expand(-1, 1, verified.final.shape[-1]))[:, 0]
             logits = verified.logits.gather(1, at.expand(-1, 1, verified.logits.shape[-1]))[:, 0]
@@ -127,12 +135,18 @@ class RowState:
             hidden = torch.where(only_drafts[:, None], hidden, final.to(hidden.dtype))
             margin = torch.where(only_drafts, margin, top2_margin(logits))
         return RowState(
-            torch.where(only_drafts, self.run + emitted.lengths, 0),
-            self.accepted + made,
-            self.drafted + emitted.drafted,
+            None if self.run is None else torch.where(only_drafts, self.run + emitted.lengths, 0),
+            None if self.accepted is None else self.accepted + made,
+            None if self.drafted is None else self.drafted + emitted.drafted,
             hidden,
             margin,
         )
+
+    def only(self, names: frozenset[str]) -> RowState:
+        """The state keeping the fields `names` alone (the others None, never updated): a
+        round's bookkeeping costs the engine device ops only for what its verifier reads (the
+        target's hidden state and margin are most of them)."""
+        return RowState(*(getattr(self, f.name) if f.name in names else None for f in fields(self)))
 
 
 @dataclass
@@ -187,6 +201,7 @@ class DraftStep:
     vocab_size: int = 0  # V, where `support` is set
     head_tokens: torch.Tensor | None = None  # (B,) each drawn token's index into head_q
     index: int = 0  # k: the round's k-th drafting step (0-based)
+    score: torch.Tensor | None = None  # (B,) the drawn token's score, where a scorer drew it
     _full: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property

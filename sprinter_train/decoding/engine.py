@@ -14,6 +14,7 @@ generation loop (a batch's rows, the commit of each round, `generate`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -25,19 +26,18 @@ from sprinter_train.decoding.batch import (
     Round,
 )
 from sprinter_train.decoding.loop import RoundLoop
-from sprinter_train.decoding.runner.after_warp import AfterWarp, Check, Draw
+from sprinter_train.decoding.runner.after_warp import AfterWarp, Check, Draw, DrawScore, StepScorer
 from sprinter_train.decoding.runner.runner import ForwardRequest, ModelRunner, RowOutput
 from sprinter_train.decoding.timings import Timings
-
-PACK_EVERY = 8  # decoding.pack_every's default: rounds between squeezing empty cache slots out
 
 
 class Engine(RoundLoop):
     """Target, optional draft and companion, one sampling for all of them, and the cost model
     of their forwards (`timings`; without one, a `Timings` that learns from the run but has no
-    priors yet: the bench sets its latency profile's). Every `pack_every` rounds the caches
-    squeeze out the empty slots that rejected drafts and finished rows leave (the tokens do
-    not depend on it)."""
+    priors yet: the bench sets its latency profile's). Every `pack_every` rounds
+    (`decoding.pack_every`, which has no default in code: conf/config.yaml's is the one) the
+    caches squeeze out the empty slots that rejected drafts and finished rows leave (the
+    tokens do not depend on it). `decoding.builder.build_engine` assembles engines."""
 
     def __init__(
         self,
@@ -46,7 +46,8 @@ class Engine(RoundLoop):
         draft: ModelRunner | None = None,
         companion: ModelRunner | None = None,
         eos_token_id: int | None = None,
-        pack_every: int = PACK_EVERY,
+        *,
+        pack_every: int,
         timings: Timings | None = None,
     ) -> None:
         self.runners = {"target": target, "draft": draft, "companion": companion}
@@ -190,15 +191,23 @@ class Engine(RoundLoop):
         rnd: Round,
         active: torch.Tensor,
         keep: Callable[[DraftStep], torch.Tensor] | None = None,
+        scorer: StepScorer | None = None,
     ) -> DraftStep:
         """The draft's next distribution in the active rows (after their committed tokens and
         this round's drafts so far), and a token drawn in the rows that `keep` (decided from
-        q alone, before any draw) lets draft.
+        q alone, before any draw) lets draft; `scorer`: and the drawn token's score
+        (`DraftStep.score`), computed with the draw.
 
         A restricted-head draft is warped and sampled on its K head tokens (ascending ids):
         its logits are -inf elsewhere, so warping gives q = 0 there and the inverse CDF walks
         the same nonzero masses in the same order; the drawn index is mapped to its id."""
-        draw = Draw(batch.streams.peek()[:, 0])  # in the forward's graph where it has one
+        u = batch.streams.peek()[:, 0]
+        draw: Draw | DrawScore = Draw(u)  # in the forward's graph where it has one
+        if scorer is not None:
+            runner = self.runner("draft")
+            scorer.bind(runner.support, runner.vocab_size)
+            state = () if not scorer.row_fields else batch.state.read(scorer.row_fields, rnd)
+            draw = DrawScore(u, state, scorer)
         out = self.draft_side(batch, "draft", rnd, active, restricted=True, warp=True, then=draw)
         logits = out.logits[:, 0]
         probs = self.warped(out)  # (B, 1, K): the step keeps one offset
@@ -215,7 +224,16 @@ class Engine(RoundLoop):
         )
         if keep is not None:
             step.active = active & keep(step)
-        drawn = self.draw(probs, out, batch, draw, step.active)
+        if isinstance(draw, DrawScore):
+            batch.streams.advance(1, step.active)
+            if out.drawn is None:  # no graph drew and scored: the same code here
+                out.drawn = draw.draw(probs)
+                start = time.perf_counter()  # the verifier's own time (launches, on CUDA)
+                out.score = draw.score(probs, out.logits, out.hidden, out.drawn)
+                batch.stats.verifier_seconds += time.perf_counter() - start
+            drawn, step.score = out.drawn, out.score
+        else:
+            drawn = self.draw(probs, out, batch, draw, step.active)
         step.head_tokens = drawn
         step.tokens = drawn if out.support is None else out.support[drawn]
         return step

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,7 +26,7 @@ from sprinter_train.decoding.batch import (
     Row,
     RowState,
 )
-from sprinter_train.decoding.features.table import history_features
+from sprinter_train.decoding.features.table import FEATURES
 from sprinter_train.decoding.runner.runner import ModelRunner
 
 if TYPE_CHECKING:
@@ -136,8 +137,11 @@ class RoundLoop:
         seeds[i] (default i). Wall time covers the whole batch."""
         seeds = list(range(len(prompts))) if seeds is None else list(seeds)
         batch = self.new_batch(prompts, max_new_tokens, seeds)
-        if not reads_row_state(policy):
+        read = row_fields_read(policy)
+        if not read:
             batch.state = None  # nothing reads the rows' history: commit keeps none
+        elif batch.state is not None:
+            batch.state = batch.state.only(read)  # commit keeps what is read alone
         done = list(batch.rows)
         roles = list(self.present_runners)
         synchronize(self.device)
@@ -163,14 +167,21 @@ class RoundLoop:
         return [GenerationResult(row.generated, wall, batch.stats, row.from_draft) for row in done]
 
 
-def reads_row_state(policy: object) -> bool:
-    """Whether `policy` reads `Batch.state`: a verifier that names a feature of the row's
-    history (feature_table.history_features()), or one that names no features (it may read
-    anything). Keeping the state costs the engine ~20 device ops a round (gathers of the
-    target's hidden states, a top-2 over the vocabulary), launched on a GPU whether anything
-    reads it or not."""
+def row_fields_read(policy: object) -> frozenset[str]:
+    """The `Batch.state` fields `policy` reads: those its verifier's features of the row's
+    history name (their `row_fields`), every field for a verifier that names no features
+    (it may read anything), none without a verifier. Each field kept costs the engine device
+    ops a round (the target's: gathers of its hidden states, a top-2 over the vocabulary),
+    launched on a GPU whether anything reads it or not."""
     verifier = getattr(policy, "verifier", None)
     if verifier is None:
-        return False
+        return frozenset()
     names = getattr(getattr(verifier, "spec", None), "names", None)
-    return names is None or bool(history_features() & set(names))
+    if names is None:
+        return frozenset(f.name for f in fields(RowState))
+    return frozenset(f for n in names for f in FEATURES[n].row_fields)
+
+
+def reads_row_state(policy: object) -> bool:
+    """Whether `policy` reads `Batch.state` at all (`row_fields_read`)."""
+    return bool(row_fields_read(policy))

@@ -28,6 +28,7 @@ from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.features.table import FEATURES, DecodeInputs, history_features
 from sprinter_train.verifier.checkpoint import MLPVerifier, VerifierCheckpoint
 from sprinter_train.verifier.features import assemble
+from sprinter_train.verifier.fused import FusedLinearScore
 
 
 class CheckpointVerifier:
@@ -38,25 +39,40 @@ class CheckpointVerifier:
         self.spec = checkpoint.spec
         self.embedding = draft_model.get_input_embeddings()
         self.mlp = checkpoint.model if isinstance(checkpoint.model, MLPVerifier) else None
+        self.temperature = checkpoint.temperature
+        self.fused: FusedLinearScore | None = None
         if self.mlp is None:
             linear = checkpoint.model.linear
             self.weight = linear.weight.detach().float()[0]
             self.bias = float(linear.bias.detach().float()[0])
             self.width = self.weight.numel()
+            settings = dict(self.spec.settings)
+            self.fused = FusedLinearScore(
+                self.weight,
+                self.bias,
+                self.temperature,
+                self.spec.names,
+                settings,
+                self.embedding,
+                str(checkpoint.path),
+            )
         else:
             self.width = int(self.mlp.first.weight.shape[1])
-        self.temperature = checkpoint.temperature
         self.prior = train_base_rate(checkpoint)
+
+    def checked_state(self, state: RowState | None) -> RowState | None:
+        """`state`, refused when the spec reads the row's history and there is none."""
+        history = history_features() & set(self.spec.names)
+        if history and state is None:
+            raise ValueError(f"the verifier features {sorted(history)} need the batch's state")
+        return state
 
     def parts(self, step: DraftStep, state: RowState | None = None) -> dict[str, torch.Tensor]:
         """The spec's inputs of each row's drafted token, (B, width) or (B,), on its device,
         each by its feature's `at_decode`; `state`: the batch's, for the features of the
         row's history."""
         names = self.spec.names
-        history = history_features() & set(names)
-        if history and state is None:
-            raise ValueError(f"the verifier features {sorted(history)} need the batch's state")
-        inputs = DecodeInputs(step, state, self.embedding)
+        inputs = DecodeInputs(step, self.checked_state(state), self.embedding)
         settings = dict(self.spec.settings)
         return {name: FEATURES[name].at_decode(inputs, settings) for name in names}
 
@@ -72,9 +88,16 @@ class CheckpointVerifier:
         return rows
 
     def __call__(self, engine: Engine, batch: Batch, rnd: Round, step: DraftStep) -> torch.Tensor:
-        """(B,) calibrated sigmoid((w . s(x, prefix) + b) / T) for each row's drafted token."""
+        """(B,) calibrated sigmoid((w . s(x, prefix) + b) / T) for each row's drafted token: a
+        linear head block by block (`FusedLinearScore`), an MLP over the whole vector."""
         start = time.perf_counter()
-        rows = self.features(step, getattr(batch, "state", None))
+        state = getattr(batch, "state", None)
+        if self.fused is not None:
+            with torch.inference_mode():
+                score = self.fused(step, self.checked_state(state))
+            batch.stats.verifier_seconds += time.perf_counter() - start
+            return score
+        rows = self.features(step, state)
         if self.mlp is not None:  # train.head=mlp: moved to the draft's device once
             self.mlp = self.mlp.to(rows.device)
             with torch.inference_mode():

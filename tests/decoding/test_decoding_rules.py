@@ -167,7 +167,7 @@ class ScriptedEngine:
     def tensor(self, values) -> torch.Tensor:
         return torch.tensor(list(values))
 
-    def draft_step(self, batch, rnd, active, keep=None) -> EntropyStep:
+    def draft_step(self, batch, rnd, active, keep=None, scorer=None) -> EntropyStep:
         B = len(self.H)
         step = EntropyStep(
             torch.ones(B, dtype=torch.long),

@@ -112,3 +112,14 @@ def test_export_refuses_an_mlp_verifier_by_name(trained) -> None:
     node = OmegaConf.create({"verifier": {"lam": 1, "head": "mlp"}})
     with pytest.raises(ValueError, match="linear verifiers only.*mlp head"):
         verifier_file(cfg, node)
+
+
+@pytest.mark.parametrize("kind", ["online", "entropy"])
+def test_export_refuses_a_verifier_without_a_file(trained, kind) -> None:
+    """The online logistic and the entropy rule have no file for the folder to carry."""
+    from sprinter_train.stages.export import verifier_file
+
+    cfg, _ = trained
+    node = OmegaConf.create({"verifier": {"kind": kind, "lam": 1}})
+    with pytest.raises(ValueError, match=f"verifier.kind={kind}.*without a file"):
+        verifier_file(cfg, node)

@@ -40,7 +40,11 @@ class ScoreTally:
         self.total: torch.Tensor | None = None  # (sum of scores, rows scored)
 
     def __call__(self, engine, batch, rnd, step) -> torch.Tensor:
-        score = self.verifier(engine, batch, rnd, step)
+        return self.note(step, self.verifier(engine, batch, rnd, step))
+
+    def note(self, step, score: torch.Tensor) -> torch.Tensor:
+        """Add `score`, the rows' scores of `step`, to the tally (a policy that reads the
+        scores its draft step computed calls this, `policies.base.step_score`)."""
         active = step.active
         part = torch.stack([torch.where(active, score.double(), 0.0).sum(), active.sum().double()])
         self.total = part if self.total is None else self.total + part

@@ -115,5 +115,30 @@ def learned_section(results: dict[str, Any], name: str) -> list[str]:
     ]
     lines += [learned_row(name, size, batches[size]["methods"], bar, rivals) for size in sizes]
     settings = (results.get("settings") or {}).get(name)
-    lines += ["", verifier_line(settings), ""] if settings else [""]
+    lines += ["", verifier_line(settings), stop_rule_line(settings), ""] if settings else [""]
     return lines
+
+
+def stop_rule_line(settings: dict[str, Any]) -> str:
+    """The stop rule the bench chose at each batch size (bench/run/stop_choice.py), with the
+    modelled tokens/s of the choice, of goodput and of target-only rounds, or why none was
+    chosen."""
+    rule = settings.get("stop_rule")
+    if not isinstance(rule, dict):
+        return "Its stop rule: goodput at every batch size (stop_rule not auto)."
+    if "by_batch" not in rule:
+        return f"Its stop rule: {rule.get('rule', 'goodput')} ({rule.get('why', '')})."
+    parts = []
+    for size, choice in sorted(rule["by_batch"].items(), key=lambda kv: int(kv[0])):
+        rates = choice["candidates"]
+        name = choice["rule"] + (
+            "" if choice["threshold"] is None else f" < {choice['threshold']:g}"
+        )
+        parts.append(
+            f"batch {size}: **{name}** ({choice['modelled_tokens_per_s']:.1f} modelled tokens/s; "
+            f"goodput {rates['goodput']:.1f}, none {rates['none']:.1f})"
+        )
+    return (
+        f"Its stop rule, chosen on {rule['chosen_on']} ({rule['round_starts']} round starts) by "
+        "the round model at this run's latency profile: " + "; ".join(parts) + "."
+    )

@@ -22,6 +22,7 @@ from sprinter_train.bench.run.profile_and_gamma import (
     latency_profile,
     sd_gamma,
 )
+from sprinter_train.bench.run.stop_choice import choose_stop_rules
 from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.bench.timing.profile_check import ProfileCheck
 from sprinter_train.core.sampling import SamplingConfig
@@ -128,6 +129,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     if all(name in plan.skipped for name in plan.settings.keys() | plan.skipped.keys()):
         reasons = "; ".join(f"{name}: {why}" for name, why in plan.skipped.items())
         raise ValueError(f"stage=bench: every method of bench.methods was skipped ({reasons})")
+    choose_stop_rules(cfg, plan.policies, plan.settings, profile, batch_sizes)
     tally_scores(plan)  # the trained verifiers' mean scores, for results.md's domain check
     return Setup(
         models, prompts, engine, device, dtype, batch_sizes, profile, verdict, alpha,

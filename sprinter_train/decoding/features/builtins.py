@@ -57,8 +57,10 @@ def _column(name: str) -> Callable[[RecordInputs, Settings], Tensor]:
 
 
 def _drafted_q(inputs: DecodeInputs, settings: Settings) -> Tensor:
-    step = inputs.step
-    return step.q.gather(1, step.tokens[:, None])[:, 0].float()
+    """q(x) read on the draft's head (its K tokens; q is 0 off them), so a step is not spread
+    over the vocabulary to read one value a row."""
+    q, x = inputs.step.on_space_of(inputs.step.head_q)
+    return q.gather(1, x[:, None])[:, 0].float()
 
 
 def _accepted_before(history: SequenceHistory) -> np.ndarray:
@@ -112,7 +114,7 @@ def builtin_features() -> tuple[Feature, ...]:
                 at_last_verified=True,
                 note="the target's final state",
             ),
-            history=True,
+            row_fields=("target_hidden",),
         )
     )
     features.append(
@@ -129,7 +131,9 @@ def builtin_features() -> tuple[Feature, ...]:
             "draft_entropy",
             "H(q) of the warped draft distribution, nats (the record's `draft_entropy`)",
             from_records=_column("draft_entropy"),
-            at_decode=lambda inputs, settings: entropy(inputs.step.q.float()),
+            at_decode=lambda inputs, settings: entropy(
+                inputs.step.head_q.float()
+            ),  # 0 off the head
             reads=("draft_entropy",),
             pre_draw=True,
         )
@@ -189,7 +193,7 @@ def builtin_features() -> tuple[Feature, ...]:
                 ),
             ),
             settings=("run_position_cap",),
-            history=True,
+            row_fields=("run",),
         )
     )
     features.append(
@@ -224,7 +228,7 @@ def builtin_features() -> tuple[Feature, ...]:
                 ),
             ),
             settings=("accept_prior", "accept_n0"),
-            history=True,
+            row_fields=("accepted", "drafted"),
         )
     )
     features.append(
@@ -243,7 +247,7 @@ def builtin_features() -> tuple[Feature, ...]:
                     at_last_verified=True,
                 ),
             ),
-            history=True,
+            row_fields=("target_margin",),
         )
     )
     return tuple(features)

@@ -133,7 +133,9 @@ class Feature:
     # a dense float16 block of this width (WIDTHS); None: a scalar, or its `array`'s width
     width: str | None = None
     array: Array | None = None  # a dense block the harvest records (its width: the name)
-    history: bool = False  # reads the row's history (RowState), not only its draft step
+    # the RowState fields it reads of the row's history (none: its draft step alone); a
+    # draft round scored in the draft's graph hands the graph these alone
+    row_fields: tuple[str, ...] = ()
     pre_draw: bool = False  # fixed before x is drawn: known from the draft's state alone
 
     def __post_init__(self) -> None:
@@ -149,3 +151,8 @@ class Feature:
     @property
     def dense(self) -> bool:
         return self.width is not None
+
+    @property
+    def history(self) -> bool:
+        """Whether it reads the row's history (RowState), not only its draft step."""
+        return bool(self.row_fields)

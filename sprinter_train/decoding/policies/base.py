@@ -21,7 +21,7 @@ import torch
 from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round, Row
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.plans.goodput import round_goodput
-from sprinter_train.decoding.runner.after_warp import Check, Draw
+from sprinter_train.decoding.runner.after_warp import Check, Draw, StepScorer
 from sprinter_train.decoding.runner.requests import RoundRequest
 from sprinter_train.decoding.timings import Seconds, StepCost, Timings
 
@@ -110,6 +110,15 @@ class AcceptanceTable(Protocol):
         ...
 
 
+def step_score(verifier: Verifier, step: DraftStep) -> torch.Tensor:
+    """(B,) the score `verifier`'s scorer computed with the step's draw (`draft_round`'s
+    `scorer`), shown to a verifier that keeps a tally of its scores (the bench's)."""
+    note = getattr(verifier, "note", None)
+    score = step.score
+    assert score is not None, "a step drawn without its verifier's scorer"
+    return score if note is None else note(step, score)
+
+
 def draft_round(
     engine: Engine,
     batch: Batch,
@@ -117,11 +126,13 @@ def draft_round(
     stop: Rule | None = None,
     keep: Callable[[int, DraftStep], torch.Tensor] | None = None,
     rnd: Round | None = None,
+    scorer: StepScorer | None = None,
 ) -> Round:
     """Draft up to limits[r] tokens in row r. `keep(j, step)` decides from q_j alone whether
     a row draws its j-th draft (else it stops before it); `stop(step)` says, after the draw,
-    that the row's j-th draft is its last. The host reads whether any row still drafts only
-    when a rule can stop rows early."""
+    that the row's j-th draft is its last; `scorer`: each step's drawn token is scored with
+    its draw (`DraftStep.score`, see `Engine.draft_step`). The host reads whether any row
+    still drafts only when a rule can stop rows early."""
     rnd = Round() if rnd is None else rnd
     device = engine.device
     limit = engine.tensor(limits)
@@ -132,7 +143,7 @@ def draft_round(
         if j > 0 and adaptive and not engine.any(active):
             break
         step = engine.draft_step(
-            batch, rnd, active, None if keep is None else (lambda s, j=j: keep(j, s))
+            batch, rnd, active, None if keep is None else (lambda s, j=j: keep(j, s)), scorer
         )
         rnd.steps.append(step)
         counts = counts + step.active  # bool counts as 0 / 1

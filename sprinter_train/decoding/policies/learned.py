@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -18,9 +19,11 @@ from sprinter_train.decoding.policies.base import (
     draft_round,
     overlap,
     step_features,
+    step_score,
     verify,
 )
 from sprinter_train.decoding.policies.plans.goodput import round_goodput
+from sprinter_train.decoding.policies.plans.stop_rules import StopRule, StopRules
 
 
 def scores_before_the_draw(verifier: object) -> bool:
@@ -70,7 +73,23 @@ class LearnedLength(GoodputMethod):
     verifier: Verifier  # its `spec.names` say which features it reads (CheckpointVerifier's)
     table: AcceptanceTable | None
     max_gamma: int
+    # when a row stops, by batch size (plans/stop_rules.py): "auto" (the bench chooses one a
+    # batch size on the val records; elsewhere the goodput rule), one rule for every batch
+    # size ({rule, threshold}), or the bench's choice (StopRules); None: goodput
+    stop_rule: StopRules | Mapping[str, Any] | str | None = None
     name: str = "sd_learned"
+
+    def __post_init__(self) -> None:
+        given = self.stop_rule
+        if given is None or given == "auto" or isinstance(given, StopRules):
+            self.stop_rule = None if given == "auto" else given
+        elif isinstance(given, Mapping):
+            self.stop_rule = StopRules({1: StopRule(str(given["rule"]), given.get("threshold"))})
+        else:
+            raise ValueError(
+                f"sd_learned's stop_rule is auto or {{rule: goodput|product|hazard|none, "
+                f"threshold: ...}}, not {given!r}"
+            )
 
     @property
     def drafting(self) -> tuple[str, ...]:
@@ -81,19 +100,31 @@ class LearnedLength(GoodputMethod):
         B = len(batch)
         rnd = Round()
         latency, step_cost = self.costs(engine.timings)
-        if not self.worth_a_draft(engine.timings, B):
+        rules = self.stop_rule
+        rule = rules.at(B) if isinstance(rules, StopRules) else StopRule()
+        if rule.rule == "none":
+            return verify(engine, batch, rnd)
+        if rule.rule == "goodput" and not self.worth_a_draft(engine.timings, B):
             return verify(engine, batch, rnd)
         before_draw = scores_before_the_draw(self.verifier)
-        product = torch.ones(B, dtype=torch.float64, device=engine.device)
-        expected = torch.zeros(B, dtype=torch.float64, device=engine.device)
+        # a linear verifier scores each draft with its draw, in the draft's graph where it
+        # has one (verifier/fused.py); a table or a pre-draw rule reads scores before draws
+        scorer = getattr(self.verifier, "fused", None)
+        in_step = scorer is not None and not before_draw and self.table is None
+        # each row's product of acceptances so far and its expected accepted drafts, numbers
+        # until the first draw makes them tensors (a round's set-up launches nothing)
+        product: torch.Tensor | float = 1.0
+        expected: torch.Tensor | float = 0.0
         companion: list[torch.Tensor] = []
         scored: list[torch.Tensor] = []  # the verifier's pre-draw score of the current draft
 
         def rises(drafts: int, gain: torch.Tensor) -> torch.Tensor:
             """Whether one more draft, worth `gain` expected tokens, raises the goodput."""
-            now = round_goodput(expected, drafts, B, latency, step_cost)
-            more = round_goodput(expected + gain, drafts + 1, B, latency, step_cost)
-            return more > now
+            # round_goodput(expected + gain, drafts + 1) > round_goodput(expected, drafts),
+            # its seconds' ratio taken on the host: three ops on the device, not six
+            now = float(round_goodput(0.0, drafts, B, latency, step_cost))
+            more = float(round_goodput(0.0, drafts + 1, B, latency, step_cost))
+            return gain > (expected + 1.0) * (now / more - 1.0)
 
         def score(step: DraftStep) -> torch.Tensor:
             batch.stats.verifier_calls += 1
@@ -112,18 +143,28 @@ class LearnedLength(GoodputMethod):
 
         def stop(step: DraftStep) -> torch.Tensor:
             nonlocal product, expected
-            estimates = [scored[0] if before_draw else score(step)]
-            if self.table is not None:
-                S, A = step_features(step, companion[-1])
-                estimates.append(self.table.lookup(S, A).double())
-            acceptance = torch.stack(estimates).mean(0)
-            product = torch.where(step.active, product * acceptance, product)
-            expected = torch.where(step.active, expected + product, expected)
+            if in_step:
+                batch.stats.verifier_calls += 1
+                acceptance = step_score(self.verifier, step)
+            else:
+                estimates = [scored[0] if before_draw else score(step)]
+                if self.table is not None:
+                    S, A = step_features(step, companion[-1])
+                    estimates.append(self.table.lookup(S, A).double())
+                acceptance = estimates[0] if len(estimates) == 1 else torch.stack(estimates).mean(0)
+            if rule.rule == "hazard":  # rows that stopped drafting are not read again
+                return acceptance < rule.threshold
+            product = product * acceptance
+            if rule.rule == "product":
+                return product < rule.threshold
+            expected = expected + product
             return ~rises(len(rnd.steps), product * acceptance)
 
         informed = before_draw or self.table is not None  # a score known before the draw
         room = batch.room(self.max_gamma)
-        draft_round(engine, batch, room, stop, keep if informed else None, rnd)
+        draft_round(
+            engine, batch, room, stop, keep if informed else None, rnd, scorer if in_step else None
+        )
         return verify(engine, batch, rnd)
 
     def update(self, row: Row, drafted: int, accepted: int) -> None:

@@ -10,7 +10,7 @@ import torch
 from sprinter_train.core.rules import sprinter_check_rows
 from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round, Row
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.policies.base import Method, Traits, Verifier, draft_round
+from sprinter_train.decoding.policies.base import Method, Traits, Verifier, draft_round, step_score
 
 
 @dataclass
@@ -42,34 +42,49 @@ class Sprinter(Method):
 
     def round(self, engine: Engine, batch: Batch) -> Emitted:
         limits = [max(1, min(self.max_run, row.remaining)) for row in batch.rows]
-        rejected = torch.zeros(len(batch), dtype=torch.bool, device=engine.device)
+        rejected: torch.Tensor | None = None  # each row's last draft, said no to
         rnd = Round()
+        # a linear verifier scores each draft with its draw, in the draft's graph where it
+        # has one (verifier/fused.py)
+        scorer = getattr(self.verifier, "fused", None)
 
         def stop(step: DraftStep) -> torch.Tensor:
             nonlocal rejected
-            score = self.verifier(engine, batch, rnd, step)
+            score = (
+                self.verifier(engine, batch, rnd, step)
+                if scorer is None
+                else step_score(self.verifier, step)
+            )
             batch.stats.verifier_calls += 1
-            said_no = step.active & (score < self.tau)
-            rejected = rejected | said_no
+            said_no = score < self.tau
+            # a row's last drafted token is checked where the verifier said no to it (a row
+            # drafts at the first step: its limit is at least 1)
+            first = rejected is None
+            rejected = (
+                said_no & step.active if first else torch.where(step.active, said_no, rejected)
+            )
             return said_no
 
-        draft_round(engine, batch, limits, stop, rnd=rnd)
+        draft_round(engine, batch, limits, stop, rnd=rnd, scorer=scorer)
         drafts, counts = rnd.tokens(), rnd.counts
-        accepted = torch.zeros_like(counts)
+        assert rejected is not None  # every round drafts at least one token a row
+        checked = rejected.long()
         # exact, a host read (one a round): `engine.any` may answer on CUDA with the round's
         # last drafting flags, and a stale False here would drop a rejected token unchecked
-        if bool(rejected.any()):
+        if not bool(rejected.any()):
+            accepted = torch.zeros_like(counts)
+        else:
             p = engine.target_probs(batch, rnd, rejected)
             last = (counts - 1).clamp(min=0)
             at = last[:, None, None].expand(-1, 1, p.shape[-1])
             p_x, q_x = p.gather(1, at)[:, 0], rnd.q().gather(1, at)[:, 0]
             x = drafts.gather(1, last[:, None])[:, 0]
-            u = batch.streams.uniform(1, rejected.long())[:, 0]
-            u_fresh = batch.streams.uniform(1, rejected.long())[:, 0]
+            u = batch.streams.uniform(1, checked)[:, 0]
+            u_fresh = batch.streams.uniform(1, checked)[:, 0]
             passed, token = sprinter_check_rows(p_x, q_x, x, u, u_fresh)
             drafts = drafts.scatter(1, last[:, None], torch.where(rejected, token, x)[:, None])
             accepted = (rejected & passed).long()
-        kept = counts - rejected.long()
+        kept = counts - checked
         return Emitted(drafts, counts, kept, counts, accepted, kept)
 
     def update(self, row: Row, drafted: int, accepted: int) -> None:

@@ -242,9 +242,13 @@ class CapturedBackend(Backend):
         with self.clock.timed((request.rows, request.width), compiling):
             logits, hidden, picked, *warped = self._replayed(cache, ids, request)
             cache.append(request.counts, request.width)
-        probs, drawn, accepted, emitted = (*warped, None, None, None, None)[:4]
+        then = request.after_warp
         support = self.head.support if request.restricted else None
-        return RowOutput(logits, hidden, support, picked, probs, drawn, accepted, emitted)
+        out = RowOutput(logits, hidden, support, picked, *warped[:1])
+        if then is not None:
+            for name, value in zip(then.recorded.fields, warped[1:], strict=True):
+                setattr(out, name, value)
+        return out
 
     def run_round(
         self, cache: StaticRowCache, request: RoundRequest
@@ -288,8 +292,15 @@ class CapturedBackend(Backend):
         rows, copies = request.rows, {}
         if request.transient:
             return outputs if rows == cache.bucket else tuple(t[:rows] for t in outputs)
-        for t in outputs:  # an output returned twice (hidden layer -1) copied once
-            if id(t) not in copies:
+        # a scored draft step's logits and hidden states are read before the next forward
+        # only (its score was computed from them in the graph): handed back as views
+        lasting = getattr(then, "lasting", None)
+        after = () if then is None else then.recorded.fields
+        names = ("logits", "hidden", "picked", *(("probs", *after) if request.warp else ()))
+        for name, t in zip(names, outputs, strict=True):
+            if lasting is not None and name not in lasting:
+                copies.setdefault(id(t), t if rows == cache.bucket else t[:rows])
+            elif id(t) not in copies:  # an output returned twice (hidden layer -1) copied once
                 copies[id(t)] = t[:rows].clone()
         return tuple(copies[id(t)] for t in outputs)
 
@@ -328,7 +339,12 @@ class CapturedBackend(Backend):
         if recorded.warp is not None:
             probs = warp_probs(logits, recorded.warp)
             then = recorded.then
-            warped = (probs, *(() if then is None else then.apply(probs, *extra)))
+            if then is None:
+                warped = (probs,)
+            elif then.reads_forward:  # a scorer: the step's raw logits and hidden state too
+                warped = (probs, *then.apply(probs, logits, hidden, *extra))
+            else:
+                warped = (probs, *then.apply(probs, *extra))
         self.watch.fold(logits, positions, keep, counts)
         return logits, hidden, picked, *warped
 

@@ -9,6 +9,7 @@ from it instead of having the options handed down call by call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -63,12 +64,12 @@ class Recorded:
 
     restricted: bool
     warp: SamplingConfig | None
-    then: type[AfterWarp] | None
+    then: Any  # the after-warp's `recorded`: a Draw or Check class, or a StepScorer
 
     @classmethod
     def of(cls, request: ForwardRequest) -> Recorded:
         then = request.after_warp
-        return cls(request.restricted, request.warp, None if then is None else type(then))
+        return cls(request.restricted, request.warp, None if then is None else then.recorded)
 
 
 @dataclass
@@ -90,6 +91,8 @@ class RowOutput:
     accepted: torch.Tensor | None = None
     # (rows, G + 1) the round's tokens `Check` emits (accepted drafts, then `drawn`)
     emitted: torch.Tensor | None = None
+    # (rows,) the drawn draft's verifier score (`DrawScore`), in the captured graph
+    score: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
