@@ -37,7 +37,6 @@ from sprinter_train.core import pidlock
 from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sweeps import job_dir
-from sprinter_train.stages.model_settings import check_model_settings
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +66,6 @@ def tighten_taus(cfg: DictConfig, setup: Setup, results: dict[str, Any]) -> None
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    check_model_settings(cfg, "bench")  # before a model loads
     with pidlock.experiment_writer(cfg.experiment_dir, "bench"):
         return _run(cfg)
 

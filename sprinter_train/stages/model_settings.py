@@ -8,7 +8,8 @@ stage may run on models that are not there yet when the config is composed (stag
 harvests before it benches). Unchecked, `harvest.hidden_layer=99` loaded every model,
 removed a complete record set's manifest to redo it and died with `IndexError: tuple index
 out of range`; a student's `init_layers` past the target's layers failed only after the
-corpus and the teacher were built.
+corpus and the teacher were built. The bench's verifiers' layer is checked where the bench
+reads their sidecars, before its models load (bench/run/prepare.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sprinter_train.bench.run.methods import verifier_hidden_layer
 from sprinter_train.core.validation import raise_problems, section
 from sprinter_train.models.roles import model_specs
 from sprinter_train.models.shapes import ModelShape, hidden_layer_fits, model_shape
@@ -33,22 +33,6 @@ def harvest_model_problems(cfg: DictConfig) -> list[str]:
     return [
         f"harvest.hidden_layer={layer} is out of range for {draft.describe()}: "
         f"{draft.hidden_layers()}"
-    ]
-
-
-def bench_model_problems(cfg: DictConfig) -> list[str]:
-    """The draft layer the bench's verifiers read (their sidecars' hidden_layer, from their
-    records' harvest.hidden_layer) must exist on the bench's draft: the draft's runner hands
-    it to them, and one past its layers failed inside the latency profile."""
-    layer = verifier_hidden_layer(cfg)
-    draft = model_shape(model_specs(cfg.models), "draft") if layer != -1 else None
-    if draft is None or hidden_layer_fits(layer, draft):
-        return []
-    return [
-        f"models.draft={draft.name}: the verifiers of bench.methods read its hidden layer "
-        f"{layer} (their records' harvest.hidden_layer), out of range for {draft.describe()}: "
-        f"{draft.hidden_layers()}. Bench them with the draft they were trained on, or "
-        "harvest and train them again for this one"
     ]
 
 
@@ -95,7 +79,6 @@ def _init_layer_problems(layers: list[Any], target: ModelShape) -> list[str]:
 
 CHECKS = {
     "harvest": harvest_model_problems,
-    "bench": bench_model_problems,
     "distill": distill_model_problems,
 }
 

@@ -26,12 +26,14 @@ from sprinter_train.bench.run.stop_choice import choose_stop_rules
 from sprinter_train.bench.timing.latency import LatencyProfile
 from sprinter_train.bench.timing.profile_check import ProfileCheck
 from sprinter_train.core.sampling import SamplingConfig
+from sprinter_train.core.validation import raise_problems
 from sprinter_train.data.prompts import Prompt, load_prompts
 from sprinter_train.decoding.builder import build_engine, runner_layout
 from sprinter_train.decoding.engine import Engine
 from sprinter_train.decoding.policies.registry import traits_of
 from sprinter_train.harvest.manifest import model_identity
-from sprinter_train.models.roles import Roles, load_roles
+from sprinter_train.models.roles import Roles, load_roles, model_specs
+from sprinter_train.models.shapes import hidden_layer_fits, model_shape
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
     b = cfg.bench
     # every verifier the methods read, its sidecar checked, before any model loads
     hidden_layer = verifier_hidden_layer(cfg)
+    raise_problems(layer_problems(cfg, hidden_layer))
     models = load_roles(cfg.models, device, dtype, companion=wants_companion(cfg))
     data_cfg = {**OmegaConf.to_container(cfg.data, resolve=True), "num_prompts": int(b.num_prompts)}
     prompts = load_prompts(data_cfg, models.tokenizer, split=b.split)
@@ -135,6 +138,22 @@ def prepare(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Setup:
         models, prompts, engine, device, dtype, batch_sizes, profile, verdict, alpha,
         alpha_source, gammas, plan, gamma_source(cfg, verdict), history, phases,
     )  # fmt: skip
+
+
+def layer_problems(cfg: DictConfig, layer: int) -> list[str]:
+    """The draft layer the bench's verifiers read (`layer`: their sidecars' hidden_layer, from
+    their records' harvest.hidden_layer) must exist on the bench's draft, read from its config
+    before it loads: the draft's runner hands it to them, and one past its layers failed
+    inside the latency profile."""
+    draft = model_shape(model_specs(cfg.models), "draft") if layer != -1 else None
+    if draft is None or hidden_layer_fits(layer, draft):
+        return []
+    return [
+        f"models.draft={draft.name}: the verifiers of bench.methods read its hidden layer "
+        f"{layer} (their records' harvest.hidden_layer), out of range for {draft.describe()}: "
+        f"{draft.hidden_layers()}. Bench them with the draft they were trained on, or "
+        "harvest and train them again for this one"
+    ]
 
 
 def wants_companion(cfg: DictConfig) -> bool:
