@@ -259,16 +259,14 @@ BENCH: dict[str, Spec] = {
     "frontier.batches": Seq(whole(1), unique=True),
     "frontier.verifier_vs_hand": positive(),
     **{
-        f"frontier.{rule}": Seq(
-            Num(low=0, high=1, above=True),
-            empty=True,
-            unique=True,
-            note="[]: the rule is not traced",
+        key: Seq(Num(low=0, high=1, above=True), empty=True, unique=True, note="[]: left out")
+        for key in (
+            *(f"frontier.{r}" for r in ("verifier", "entropy", "typical")),
+            *(f"stop_rules.{r}" for r in ("product", "hazard")),
         )
-        for rule in ("verifier", "entropy", "typical")
     },
     "stop_rules.split": SPLIT,
-    "stop_rules.*": Seq(Num(low=0, high=1, above=True), empty=True, unique=True, note="[]: none"),
+    "stop_rules.every": whole(0, note="0: never chosen again"),
     "targets.*": Num(low=0),
     "split": SPLIT,
     "allow_train_overlap": ON,

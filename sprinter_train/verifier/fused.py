@@ -31,7 +31,7 @@ from typing import ClassVar
 
 import torch
 
-from sprinter_train.core.half import as_record_half
+from sprinter_train.core.half import FLOAT16_MAX, as_record_half
 from sprinter_train.core.sampling import inverse_cdf
 from sprinter_train.decoding.batch import DraftStep, RowState
 from sprinter_train.decoding.features.table import FEATURES, DecodeInputs, dense_features
@@ -125,15 +125,16 @@ class FusedLinearScore:
         }
         if self._device != step.hidden.device:
             self._place(step.hidden.device, {n: int(p.shape[-1]) for n, p in parts.items()})
-        z = torch.full_like(step.head_q[:, 0], self.bias, dtype=torch.float32)
+        # each block's product added in one op (addmv), no cast of what is float32 already:
+        # on a CPU an eager op costs microseconds whatever its size, the most of this sum
+        z = None if self._table is None else self._table[step.tokens]
         for name, block in parts.items():
-            z = z + as_record_half(block).float() @ self._blocks[name]
-        if self._table is not None:
-            z = z + self._table[step.tokens]
+            z = _add_product(z, record_half(block), self._blocks[name])
         if self.scalars:
-            columns = [FEATURES[n].at_decode(inputs, self.settings).float() for n in self.scalars]
-            z = z + torch.stack(columns, 1) @ self._scalar_weight
-        return torch.sigmoid(z)
+            columns = [_float(FEATURES[n].at_decode(inputs, self.settings)) for n in self.scalars]
+            z = _add_product(z, torch.stack(columns, 1), self._scalar_weight)
+        assert z is not None  # a verifier reads at least one feature
+        return torch.sigmoid(z + self.bias)
 
     @torch.inference_mode()
     def _place(self, device: torch.device, widths: dict[str, int]) -> None:
@@ -155,6 +156,20 @@ class FusedLinearScore:
         if EMBEDDING in self._blocks:
             self._table = token_table(self.embedding, self._blocks.pop(EMBEDDING), device)
         self._device = device
+
+
+def _float(values: torch.Tensor) -> torch.Tensor:
+    return values if values.dtype == torch.float32 else values.float()
+
+
+def record_half(block: torch.Tensor) -> torch.Tensor:
+    """`as_record_half(block)` back in float32: the block rounded as records store it."""
+    return _float(block).clamp(-FLOAT16_MAX, FLOAT16_MAX).half().float()
+
+
+def _add_product(z: torch.Tensor | None, rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """z + rows @ w (rows @ w where z is None)."""
+    return rows @ w if z is None else torch.addmv(z, rows, w)
 
 
 @torch.inference_mode()

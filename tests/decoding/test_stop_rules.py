@@ -159,3 +159,20 @@ def test_a_threshold_rule_keeps_the_target_law_in_ragged_batches(models) -> None
     for prompt, observed in zip(PROMPTS, counts, strict=True):
         expected = exact_joint(models["target"], prompt, 3, SAMPLING, VOCAB)
         assert chi_square_pvalue(observed, expected) > 1e-3, prompt
+
+
+def test_the_choice_is_made_again_at_the_prices_a_round_is_planned_with() -> None:
+    """A rule chosen at a profile's prices gives way to target-only rounds once the prices a
+    round is planned with (the run's own forwards) say drafting does not pay, on the first
+    round of a batch size and every `every` rounds after."""
+    sure = Windows.of([(np.ones(40), np.full(40, 0.99))], GAMMA)
+    rules = tuple(candidates([0.2], [0.5]))
+    cheap = (lambda rows, width: 0.01, lambda rows: 1e-5)
+    dear = (latency, lambda rows: 1.0)
+    chosen = StopRules({1: StopRule("goodput")}, sure, rules, every=3)
+    assert chosen.at(1, *cheap).rule != "none"  # the first round chooses at its prices
+    assert [chosen.at(1, *dear).rule for _ in range(2)] != ["none"] * 2  # kept between choices
+    assert chosen.at(1, *dear) == StopRule("none")  # the third round after chooses again
+    assert chosen.at(4) == StopRule("none")  # no prices: the last choice below stands
+    fixed = StopRules({1: StopRule("hazard", 0.5)})
+    assert fixed.at(1, *dear) == StopRule("hazard", 0.5)  # no records: never chosen again

@@ -138,7 +138,11 @@ def stop_rule_line(settings: dict[str, Any]) -> str:
             f"batch {size}: **{name}** ({choice['modelled_tokens_per_s']:.1f} modelled tokens/s; "
             f"goodput {rates['goodput']:.1f}, none {rates['none']:.1f})"
         )
+    again = rule.get("rechosen_every") or 0
     return (
         f"Its stop rule, chosen on {rule['chosen_on']} ({rule['round_starts']} round starts) by "
-        "the round model at this run's latency profile: " + "; ".join(parts) + "."
+        "the round model at this run's latency profile: "
+        + "; ".join(parts)
+        + "."
+        + (f" Chosen again every {again} rounds at the engine's running timings." if again else "")
     )

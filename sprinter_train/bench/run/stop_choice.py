@@ -6,7 +6,9 @@ split is what the bench times), by the modelled tokens a second of
 decoding/policies/plans/stop_rules.py at this run's latency profile, batch size by batch
 size; `none` (target-only rounds) is a candidate, so at a batch size where drafting does not
 pay the method falls back to target_only. The choice and every candidate's modelled rate go
-to results.json (the method's `settings.stop_rule`) and results.md.
+to results.json (the method's `settings.stop_rule`) and results.md. During the run the choice
+is made again every `bench.stop_rules.every` rounds at the engine's running timings
+(`StopRules`), which the run's own forwards correct.
 
 Without records (a bench of checkpoints whose harvest is gone) or with a verifier that has
 no checkpoint (the online logistic), the goodput rule stands, and the settings say why.
@@ -86,10 +88,13 @@ def choose_stop_rules(
                 size,
                 choice.rates[choice.rule.describe()],
             )
-        policies[name] = dataclasses.replace(policy, stop_rule=StopRules(chosen))
+        every = int(grid.every)
+        rules_of = StopRules(chosen, windows if every else None, tuple(rules), every or 1)
+        policies[name] = dataclasses.replace(policy, stop_rule=rules_of)
         settings[name]["stop_rule"] = {
             "chosen_on": f"{cfg.bench.stop_rules.split} records of the {MIX} mix",
             "round_starts": len(windows),
+            "rechosen_every": every,  # rounds; 0: the profile's choice stands
             "by_batch": records,
         }
 

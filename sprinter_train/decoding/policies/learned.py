@@ -101,7 +101,7 @@ class LearnedLength(GoodputMethod):
         rnd = Round()
         latency, step_cost = self.costs(engine.timings)
         rules = self.stop_rule
-        rule = rules.at(B) if isinstance(rules, StopRules) else StopRule()
+        rule = rules.at(B, latency, step_cost) if isinstance(rules, StopRules) else StopRule()
         if rule.rule == "none":
             return verify(engine, batch, rnd)
         if rule.rule == "goodput" and not self.worth_a_draft(engine.timings, B):

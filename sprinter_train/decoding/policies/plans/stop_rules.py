@@ -26,7 +26,7 @@ earlier candidate (`none` first, then `goodput`, the rule before any choice was 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -195,14 +195,35 @@ def choose(
     return Choice(rules[best], rates)
 
 
-@dataclass(frozen=True)
+@dataclass
 class StopRules:
     """The rule of each batch size (the bench's choice, or one rule for all): a batch of a
-    size not chosen for takes the rule of the nearest size below it (else above)."""
+    size not chosen for takes the rule of the nearest size below it (else above).
+
+    With the `windows` it was chosen on and its candidate `rules`, the choice is made again
+    at the prices a round is planned with (`at`'s latency and step cost: the engine's
+    timings, corrected by the run's own forwards) on a batch size's first round and every
+    `every` rounds after: a latency profile that prices a forward below what the run's
+    forwards take would otherwise keep a rule that does not pay (the bench's batch-8 run
+    found a compute-bound target forward 25% dearer than its profile). The choice reads
+    prices only, never a row's tokens: the law stays the target's."""
 
     by_batch: dict[int, StopRule]
+    windows: Windows | None = None
+    rules: tuple[StopRule, ...] = ()
+    every: int = 16
+    asked: dict[int, int] = field(default_factory=dict)  # rows -> rounds planned at that size
 
-    def at(self, rows: int) -> StopRule:
+    def at(
+        self, rows: int, latency: Seconds | None = None, step_cost: StepCost | None = None
+    ) -> StopRule:
+        if self.windows is not None and self.rules and latency is not None and step_cost:
+            count = self.asked.get(rows, 0)
+            self.asked[rows] = count + 1
+            if count % self.every == 0:
+                self.by_batch[rows] = choose(
+                    self.windows, rows, latency, step_cost, self.rules
+                ).rule
         if rows in self.by_batch:
             return self.by_batch[rows]
         below = [b for b in self.by_batch if b <= rows]
