@@ -9,8 +9,15 @@ from pathlib import Path
 import torch
 
 from sprinter_train.decoding.policies import LearnedLength
-from sprinter_train.verifier.checkpoint import LinearVerifier, VerifierCheckpoint
+from sprinter_train.models.tiny import TINY_DEFAULTS
+from sprinter_train.verifier.checkpoint import (
+    LinearVerifier,
+    VerifierCheckpoint,
+    save_verifier,
+    verifier_path,
+)
 from sprinter_train.verifier.features import FeatureSpec
+from sprinter_train.verifier.labels import Label
 from sprinter_train.verifier.scorer import CheckpointVerifier
 from tests.decoding_helpers import ATable, latency, step_cost  # noqa: F401  (the tests' costs)
 
@@ -49,3 +56,20 @@ def by_token(models) -> CheckpointVerifier:
 
 def after_draw(models) -> LearnedLength:
     return LearnedLength(by_token(models), None, max_gamma=4)
+
+
+def constant_accept_verifier(checkpoint_dir: str | Path, mean_label: float) -> Path:
+    """A calibrated soft-label verifier of the tiny draft that scores every draft 0.8 (zero
+    weights, bias log 4), its train split's mean label `mean_label` (what the bench's score
+    guard compares the run's mean score with)."""
+    path = verifier_path(checkpoint_dir, Label("accept_prob"))
+    path.parent.mkdir(parents=True)
+    meta = {
+        "lam": None,
+        "label": "accept_prob",
+        "calibration": {"method": "temperature", "temperature": 1.0},
+        "class_balance": {"train": {"rows": 900, "mean_accept_prob": mean_label}},
+        "features": {"names": ["hidden"], "d_in": TINY_DEFAULTS["hidden_size"]},
+    }
+    weight = torch.zeros(TINY_DEFAULTS["hidden_size"])
+    return save_verifier(path, weight, torch.tensor([math.log(4)]), meta)

@@ -6,12 +6,10 @@ a whole bench stage on tiny models writing them."""
 from __future__ import annotations
 
 import copy
-import math
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from sprinter_train.__main__ import run_stage
@@ -33,8 +31,7 @@ from sprinter_train.core.io import read_json
 from sprinter_train.decoding.policies.entropy_verifier import EntropyVerifier
 from sprinter_train.models.tiny import TINY_DEFAULTS, build_tiny_model
 from sprinter_train.stages.settings import config_problems
-from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
-from sprinter_train.verifier.labels import Label
+from tests.sd_learned_helpers import constant_accept_verifier
 
 D = TINY_DEFAULTS["hidden_size"]
 
@@ -240,16 +237,7 @@ def bench(tmp_path_factory) -> dict:
         "bench.frontier.entropy=[0.2,0.9]",
         "bench.frontier.typical=[0.3,0.01]",
     )
-    path = verifier_path(cfg.checkpoint_dir, Label("accept_prob"))
-    path.parent.mkdir(parents=True)
-    meta = {
-        "lam": None,
-        "label": "accept_prob",
-        "calibration": {"method": "temperature", "temperature": 1.0},
-        "class_balance": {"train": {"rows": 900, "mean_accept_prob": 0.8}},
-        "features": {"names": ["hidden"], "d_in": D},
-    }
-    save_verifier(path, torch.zeros(D), torch.tensor([math.log(4)]), meta)  # scores 0.8
+    constant_accept_verifier(cfg.checkpoint_dir, 0.8)  # scores 0.8
     run_stage(cfg)
     out = Path(cfg.experiment_dir) / "bench"
     return {

@@ -27,9 +27,8 @@ from sprinter_train.core.io import read_json
 from sprinter_train.decoding.policies import SpeculativeDecoding, Sprinter, TargetOnly
 from sprinter_train.models.tiny import TINY_DEFAULTS
 from sprinter_train.stages.settings import config_problems
-from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
-from sprinter_train.verifier.labels import Label
 from tests.decoding_helpers import GREEDY, PROMPTS, SAMPLING, engine_for, tiny_trio
+from tests.sd_learned_helpers import constant_accept_verifier
 
 LOSSY = {"target_only": {"lossless": True}, "sd": {"lossless": True}, "bad": {"lossless": False}}
 BARS = settings_of({})  # conf/bench's defaults
@@ -317,16 +316,7 @@ def bench(tmp_path_factory) -> dict:
         "++methods.sprinter.verifier.label=accept_prob",
         "methods.sd.gamma=2",
     )
-    path = verifier_path(cfg.checkpoint_dir, Label("accept_prob"))
-    path.parent.mkdir(parents=True)
-    meta = {
-        "lam": None,
-        "label": "accept_prob",
-        "calibration": {"method": "temperature", "temperature": 1.0},
-        "class_balance": {"train": {"rows": 900, "mean_accept_prob": 0.3}},
-        "features": {"names": ["hidden"], "d_in": D},
-    }
-    save_verifier(path, torch.zeros(D), torch.tensor([math.log(4)]), meta)  # scores 0.8
+    constant_accept_verifier(cfg.checkpoint_dir, 0.3)  # scores 0.8
     run_stage(cfg)
     out = Path(cfg.experiment_dir) / "bench"
     return {"results": read_json(out / "results.json"), "md": (out / "results.md").read_text()}

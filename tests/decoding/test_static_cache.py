@@ -751,7 +751,8 @@ def replayed(monkeypatch):
     return graphs.HostGraph
 
 
-@pytest.mark.parametrize("sampling", SAMPLED_HEAVY, ids=["greedy", "sampled"])
+@pytest.mark.heavy  # every method twice, over the CPU budget of the quick set
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
 def test_captured_forwards_emit_the_static_layouts_tokens_for_every_method(
     models, eos, sampling, replayed
 ) -> None:

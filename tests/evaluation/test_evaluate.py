@@ -144,6 +144,7 @@ def check_bench_arithmetic(methods: dict[str, dict], most_tokens: int, batch: in
             "sv",
             "sd_learned",
             "sd_online",
+            "oracle",
         ):  # adaptive: a round that cannot pay drafts nothing
             continue
         if name == "sd" and row["draft_calls"] == 0:  # gamma auto chose 0: target-only decoding

@@ -204,9 +204,9 @@ class StopRules:
     at the prices a round is planned with (`at`'s latency and step cost: the engine's
     timings, corrected by the run's own forwards) on a batch size's first round and every
     `every` rounds after: a latency profile that prices a forward below what the run's
-    forwards take would otherwise keep a rule that does not pay (the bench's batch-8 run
-    found a compute-bound target forward 25% dearer than its profile). The choice reads
-    prices only, never a row's tokens: the law stays the target's."""
+    forwards take would otherwise keep a rule that does not pay (a compute-bound target
+    forward costs more in a run than in its profile: docs/results/learned-end-to-end.md).
+    The choice reads prices only, never a row's tokens: the law stays the target's."""
 
     by_batch: dict[int, StopRule]
     windows: Windows | None = None
