@@ -180,8 +180,3 @@ def row_fields_read(policy: object) -> frozenset[str]:
     if names is None:
         return frozenset(f.name for f in fields(RowState))
     return frozenset(f for n in names for f in FEATURES[n].row_fields)
-
-
-def reads_row_state(policy: object) -> bool:
-    """Whether `policy` reads `Batch.state` at all (`row_fields_read`)."""
-    return bool(row_fields_read(policy))

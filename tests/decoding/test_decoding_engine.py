@@ -22,7 +22,7 @@ from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.batch import Batch, DraftStep, Round
 from sprinter_train.decoding.builder import build_engine, build_runner
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.loop import reads_row_state
+from sprinter_train.decoding.loop import row_fields_read
 from sprinter_train.decoding.policies import (
     MTAD,
     SVIP,
@@ -400,7 +400,7 @@ def test_the_rows_history_is_kept_only_for_a_verifier_that_reads_it(models) -> N
         (Sprinter(lambda e, b, r, step: torch.ones(len(b)), 0.5, 4), True),  # names nothing
     ]
     for policy, reads in cases:
-        assert reads_row_state(policy) is reads
+        assert bool(row_fields_read(policy)) is reads
         kept.clear()
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(Engine, "commit", spy)

@@ -157,8 +157,8 @@ def draft_round(
 def verify(engine: Engine, batch: Batch, rnd: Round) -> Emitted:
     """Speculative sampling over every row's drafts: its accepted prefix, then a correction
     from norm(max(0, p - q)) at its first rejection or a bonus token from p."""
-    everyone = torch.ones(len(batch), dtype=torch.bool, device=engine.device)
     if not rnd.drafted:  # the target's own token, drawn in its graph where it has one
+        everyone = torch.ones(len(batch), dtype=torch.bool, device=engine.device)
         draw = Draw(batch.streams.peek()[:, 0])
         p = engine.target_probs(batch, rnd, everyone, draw)
         token = engine.draw(p, batch.verified, batch, draw, everyone)
@@ -169,14 +169,24 @@ def verify(engine: Engine, batch: Batch, rnd: Round) -> Emitted:
     drafts = rnd.tokens()
     G = drafts.shape[1]
     check = Check(rnd.q(), drafts, rnd.counts, batch.streams.peek(G + 1))
+    accepted, tokens = target_check(engine, batch, rnd, check)
+    batch.streams.advance(G + 1, rnd.counts + 1)
+    return Emitted(tokens, accepted + 1, accepted, rnd.counts, accepted)
+
+
+def target_check(
+    engine: Engine, batch: Batch, rnd: Round, check: Check
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(accepted, tokens): every row's drafts checked by the target's forward, in its graph
+    where it has one, else by the same `check.apply` here (outputs transient, as the
+    forward's)."""
+    everyone = torch.ones(len(batch), dtype=torch.bool, device=engine.device)
     p = engine.target_probs(batch, rnd, everyone, check)
     out = batch.verified
     if out.accepted is None:  # not checked in a graph: the same check here
         _, accepted, tokens = check.apply(p, *check.tensors)
-    else:
-        accepted, tokens = out.accepted, out.emitted
-    batch.streams.advance(G + 1, rnd.counts + 1)
-    return Emitted(tokens, accepted + 1, accepted, rnd.counts, accepted)
+        return accepted, tokens
+    return out.accepted, out.emitted
 
 
 def fixed_round(engine: Engine, batch: Batch, limits: list[int]) -> Round:

@@ -51,7 +51,13 @@ import torch
 from sprinter_train.core.runtime import synchronize
 from sprinter_train.decoding.batch import Batch, DraftStep, Emitted, Round
 from sprinter_train.decoding.engine import Engine
-from sprinter_train.decoding.policies.base import Method, Traits, draft_round, verify
+from sprinter_train.decoding.policies.base import (
+    Method,
+    Traits,
+    draft_round,
+    target_check,
+    verify,
+)
 from sprinter_train.decoding.runner.after_warp import Check, Draw
 from sprinter_train.decoding.timings import DRAFTING, Seconds, StepCost, Timings
 
@@ -156,14 +162,7 @@ def drafting_round(engine: Engine, batch: Batch, limits: list[int], kept: torch.
     drafts = rnd.tokens()
     width = 2 * max(limits) + 1  # sd's round at this room takes 2 room + 1 numbers a row
     u = oracle_uniforms(batch.streams.peek(width), room, rnd.counts, drafts.shape[1])
-    check = Check(rnd.q(), drafts, rnd.counts, u)
-    everyone = torch.ones(len(batch), dtype=torch.bool, device=engine.device)
-    p = engine.target_probs(batch, rnd, everyone, check)
-    out = batch.verified
-    if out.accepted is None:
-        _, accepted, tokens = check.apply(p, *check.tensors)
-    else:
-        accepted, tokens = out.accepted, out.emitted
+    accepted, tokens = target_check(engine, batch, rnd, Check(rnd.q(), drafts, rnd.counts, u))
     batch.streams.advance(width, 2 * room + 1 - rnd.counts)  # as sd's round would
     return Emitted(tokens, accepted + 1, accepted, rnd.counts, accepted)
 
@@ -217,13 +216,7 @@ def look_ahead(
     rnd = draft_round(engine, batch, limits)
     drafts = rnd.tokens()
     check = Check(rnd.q(), drafts, rnd.counts, batch.streams.peek(drafts.shape[1] + 1))
-    everyone = torch.ones(len(batch), dtype=torch.bool, device=engine.device)
-    p = engine.target_probs(batch, rnd, everyone, check)
-    out = batch.verified
-    if out.accepted is None:
-        _, kept, tokens = check.apply(p, *check.tensors)
-    else:
-        kept, tokens = out.accepted, out.emitted
+    kept, tokens = target_check(engine, batch, rnd, check)
     kept, tokens = kept.clone(), tokens.clone()  # the target's outputs are transient
     batch.verified = None
     batch.streams = streams
