@@ -22,8 +22,7 @@ from sprinter_train.decoding.policies.base import (
     step_score,
     verify,
 )
-from sprinter_train.decoding.policies.plans.goodput import round_goodput
-from sprinter_train.decoding.policies.plans.stop_rules import StopRule, StopRules
+from sprinter_train.decoding.policies.plans.stop_rules import RoundStops, StopRule, StopRules
 
 
 def scores_before_the_draw(verifier: object) -> bool:
@@ -111,20 +110,9 @@ class LearnedLength(GoodputMethod):
         # has one (verifier/fused.py); a table or a pre-draw rule reads scores before draws
         scorer = getattr(self.verifier, "fused", None)
         in_step = scorer is not None and not before_draw and self.table is None
-        # each row's product of acceptances so far and its expected accepted drafts, numbers
-        # until the first draw makes them tensors (a round's set-up launches nothing)
-        product: torch.Tensor | float = 1.0
-        expected: torch.Tensor | float = 0.0
+        stops = RoundStops(rule, B, latency, step_cost)  # each row's product and expectation
         companion: list[torch.Tensor] = []
         scored: list[torch.Tensor] = []  # the verifier's pre-draw score of the current draft
-
-        def rises(drafts: int, gain: torch.Tensor) -> torch.Tensor:
-            """Whether one more draft, worth `gain` expected tokens, raises the goodput."""
-            # round_goodput(expected + gain, drafts + 1) > round_goodput(expected, drafts),
-            # its seconds' ratio taken on the host: three ops on the device, not six
-            now = float(round_goodput(0.0, drafts, B, latency, step_cost))
-            more = float(round_goodput(0.0, drafts + 1, B, latency, step_cost))
-            return gain > (expected + 1.0) * (now / more - 1.0)
 
         def score(step: DraftStep) -> torch.Tensor:
             batch.stats.verifier_calls += 1
@@ -139,10 +127,9 @@ class LearnedLength(GoodputMethod):
             if before_draw:
                 scored[:] = [score(step)]
                 estimates.append(scored[0])
-            return rises(j, product * torch.stack(estimates).mean(0))
+            return stops.rises(j, stops.product * torch.stack(estimates).mean(0))
 
         def stop(step: DraftStep) -> torch.Tensor:
-            nonlocal product, expected
             if in_step:
                 batch.stats.verifier_calls += 1
                 acceptance = step_score(self.verifier, step)
@@ -152,13 +139,7 @@ class LearnedLength(GoodputMethod):
                     S, A = step_features(step, companion[-1])
                     estimates.append(self.table.lookup(S, A).double())
                 acceptance = estimates[0] if len(estimates) == 1 else torch.stack(estimates).mean(0)
-            if rule.rule == "hazard":  # rows that stopped drafting are not read again
-                return acceptance < rule.threshold
-            product = product * acceptance
-            if rule.rule == "product":
-                return product < rule.threshold
-            expected = expected + product
-            return ~rises(len(rnd.steps), product * acceptance)
+            return stops.after(acceptance)
 
         informed = before_draw or self.table is not None  # a score known before the draw
         room = batch.room(self.max_gamma)

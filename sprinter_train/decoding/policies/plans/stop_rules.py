@@ -29,6 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
+
+from sprinter_train.decoding.policies.plans.goodput import round_goodput
 
 RULES = ("none", "goodput", "product", "hazard")
 Seconds = Callable[[int, int], float]  # (rows, tokens a row) -> a target forward's seconds
@@ -55,6 +58,38 @@ class StopRule:
 
     def record(self) -> dict[str, object]:
         return {"rule": self.rule, "threshold": self.threshold}
+
+
+class RoundStops:
+    """One round's rule row by row, as a decoder applies it after each draw: the decoder's
+    (LearnedLength.round) and vLLM's proposer (serving/vllm/proposer.py) share it, so both
+    stop at the same draft for the same scores. `product` and `expected` are each row's
+    product of scores and expected accepted drafts so far (numbers until the first draw)."""
+
+    def __init__(self, rule: StopRule, rows: int, latency: Seconds, step_cost: StepCost) -> None:
+        self.rule, self.rows, self.latency, self.step_cost = rule, rows, latency, step_cost
+        self.product: torch.Tensor | float = 1.0
+        self.expected: torch.Tensor | float = 0.0
+        self.drafts = 0
+
+    def rises(self, drafts: int, gain: torch.Tensor) -> torch.Tensor:
+        """Whether one more draft after `drafts`, worth `gain` expected tokens, raises the
+        round's goodput: round_goodput(expected + gain, drafts + 1) > round_goodput(expected,
+        drafts), its seconds' ratio taken on the host (three ops on the device, not six)."""
+        now = float(round_goodput(0.0, drafts, self.rows, self.latency, self.step_cost))
+        more = float(round_goodput(0.0, drafts + 1, self.rows, self.latency, self.step_cost))
+        return gain > (self.expected + 1.0) * (now / more - 1.0)
+
+    def after(self, acceptance: torch.Tensor) -> torch.Tensor:
+        """(rows,) bool: whether each row's latest draft, scored `acceptance`, is its last."""
+        self.drafts += 1
+        if self.rule.rule == "hazard":  # rows that stopped drafting are not read again
+            return acceptance < float(self.rule.threshold)  # type: ignore[arg-type]
+        self.product = self.product * acceptance
+        if self.rule.rule == "product":
+            return self.product < float(self.rule.threshold)  # type: ignore[arg-type]
+        self.expected = self.expected + self.product
+        return ~self.rises(self.drafts, self.product * acceptance)
 
 
 @dataclass(frozen=True)
