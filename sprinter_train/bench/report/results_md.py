@@ -29,6 +29,7 @@ from sprinter_train.bench.report.tables import (
 )
 from sprinter_train.bench.report.timing_lines import compile_line, warmup_lines
 from sprinter_train.bench.report.verdicts import traits_in
+from sprinter_train.bench.report.vllm_lines import vllm_section
 from sprinter_train.bench.run.provenance import load_warning
 from sprinter_train.core.io import write_json
 
@@ -152,6 +153,7 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
     lines += frontier_section(results)
     lines += learned_sections(results)
     lines += oracle_section(results)
+    lines += vllm_section(results)
     if results.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in results["skipped"].items()), ""]
     if energy:

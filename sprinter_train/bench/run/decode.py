@@ -1,12 +1,16 @@
-"""Every method on every group of prompts at every batch size, side by side."""
+"""Every method on every group of prompts at every batch size, side by side; vLLM's peers
+each in a process of their own first, over every batch size at once."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
+import torch
 from omegaconf import DictConfig
 
+from sprinter_train.bench.peers import vllm_peer
 from sprinter_train.bench.peers.hf_assisted import PeerRun, run_hf_assisted
 from sprinter_train.bench.peers.hf_static import StaticPeer
 from sprinter_train.bench.run.methods import HF_STATIC, at_batch_size
@@ -15,6 +19,8 @@ from sprinter_train.bench.run.prepare import Setup
 from sprinter_train.bench.run.runs import Decoded, GroupRun, engine_decode, run_methods
 from sprinter_train.data.prompts import Prompt
 from sprinter_train.decoding.batch import DecodeStats
+
+log = logging.getLogger(__name__)
 
 WarmUps = dict[int, dict[str, float]]  # batch size -> method -> warm-up seconds
 
@@ -31,6 +37,45 @@ def static_peer(cfg: DictConfig, setup: Setup) -> StaticPeer | None:
         device=setup.device,
         **setup.plan.peers[HF_STATIC],
     )
+
+
+def vllm_runs(cfg: DictConfig, setup: Setup) -> dict[str, dict[int, list[GroupRun]]]:
+    """Each vLLM peer of the plan on the bench's prompts at every batch size, in a process of
+    its own under the bench's threads (bench/peers/vllm_peer.py): method -> batch size -> its
+    groups. What vLLM reports beside the runs goes to the method's settings (`run`); a
+    method whose process fails, or vllm_sd_learned without its export folder, is skipped with
+    the reason."""
+    b, found = cfg.bench, {}
+    eos = setup.models.eos_token_id
+    for name in [n for n in setup.names if n in vllm_peer.VLLM_NAMES]:
+        settings = setup.plan.settings[name]
+        if name == vllm_peer.VLLM_SD_LEARNED and not settings.get("predictor"):
+            setup.plan.skipped[name] = "no sd_learned export folder (the bench stage writes one)"
+            continue
+        settings["dtype"] = vllm_peer.vllm_dtype(settings["dtype"], setup.dtype)
+        request = vllm_peer.build_request(
+            settings,
+            setup.prompts,
+            sampling=setup.engine.sampling,
+            max_new_tokens=int(b.max_new_tokens),
+            seed=int(b.seed),
+            batch_sizes=setup.batch_sizes,
+            stop_token_ids=[] if eos is None else [eos],
+            dtype=settings["dtype"],
+        )
+        log.info("bench: %s in vLLM, batch sizes %s", name, setup.batch_sizes)
+        try:
+            result = vllm_peer.run_method(
+                settings["python"], request, torch.get_num_threads(), settings["kv_cache_gib"]
+            )
+        except vllm_peer.PeerUnavailable as error:
+            log.error("bench: skipping %s: %s", name, error)
+            setup.plan.skipped[name] = str(error)
+            continue
+        found[name], settings["run"] = vllm_peer.parse_result(
+            result, setup.prompts, setup.batch_sizes
+        )
+    return found
 
 
 def decode_all(
@@ -50,6 +95,7 @@ def decode_all(
         with phase(setup.phases, "hf_static compile"):  # HF's own torch.compile: dynamo's tally
             plan.settings[HF_STATIC]["compile_s"] = static.warm_up(first, int(b.max_new_tokens))
     on_runners = runner_compile_seconds(setup.engine)
+    outside = vllm_runs(cfg, setup)  # method -> batch size -> its groups
 
     def decode_peer(name: str, group: list[Prompt], seeds: list[int]) -> Decoded:
         (prompt,), (seed,) = group, seeds
@@ -89,18 +135,27 @@ def decode_all(
             return phase(setup.phases, "warm-up", method=name, batch_size=size, **measure)
 
         seconds: dict[str, float] = {}
-        runs[size] = run_methods(
-            decode,
-            [n for n in setup.names if size == 1 or n not in plan.peers],
-            setup.prompts,
-            size,
-            int(b.seed),
-            int(b.warmup_runs),
-            setup.device if b.energy and size == 1 else None,
-            int(b.min_timed_runs),
-            seconds,
-            warm_up,
-        )
+        names = [n for n in setup.names if n not in outside and (size == 1 or n not in plan.peers)]
+        here: dict[str, list[GroupRun]] = {}
+        if names:
+            here = run_methods(
+                decode,
+                names,
+                setup.prompts,
+                size,
+                int(b.seed),
+                int(b.warmup_runs),
+                setup.device if b.energy and size == 1 else None,
+                int(b.min_timed_runs),
+                seconds,
+                warm_up,
+            )
+        # bench.methods' order
+        runs[size] = {
+            n: outside[n][size] if n in outside else here[n]
+            for n in setup.names
+            if n in outside or n in here
+        }
         if warmups is not None:
             warmups[size] = seconds
         if after_size is not None and size != setup.batch_sizes[-1]:

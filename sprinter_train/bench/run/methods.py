@@ -1,4 +1,5 @@
-"""The bench's methods: engine policies built from `cfg.methods`, HF's peers from `cfg.bench`.
+"""The bench's methods: engine policies built from `cfg.methods`, HF's and vLLM's peers from
+`cfg.bench`.
 
 Each engine method is conf/methods/<name>.yaml, composed into `cfg.methods.<name>`, whose
 `_target_` hydra.utils.instantiate calls with the method's parameters. What a config cannot
@@ -21,6 +22,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.bench.peers import vllm_peer
+from sprinter_train.bench.peers.vllm_peer import VLLM_NAMES, PeerUnavailable
 from sprinter_train.core.sampling import SamplingConfig
 from sprinter_train.data.overlap import Reader
 from sprinter_train.decoding.batch import Policy
@@ -48,11 +51,13 @@ HF_STATIC = (
     "hf_static"  # the target alone through HF's static cache + compile (bench/peers/hf_static.py)
 )
 PEER_NAMES = (*PEERS, HF_STATIC)  # every HF peer: batch 1 only, settings in cfg.bench.<name>
+# vLLM's peers (bench/peers/vllm_peer.py): every batch size, settings in cfg.bench.vllm
+OUTSIDE = (*PEER_NAMES, *VLLM_NAMES)  # bench methods that are no conf/methods/<name>.yaml
 
 
 def unknown_methods(methods: Mapping[str, Any], names: Iterable[str]) -> list[str]:
-    """The names that are neither a configured method nor an HF peer, sorted."""
-    return sorted({name for name in names if name not in methods and name not in PEER_NAMES})
+    """The names that are neither a configured method nor a peer, sorted."""
+    return sorted({name for name in names if name not in methods and name not in OUTSIDE})
 
 
 def method_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
@@ -62,13 +67,13 @@ def method_problems(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
         return []
     methods, bench = cfg.get("methods") or {}, cfg.get("bench") or {}
     names = list(dict.fromkeys(bench.get("methods") or []))
-    known = (*methods, *PEER_NAMES)
+    known = (*methods, *OUTSIDE)
     problems = [
         f"bench.methods: unknown method {name!r}; choose from {', '.join(known)}"
         for name in unknown_methods(methods, names)
     ]
     for name in names:
-        if name in methods and name not in PEER_NAMES:
+        if name in methods and name not in OUTSIDE:
             try:
                 traits_of(methods[name], name)
             except MethodError as err:
@@ -81,6 +86,30 @@ def hf_static_settings(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
     (`decoding.builder.compiles`), in `bench.hf_static.compile_mode`."""
     compiled = compiles(cfg.get("decoding", {}), device)
     return {"compile": compiled, "compile_mode": str(cfg.bench[HF_STATIC].compile_mode)}
+
+
+def vllm_settings(name: str, run: RunInputs) -> dict[str, Any]:
+    """A vLLM peer's settings (`bench.vllm`, bench/peers/vllm_peer.py), compiled where the
+    engine's layout would compile, as hf_static; vllm_sd_learned's verifier (sd_learned's,
+    carried by the export folder the bench stage writes) loaded and checked as sd_learned's
+    own. PeerUnavailable (or a missing verifier's FileNotFoundError) skips the method."""
+    cfg = run.cfg
+    learned = cfg.methods.get("sd_learned") if name == vllm_peer.VLLM_SD_LEARNED else None
+    if learned is not None and (is_online(learned.verifier) or is_entropy(learned.verifier)):
+        kind = learned.verifier.kind
+        raise PeerUnavailable(f"{name} runs a verifier file; methods.sd_learned's is {kind}")
+    settings = vllm_peer.plan_settings(
+        name,
+        OmegaConf.to_container(cfg.bench.get("vllm") or {}, resolve=True),  # type: ignore[arg-type]
+        OmegaConf.to_container(cfg.models, resolve=True),  # type: ignore[arg-type]
+        run.sd_gamma,
+        compiles(cfg.get("decoding", {}), run.device),
+    )
+    if name == vllm_peer.VLLM_SD_LEARNED:
+        if learned is None:
+            raise PeerUnavailable(f"{name} exports sd_learned: no conf/methods/sd_learned.yaml")
+        settings["verifier"] = _verifier("sd_learned", learned, run)[1]
+    return settings
 
 
 @dataclass
@@ -127,7 +156,7 @@ def verifier_hidden_layer(cfg: DictConfig) -> int:
     so prepare calls it before any model loads."""
     layers = set()
     for name in cfg.bench.methods:
-        if name in PEER_NAMES or "verifier" not in runtime_entries(cfg.methods[name]):
+        if name in OUTSIDE or "verifier" not in runtime_entries(cfg.methods[name]):
             continue
         if is_online(cfg.methods[name].verifier) or is_entropy(cfg.methods[name].verifier):
             continue  # reads no hidden state
@@ -315,7 +344,7 @@ def plan_methods(
     b = cfg.bench
     unknown = unknown_methods(cfg.methods, b.methods)
     if unknown:
-        known = ", ".join((*cfg.methods, *PEER_NAMES))
+        known = ", ".join((*cfg.methods, *OUTSIDE))
         raise ValueError(f"unknown bench.methods {unknown}; choose from {known}")
     run = RunInputs(
         cfg,
@@ -339,11 +368,13 @@ def plan_methods(
             elif name == HF_STATIC:
                 plan.peers[name] = hf_static_settings(cfg, run.device)
                 plan.settings[name] = dict(plan.peers[name])
+            elif name in VLLM_NAMES:
+                plan.settings[name] = vllm_settings(name, run)
             else:
                 plan.policies[name], plan.settings[name] = build_policy(
                     name, cfg.methods[name], run
                 )
-        except FileNotFoundError as err:
+        except (FileNotFoundError, PeerUnavailable) as err:
             plan.skipped[name] = str(err)
     return plan
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from sprinter_train.bench.peers.vllm_peer import add_figures
 from sprinter_train.bench.quality.guard import guard_results, tallies
 from sprinter_train.bench.quality.law_distance import first_token_tv
 from sprinter_train.bench.report.oracle import add_oracle_shares
@@ -54,6 +55,8 @@ def summarise_runs(
         }
         for size in setup.batch_sizes
     }
+    differing = {str(s): greedy_differences(runs[s], greedy) for s in setup.batch_sizes if s > 1}
+    add_figures(results, plan.settings, differing)  # vLLM's own figures beside the bench's
     add_oracle_shares(results, with_trait(cfg.methods, list(plan.policies), lossless=True))
     profile = setup.profile
     results.update(
