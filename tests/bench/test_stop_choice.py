@@ -8,10 +8,11 @@ from pathlib import Path
 
 import torch
 
+from sprinter_train.bench.report.learned_lines import stop_rule_line
 from sprinter_train.bench.run.methods import plan_methods
 from sprinter_train.bench.run.stop_choice import choose_stop_rules
 from sprinter_train.bench.timing.latency import LatencyProfile
-from sprinter_train.decoding.policies.plans.stop_rules import StopRules
+from sprinter_train.decoding.policies.plans.stop_rules import StopRule, StopRules
 from sprinter_train.models.tiny import build_tiny_model
 from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
 from sprinter_train.verifier.labels import Label
@@ -48,6 +49,9 @@ def test_the_rule_of_most_modelled_tokens_is_chosen_per_batch_size(compose_cfg, 
         assert choice["modelled_tokens_per_s"] == max(rates.values())
         assert {"none", "goodput"} <= set(rates) and len(rates) == 2 + 12  # conf's grid
         assert policy.stop_rule.at(int(size)).rule == choice["rule"]
+    # results.json's tally of the rules rounds ran by is the policy's own, filled as it runs
+    assert record["rounds_by_rows_and_rule"] is policy.stop_rule.rounds
+    assert sum(sum(t.values()) for t in record["rounds_by_rows_and_rule"].values()) == 2
     dear = plan_methods(cfg, 3, build_tiny_model({}, seed=0), False)
     choose_stop_rules(cfg, dear.policies, dear.settings, DEAR, [1])
     assert dear.policies["sd_learned"].stop_rule.at(1).rule == "none"  # drafting cannot pay
@@ -62,3 +66,19 @@ def test_without_records_the_goodput_rule_stands_and_says_why(compose_cfg, tmp_p
     assert plan.policies["sd_learned"].stop_rule is None
     record = plan.settings["sd_learned"]["stop_rule"]
     assert record["rule"] == "goodput" and "stage=harvest" in record["why"]
+
+
+def test_results_md_says_which_rules_the_rounds_ran_by(compose_cfg, tmp_path):
+    """results.md names the rules the rounds went by, beside the choice made before the run
+    (a re-choice at the run's own timings may replace it)."""
+    cfg = experiment(compose_cfg, tmp_path)
+    plan = plan_methods(cfg, 3, build_tiny_model({}, seed=0), False)
+    choose_stop_rules(cfg, plan.policies, plan.settings, PROFILE, [1])
+    rules = plan.policies["sd_learned"].stop_rule
+    for _ in range(3):
+        rules.at(1)
+    rules.by_batch[2] = StopRule("none")
+    rules.at(2)
+    line = stop_rule_line(plan.settings["sd_learned"])
+    first = rules.by_batch[1].describe()
+    assert f"rows 1: {first} × 3; rows 2: none × 1." in line

@@ -174,5 +174,8 @@ def test_the_choice_is_made_again_at_the_prices_a_round_is_planned_with() -> Non
     assert [chosen.at(1, *dear).rule for _ in range(2)] != ["none"] * 2  # kept between choices
     assert chosen.at(1, *dear) == StopRule("none")  # the third round after chooses again
     assert chosen.at(4) == StopRule("none")  # no prices: the last choice below stands
+    # what the rounds ran by, by live rows: the re-choice shows, not the profile's choice
+    assert chosen.rounds["1"]["none"] == 1 and sum(chosen.rounds["1"].values()) == 4
+    assert chosen.rounds["4"] == {"none": 1}
     fixed = StopRules({1: StopRule("hazard", 0.5)})
     assert fixed.at(1, *dear) == StopRule("hazard", 0.5)  # no records: never chosen again

@@ -145,4 +145,17 @@ def stop_rule_line(settings: dict[str, Any]) -> str:
         + "; ".join(parts)
         + "."
         + (f" Chosen again every {again} rounds at the engine's running timings." if again else "")
+        + rules_run(rule.get("rounds_by_rows_and_rule") or {})
     )
+
+
+def rules_run(rounds: dict[str, dict[str, int]]) -> str:
+    """The rules the run's rounds went by, by live rows (warm-ups included): what it did,
+    where a re-choice at running timings replaced the choice above."""
+    if not rounds:
+        return ""
+    parts = [
+        f"rows {rows}: " + ", ".join(f"{rule} × {n}" for rule, n in tally.items())
+        for rows, tally in sorted(rounds.items(), key=lambda kv: int(kv[0]))
+    ]
+    return " Rounds by live rows and the rule they ran by: " + "; ".join(parts) + "."

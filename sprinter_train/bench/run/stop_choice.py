@@ -96,6 +96,7 @@ def choose_stop_rules(
             "round_starts": len(windows),
             "rechosen_every": every,  # rounds; 0: the profile's choice stands
             "by_batch": records,
+            "rounds_by_rows_and_rule": rules_of.rounds,  # filled while the run decodes
         }
 
 

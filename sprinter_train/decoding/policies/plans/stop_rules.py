@@ -248,6 +248,9 @@ class StopRules:
     rules: tuple[StopRule, ...] = ()
     every: int = 16
     asked: dict[int, int] = field(default_factory=dict)  # rows -> rounds planned at that size
+    # str(live rows) -> the rule a round ran by -> rounds: what the run did, the choice made
+    # before it only where no re-choice changed it (results.json keeps this dict, live)
+    rounds: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def at(
         self, rows: int, latency: Seconds | None = None, step_cost: StepCost | None = None
@@ -260,6 +263,10 @@ class StopRules:
                     self.windows, rows, latency, step_cost, self.rules
                 ).rule
         if rows in self.by_batch:
-            return self.by_batch[rows]
-        below = [b for b in self.by_batch if b <= rows]
-        return self.by_batch[max(below) if below else min(self.by_batch)]
+            rule = self.by_batch[rows]
+        else:
+            below = [b for b in self.by_batch if b <= rows]
+            rule = self.by_batch[max(below) if below else min(self.by_batch)]
+        tally = self.rounds.setdefault(str(rows), {})
+        tally[rule.describe()] = tally.get(rule.describe(), 0) + 1
+        return rule
