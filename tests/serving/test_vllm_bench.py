@@ -1,19 +1,15 @@
-"""vLLM as a peer in `stage=bench` (make test-vllm; skipped without vLLM): experiment t5's
-trained sd_learned verifier, the offline pair in float32, 2 test prompts x 16 tokens at batch
-size 1, greedy. `vllm`, `vllm_sd` and `vllm_sd_learned` (its predictor exported by the bench
-into its own output folder) each run in a process of their own, get tokens/s > 0 and emit
-target_only's tokens.
-
-t5's verifier was fitted at T 0.2; the bench refuses a verifier of other sampling, so the
-test benches a copy whose sidecar names no sampling (the weights are t5's): greedy is what
-makes the tokens comparable, and a length rule keeps the target's tokens whatever its scores.
-Nothing is written under artifacts/t5 or checkpoints/t5.
+"""vLLM as a peer in `stage=bench` (make test-vllm; skipped without vLLM): an sd_learned
+verifier on the offline draft (tests/serving/vllm_helpers.py: seeded weights over the trained
+verifier's features, its sidecar naming no sampling, so the bench takes it greedy), the offline
+pair in float32, 2 test prompts x 16 tokens at batch size 1, greedy. `vllm`, `vllm_sd` and
+`vllm_sd_learned` (its predictor exported by the bench into its own output folder) each run
+in a process of their own, get tokens/s > 0 and emit target_only's tokens (a length rule keeps
+the target's tokens whatever its scores). Everything is written under the test's tmp folder,
+so it runs on a fresh clone.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,6 +18,9 @@ from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.peers.vllm_peer import VLLM_NAMES
 from sprinter_train.core.config import compose_config
 from sprinter_train.core.io import read_json
+from sprinter_train.verifier.checkpoint import verifier_path
+from sprinter_train.verifier.labels import Label
+from tests.serving.vllm_helpers import write_verifier
 
 pytestmark = [
     pytest.mark.vllm,
@@ -29,25 +28,14 @@ pytestmark = [
 ]  # heavy: a whole bench stage, three vLLM processes
 pytest.importorskip("vllm")
 
-ROOT = Path(__file__).resolve().parents[2]
-T5_CHECKPOINTS = ROOT / "checkpoints" / "t5"
-VERIFIER = "verifier-accept"  # methods.sd_learned's (label: accept_prob)
-
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    if not (T5_CHECKPOINTS / f"{VERIFIER}.safetensors").exists():
-        pytest.skip("experiment t5 has no trained verifier here (checkpoints/t5)")
     root = tmp_path_factory.mktemp("vllm_bench")
-    checkpoints = root / "checkpoints" / "t5"
-    checkpoints.mkdir(parents=True)
-    shutil.copy(T5_CHECKPOINTS / f"{VERIFIER}.safetensors", checkpoints)
-    sidecar = json.loads((T5_CHECKPOINTS / f"{VERIFIER}.json").read_text())
-    sidecar.pop("sampling", None)  # fitted at T 0.2; benched greedy (the docstring says why)
-    (checkpoints / f"{VERIFIER}.json").write_text(json.dumps(sidecar))
+    write_verifier(verifier_path(root / "checkpoints" / "vllm_bench", Label("accept_prob")))
     cfg = compose_config(
         "stage=bench",
-        "experiment=t5",
+        "experiment=vllm_bench",
         f"artifacts_root={root / 'artifacts'}",
         f"checkpoints_root={root / 'checkpoints'}",
         "models=offline_default",
