@@ -19,19 +19,9 @@ from vllm.config import VllmConfig
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaForCausalLM
 
+from sprinter_train.models.student import FactorizedEmbedding  # E = low @ up, same names
+
 ARCHITECTURE = "SprinterDraftForCausalLM"
-
-
-class FactorizedEmbedding(nn.Module):
-    """E = low @ up, as models/student.FactorizedEmbedding (same parameter names)."""
-
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
-        super().__init__()
-        self.low = nn.Embedding(vocab_size, rank)
-        self.up = nn.Linear(rank, hidden_size, bias=False)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.up(self.low(input_ids))
 
 
 class RestrictedHead(nn.Module):
