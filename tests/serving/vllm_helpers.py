@@ -13,23 +13,14 @@ import torch
 
 from sprinter_train.__main__ import run_stage
 from sprinter_train.bench.timing.latency import LatencyProfile
-from sprinter_train.core.config import compose_config
+from sprinter_train.core.config import compose_config, conf_defaults
 from sprinter_train.verifier.checkpoint import save_verifier, verifier_path
 from sprinter_train.verifier.features import FeatureSpec
 from sprinter_train.verifier.labels import Label
 
 DRAFT = "checkpoints/drafts/smollm2-draft"
-# the features stage=train's default verifier reads (conf/train), with their settings
-FEATURES = [
-    "hidden",
-    "token_embedding",
-    "q",
-    "draft_entropy",
-    "draft_margin",
-    "draft_entropy_raw",
-    "run_position",
-    "accept_so_far",
-]
+# the features stage=train's default verifier reads (conf/train/default.yaml), with settings
+FEATURES = list(conf_defaults("train/default.yaml", "features"))
 SETTINGS = {"run_position_cap": 8.0, "accept_prior": 0.5, "accept_n0": 4.0}
 HIDDEN = 576  # the offline draft's width (and its embedding's)
 
