@@ -52,6 +52,7 @@ from sprinter_train.core.sampling import inverse_cdf
 from sprinter_train.decoding.batch import DraftStep, RowState
 from sprinter_train.decoding.features.table import FEATURES, DecodeInputs, dense_features
 from sprinter_train.verifier.fused_host import (
+    HIDDEN,
     HOST_SCALARS,
     HostRows,
     HostStep,
@@ -61,7 +62,6 @@ from sprinter_train.verifier.fused_host import (
 
 EMBEDDING = "token_embedding"
 TABLE_CHUNK = 4096  # vocabulary ids embedded at once while the table is built
-HIDDEN = "hidden"
 # the features whose `at_decode` reads the row's state alone, never the step: the engine
 # writes their RowState fields only when a round commits, as new tensors (`RowState.after`),
 # so their part of the score holds over a round's steps (`FusedLinearScore._row_part`)

@@ -188,8 +188,8 @@ def run_method(
     vLLM's default, a share of the machine's memory, which the bench's own process leaves it
     short of), its result read back; PeerUnavailable with its output's end when it fails."""
     env = {**os.environ, "OMP_NUM_THREADS": str(int(threads))}
-    if kv_cache_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
+    # "" is vLLM's own default (run.py's otherwise applies only where this names none)
+    env["VLLM_CPU_KVCACHE_SPACE"] = "" if kv_cache_gib is None else str(int(kv_cache_gib))
     with tempfile.TemporaryDirectory(prefix="vllm-peer-") as folder:
         asked, answer = Path(folder) / "request.json", Path(folder) / "result.json"
         asked.write_text(json.dumps(request))

@@ -23,6 +23,7 @@ from sprinter_train.decoding.policies.base import (
     verify,
 )
 from sprinter_train.decoding.policies.plans.stop_rules import RoundStops, StopRule, StopRules
+from sprinter_train.decoding.timings import Timings
 
 
 def scores_before_the_draw(verifier: object) -> bool:
@@ -98,19 +99,14 @@ class LearnedLength(GoodputMethod):
     def round(self, engine: Engine, batch: Batch) -> Emitted:
         B = len(batch)
         rnd = Round()
-        latency, step_cost = self.costs(engine.timings)
-        rules = self.stop_rule
-        rule = rules.at(B, latency, step_cost) if isinstance(rules, StopRules) else StopRule()
-        if rule.rule == "none":
-            return verify(engine, batch, rnd)
-        if rule.rule == "goodput" and not self.worth_a_draft(engine.timings, B):
+        stops = self.round_stops(engine.timings, B)  # each row's product and expectation
+        if stops is None:
             return verify(engine, batch, rnd)
         before_draw = scores_before_the_draw(self.verifier)
         # a linear verifier scores each draft with its draw, in the draft's graph where it
         # has one (verifier/fused.py); a table or a pre-draw rule reads scores before draws
         scorer = getattr(self.verifier, "fused", None)
         in_step = scorer is not None and not before_draw and self.table is None
-        stops = RoundStops(rule, B, latency, step_cost)  # each row's product and expectation
         companion: list[torch.Tensor] = []
         scored: list[torch.Tensor] = []  # the verifier's pre-draw score of the current draft
 
@@ -147,6 +143,20 @@ class LearnedLength(GoodputMethod):
             engine, batch, room, stop, keep if informed else None, rnd, scorer if in_step else None
         )
         return verify(engine, batch, rnd)
+
+    def round_stops(self, timings: Timings, rows: int) -> RoundStops | None:
+        """A round's stop rule at `rows` rows priced at `timings` (the engine's; vLLM's
+        proposer passes the export's profile), or None where the round drafts nothing: its
+        rule at this batch size is `none`, or with the goodput rule no draft at the prior
+        pays."""
+        latency, step_cost = self.costs(timings)
+        rules = self.stop_rule
+        rule = rules.at(rows, latency, step_cost) if isinstance(rules, StopRules) else StopRule()
+        if rule.rule == "none":
+            return None
+        if rule.rule == "goodput" and not self.worth_a_draft(timings, rows):
+            return None
+        return RoundStops(rule, rows, latency, step_cost)
 
     def update(self, row: Row, drafted: int, accepted: int) -> None:
         """A verifier that learns while decoding (the online logistic) sees the outcome."""

@@ -22,7 +22,7 @@ import torch
 from sprinter_train.core.sampling import SamplingConfig, warp_probs
 from sprinter_train.decoding.batch import DraftStep, RowState
 from sprinter_train.decoding.policies.learned import LearnedLength, scores_before_the_draw
-from sprinter_train.decoding.policies.plans.stop_rules import RoundStops, StopRule
+from sprinter_train.decoding.policies.plans.stop_rules import RoundStops
 from sprinter_train.decoding.timings import Timings
 from sprinter_train.hf.bundle import Bundle
 from sprinter_train.verifier.fused import FusedLinearScore
@@ -142,16 +142,10 @@ class LengthPredictor:
         """A round for these requests, or None where sd_learned would not draft this round
         (its rule at this batch size is `none`, or no draft at its prior pays)."""
         assert self.policy is not None, "bind() first"
-        rows = len(req_ids)
-        latency, step_cost = self.policy.costs(self.timings)
-        rules = self.policy.stop_rule
-        rule = rules.at(rows, latency, step_cost) if rules is not None else StopRule()
-        if rule.rule == "none":
+        stops = self.policy.round_stops(self.timings, len(req_ids))
+        if stops is None:
             return None
-        if rule.rule == "goodput" and not self.policy.worth_a_draft(self.timings, rows):
-            return None
-        state = self.rows.state(req_ids, device)
-        return Round(self, req_ids, sampling, state, RoundStops(rule, rows, latency, step_cost))
+        return Round(self, req_ids, sampling, self.rows.state(req_ids, device), stops)
 
     @torch.inference_mode()
     def score(

@@ -5,7 +5,7 @@ threads and memory binding for serving, which would change the bench's own timin
 
 `request.json` (written by bench/peers/vllm_peer.py): the target's folder, the draft's (null:
 the target alone), the export folder of the predictor (null: a fixed number of drafts), the
-drafts a round, dtype, the KV cache's GiB (`kv_cache_gib`, default 2), the prompts as token ids, the budget, the sampling, the seed, the
+drafts a round, dtype, the prompts as token ids, the budget, the sampling, the seed, the
 batch sizes, how many runs of each group are timed after one untimed warm-up run. A batch of
 B is B prompts handed to `generate` at once (vLLM decodes them together), each group timed on
 its own, as the bench times its groups.
@@ -28,7 +28,10 @@ from typing import Any
 # the engine core in this process: the predictor's wrappers (proposer.py) then run where
 # the draft does, and a test can read its trace
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-KV_CACHE_GIB = 2  # vLLM on a CPU takes most of the memory for its KV cache unless told
+# GiB of KV cache where the caller's environment names none (VLLM_CPU_KVCACHE_SPACE; the
+# bench sets it from bench.vllm.kv_cache_gib, "" for vLLM's own default): vLLM on a CPU
+# takes most of the memory for its KV cache unless told, an out-of-memory kill beside a test
+KV_CACHE_GIB = 2
 
 
 def engine(request: dict[str, Any]):
@@ -39,9 +42,7 @@ def engine(request: dict[str, Any]):
 
     if request.get("predictor"):
         os.environ[PREDICTOR_ENV] = str(request["predictor"])
-    # GiB; what a batch of the bench's prompts needs, not most of the machine (beside a test
-    # or the bench's own process, that is an out-of-memory kill)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(request.get("kv_cache_gib", KV_CACHE_GIB)))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(KV_CACHE_GIB))
     register()  # vLLM calls it too (the entry point); here it also works uninstalled
     speculative = None
     if request.get("draft"):
